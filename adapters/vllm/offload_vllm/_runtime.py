@@ -12,7 +12,7 @@ from typing import Any
 import offload
 
 from . import _workers
-from ._config import Settings
+from ._config import OffloadVLLMConfigError, Settings
 from ._seams import renderer as renderer_seam
 from ._seams import serving as serving_seam
 
@@ -44,6 +44,14 @@ class Runtime:
             return self._executor
 
     def _build(self, vllm_config: Any) -> offload.Executor:
+        several = self.strategy == "process" or (self.strategy == "thread" and self.workers != 1)
+        if several and renderer_seam.shared_multimodal_cache(vllm_config):
+            raise OffloadVLLMConfigError(
+                f"strategy {self.strategy!r} renders in several workers, but this multimodal "
+                "model keeps vLLM's multimodal processor cache, which workers cannot share; "
+                "serve with --mm-processor-cache-gb 0, or VLLM_OFFLOAD_WORKERS=1 with thread, "
+                "or use inline or async-renderer"
+            )
         options: dict[str, Any] = {}
         if self.workers is not None:
             options["max_workers"] = self.workers

@@ -72,9 +72,16 @@ class ProcessWorker:
         return io
 
 
+#: The title renderer worker processes show in `ps` (and how tests find them).
+PROCESS_TITLE = "offload-vllm::renderer"
+
+
 def init_process_worker(vllm_config: Any) -> ProcessWorker:
     global IN_WORKER_PROCESS
     IN_WORKER_PROCESS = True
+    import setproctitle  # a vLLM dependency
+
+    setproctitle.setproctitle(f"{PROCESS_TITLE} {vllm_config.model_config.served_model_name}")
     return ProcessWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
 
 

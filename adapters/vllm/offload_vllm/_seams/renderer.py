@@ -105,3 +105,16 @@ async def render_with_async_renderer(io_processor: Any, render_params: Any) -> A
 
 def is_renderer(obj: object) -> bool:
     return isinstance(obj, BaseRenderer)
+
+
+def shared_multimodal_cache(vllm_config: Any) -> bool:
+    """Whether the served model keeps vLLM's multimodal processor cache, which is not
+    thread-safe and is mirrored in the engine (vLLM refuses `--renderer-num-workers > 1`
+    with it for pooling models, `vllm/config/model.py`)."""
+    model_config = vllm_config.model_config
+    mm_config = model_config.multimodal_config
+    return bool(
+        model_config.supports_multimodal_inputs
+        and mm_config is not None
+        and mm_config.mm_processor_cache_gb > 0
+    )
