@@ -71,6 +71,8 @@ def start_server(
         # On the CPU backend this is the share of host memory reserved; several
         # servers share a small machine here.
         "--gpu-memory-utilization", "0.06",
+        # The suite tests the frontend: skip torch.compile warm-up (~100 s per server here).
+        "--enforce-eager",
     ]
     log = log_dir / f"{name}-{strategy or 'vllm'}.log"
     with log.open("wb") as out:

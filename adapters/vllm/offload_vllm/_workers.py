@@ -53,18 +53,22 @@ class IOProcessorSpec:
     cls: type
     chat_template_config: Any
 
+    def key(self) -> tuple[type, str]:
+        # ChatTemplateConfig is an unhashable dataclass; its repr names every field.
+        return (self.cls, repr(self.chat_template_config))
+
 
 @dataclass
 class ProcessWorker:
     vllm_config: Any
     renderer: Any
-    io_processors: dict[IOProcessorSpec, Any] = field(default_factory=dict)
+    io_processors: dict[tuple[type, str], Any] = field(default_factory=dict)
     servings: dict[str, Any] = field(default_factory=dict)
 
     def io_processor(self, spec: IOProcessorSpec) -> Any:
-        io = self.io_processors.get(spec)
+        io = self.io_processors.get(spec.key())
         if io is None:
-            io = self.io_processors[spec] = spec.cls(
+            io = self.io_processors[spec.key()] = spec.cls(
                 vllm_config=self.vllm_config,
                 renderer=self.renderer,
                 chat_template_config=spec.chat_template_config,
