@@ -12,6 +12,9 @@ import offload
 
 pytest.importorskip("vllm", reason="the vLLM adapter suite needs vLLM (make test installs it)")
 
+# A few tests import vLLM in a fresh interpreter: seconds when idle, minutes on a busy machine.
+pytestmark = pytest.mark.timeout(600)
+
 import offload_vllm
 from offload_vllm import (
     OffloadVLLMConfigError,

@@ -23,10 +23,12 @@ def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[s
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_OFFLOAD_STRATEGY=strategy)
     args = [sys.executable, str(EXAMPLE), str(model_dirs["embed"]), str(model_dirs["cross-encoder"])]
     proc = subprocess.run(args, env=env, check=False, capture_output=True, text=True, timeout=800, start_new_session=True)
-    log.write_text(proc.stderr)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"offload-vllm: LLM offline render map runs under strategy {strategy!r}" in proc.stderr
-    result: dict[str, list[float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    output = proc.stdout + proc.stderr  # vLLM logs to stdout
+    log.write_text(output)
+    assert proc.returncode == 0, output[-3000:]
+    assert f"offload-vllm: LLM offline render map runs under strategy {strategy!r}" in output
+    last_json = [line for line in proc.stdout.splitlines() if line.startswith("{")][-1]
+    result: dict[str, list[float]] = json.loads(last_json)
     return result
 
 
