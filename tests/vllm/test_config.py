@@ -9,18 +9,15 @@ import sys
 import pytest
 
 import offload
-
-pytest.importorskip("vllm", reason="the vLLM adapter suite needs vLLM (make test installs it)")
-
-# A few tests import vLLM in a fresh interpreter: seconds when idle, minutes on a busy machine.
-pytestmark = pytest.mark.timeout(600)
-
 import offload_vllm
 from offload_vllm import (
     OffloadVLLMConfigError,
     _seams,
     read_settings,
 )
+
+# A few tests import vLLM in a fresh interpreter: seconds when idle, minutes on a busy machine.
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_unset_keeps_vllm_behaviour() -> None:
