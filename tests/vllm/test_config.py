@@ -6,15 +6,15 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-import offload
 import offload_vllm
+import pytest
 from offload_vllm import (
     OffloadVLLMConfigError,
     _seams,
     read_settings,
 )
+
+import offload
 
 # A few tests import vLLM in a fresh interpreter: seconds when idle, minutes on a busy machine.
 pytestmark = pytest.mark.timeout(600)
