@@ -112,6 +112,16 @@ def test_embeddings_match_reference_and_strategies(
     assert cosine.min() >= 0.9999, cosine
 
 
+def test_embeddings_identical_across_strategies(servers: dict[tuple[str | None, str], Server]) -> None:
+    results = {
+        strategy: embeddings(server, TEXTS) for (strategy, kind), server in servers.items() if kind == "embed"
+    }
+    assert len(results) >= 2
+    first = next(iter(results.values()))
+    for strategy, vectors in results.items():
+        assert np.max(np.abs(vectors - first)) <= 1e-5, strategy
+
+
 def test_scores_identical_across_strategies(servers: dict[tuple[str | None, str], Server]) -> None:
     results = {}
     for (strategy, kind), server in servers.items():

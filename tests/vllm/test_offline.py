@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from ._server import Server
+from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -32,17 +34,30 @@ def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[s
     return result
 
 
+@pytest.fixture(scope="session")
+def offline_results(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, list[float]] | BaseException]:
+    """One offline run per strategy, all at once: each mostly waits on engine start-up."""
+    log_dir = tmp_path_factory.mktemp("offline-logs")
+    with concurrent.futures.ThreadPoolExecutor(len(AVAILABLE)) as pool:
+        futures = {s: pool.submit(run_offline, s, model_dirs, log_dir / f"{s}.log") for s in AVAILABLE}
+    return {s: f.exception() or f.result() for s, f in futures.items()}
+
+
 def test_offline_embed_and_score(
     strategy: str,
     model_dirs: dict[str, Path],
     servers: dict[tuple[str | None, str], Server],
-    tmp_path: Path,
+    offline_results: dict[str, dict[str, list[float]] | BaseException],
 ) -> None:
     from sentence_transformers import SentenceTransformer
 
     from docs.examples.vllm_offline import DOCS, QUERY, TEXTS
 
-    result = run_offline(strategy, model_dirs, tmp_path / "offline.log")
+    result = offline_results[strategy]
+    if isinstance(result, BaseException):
+        raise result
     ours = np.array(result["embeddings"])
     reference = SentenceTransformer(str(model_dirs["embed"]), device="cpu").encode(
         TEXTS, normalize_embeddings=True
