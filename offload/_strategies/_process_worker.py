@@ -17,6 +17,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+# Makes tracebacks picklable, so the caller sees the function's own frames.
+from tblib import pickling_support
+
 from .._worker_state import _NO_STATE, _swap_state
 from . import _wire
 
@@ -34,6 +37,9 @@ def _watch_parent(alive: Connection) -> None:
 
 def _describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
     text = "".join(traceback.format_exception(exc))
+    # Per instance: the class (and those of its cause and context) may have
+    # been defined after the worker started, so a blanket install misses it.
+    pickling_support.install(exc)
     try:
         pickle.loads(pickle.dumps(exc, protocol=5))
     except Exception:
@@ -65,10 +71,6 @@ def main(
     max_memory: int | None,
 ) -> None:
     """The worker process's target: initialize, then run calls until told to stop."""
-    from tblib import pickling_support
-
-    # Tracebacks become picklable, so the caller sees this function's frames.
-    pickling_support.install()
     threading.Thread(target=_watch_parent, args=(alive,), name="offload-parent-watch", daemon=True).start()
 
     state: Any = _NO_STATE
