@@ -58,19 +58,22 @@ def _exit_reason(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def _picklable(value: object) -> bool:
+    try:
+        pickle.dumps(value, protocol=5)
+    except Exception:
+        return False
+    return True
+
+
 def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
     """Find what could not be pickled and say so."""
-    culprit = "the call"
-    for label, value in (
+    parts = (
         (f"function {call.fn!r}", call.fn),
         *((f"argument {i} ({type(a).__name__})", a) for i, a in enumerate(call.args)),
         *((f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in call.kwargs.items()),
-    ):
-        try:
-            pickle.dumps(value, protocol=5)
-        except Exception:
-            culprit = label
-            break
+    )
+    culprit = next((label for label, value in parts if not _picklable(value)), "the call")
     error = TypeError(
         f"process strategy: {culprit} cannot be pickled, so it cannot be sent to a worker "
         f"process ({type(exc).__name__}: {exc}); pass module-level functions and picklable values"
@@ -138,7 +141,8 @@ class _Worker:
 
     def receive(self) -> Any:
         """The next message from the worker; `WorkerCrashed` if it dies first."""
-        assert self.conn is not None and self.process is not None
+        assert self.conn is not None
+        assert self.process is not None
         ready = wait([self.conn, self.process.sentinel])
         if self.conn in ready:
             try:
@@ -268,9 +272,8 @@ class _Worker:
     def replace(self) -> None:
         """Start a fresh process now, so the pool is back to full strength before
         the next call needs it (a failure here is retried by that call)."""
-        if not self.pool._stopping:
-            if self.start_process() is not None:
-                self.reap()
+        if not self.pool._stopping and self.start_process() is not None:
+            self.reap()
 
 
 @final
@@ -394,7 +397,7 @@ class ProcessExecutor(Executor):
         ctx = multiprocessing.get_context(self._start_method)
         if self._start_method == "forkserver":
             # Workers fork with the worker module already imported.
-            ctx.set_forkserver_preload(["offload._strategies._process_worker"])  # type: ignore[attr-defined]
+            ctx.set_forkserver_preload(["offload._strategies._process_worker"])
         # Workers read the one end; this process alone holds the other, so its
         # death is an end of file in every worker.
         self._alive_r, self._alive_w = ctx.Pipe(duplex=False)
