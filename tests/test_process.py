@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,12 @@ def wait_for(predicate: Any, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+async def until(predicate: Any) -> None:
+    """Poll a condition that another process changes (there is no event to wait on)."""
+    while not predicate():  # noqa: ASYNC110 (state lives in another process)
+        await anyio.sleep(0.02)
+
+
 def gone(pid: int) -> bool:
     """The process no longer exists, not even as an unreaped zombie."""
     try:
@@ -64,7 +71,7 @@ def gone(pid: int) -> bool:
 def exited(pid: int) -> bool:
     """The process has ended (reaping an orphan is the init process's job, not ours)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 
@@ -100,8 +107,7 @@ async def test_sigkill_mid_call_fails_only_that_call(ex: ProcessExecutor, tmp_pa
         async with anyio.create_task_group() as tg:
             tg.start_soon(victim)
             tg.start_soon(bystander)
-            while not os.listdir(tmp_path):
-                await anyio.sleep(0.02)
+            await until(lambda: os.listdir(tmp_path))
             killed_at = time.monotonic()
             (pid,) = pids_in(tmp_path)
             os.kill(pid, signal.SIGKILL)
@@ -113,8 +119,7 @@ async def test_sigkill_mid_call_fails_only_that_call(ex: ProcessExecutor, tmp_pa
     assert outcome["other"] == "fine"
     assert await ex.run(helpers.add, 1, 2) == 3
     with anyio.fail_after(30):
-        while len(ex._worker_pids()) != 2 or pid in ex._worker_pids():
-            await anyio.sleep(0.05)
+        await until(lambda: len(ex._worker_pids()) == 2 and pid not in ex._worker_pids())
     assert all(not gone(p) for p in ex._worker_pids())
 
 
@@ -176,7 +181,7 @@ async def test_unpicklable_function_and_argument_raise_type_error(ex: ProcessExe
     with pytest.raises(TypeError, match="function .*local.* cannot be pickled"):
         await ex.run(local)
     with pytest.raises(TypeError, match="argument 1 \\(lock\\) cannot be pickled"):
-        await ex.run(helpers.echo_args, 1, helpers.threading.Lock())
+        await ex.run(helpers.echo_args, 1, threading.Lock())
     with pytest.raises(TypeError, match="keyword argument 'k'"):
         await ex.run(helpers.echo_args, k=lambda: 0)
     # Nothing was left queued or stuck: the pool still serves both workers.
@@ -274,8 +279,7 @@ async def test_cancel_kill_terminates_and_replaces_the_worker(tmp_path: Path) ->
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ex.run, helpers.write_pid_and_sleep, str(tmp_path), 60)
-                while not os.listdir(tmp_path):
-                    await anyio.sleep(0.02)
+                await until(lambda: os.listdir(tmp_path))
                 tg.cancel_scope.cancel()
         (victim,) = pids_in(tmp_path)
         await anyio.to_thread.run_sync(wait_for, lambda: gone(victim))
@@ -313,15 +317,19 @@ async def test_large_payloads_round_trip_through_shared_memory(ex: ProcessExecut
     assert np.array_equal(await ex.run(helpers.identity, big), big)
     assert np.array_equal(await ex.run(helpers.identity, small), small)
     nested = await ex.run(helpers.identity, [big, {"x": big[:2]}])
-    assert np.array_equal(nested[0], big) and np.array_equal(nested[1]["x"], big[:2])
+    assert np.array_equal(nested[0], big)
+    assert np.array_equal(nested[1]["x"], big[:2])
     back = await ex.run(helpers.identity, raw)
-    assert type(back) is bytes and back == raw
+    assert type(back) is bytes
+    assert back == raw
     assert await ex.run(helpers.describe, raw) == ("bytes", len(raw))
     assert await ex.run(helpers.describe, bytearray(raw)) == ("bytearray", len(raw))
     t_back = await ex.run(helpers.identity, tensor)
-    assert isinstance(t_back, torch.Tensor) and torch.equal(t_back, tensor)
+    assert isinstance(t_back, torch.Tensor)
+    assert torch.equal(t_back, tensor)
     made = await ex.run(helpers.make_array, 1 << 20)  # 8 MiB made in the worker
-    assert made.shape == (1 << 20,) and made[-1] == (1 << 20) - 1
+    assert made.shape == (1 << 20,)
+    assert made[-1] == (1 << 20) - 1
     made[0] = 42.0  # a private, writable array
     assert made[0] == 42.0
     assert our_shm_files() == []
