@@ -124,15 +124,14 @@ def send(conn: Connection, data: bytes, buffers: list[pickle.PickleBuffer]) -> s
     sizes = [r.nbytes for r in raws]
     name = f"{shm_prefix(os.getpid())}{next(_names)}"
     path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
-        total = sum(sizes)
-        os.ftruncate(fd, total)
-        with mmap.mmap(fd, total) as region:
-            offset = 0
-            for raw, size in zip(raws, sizes, strict=True):
-                region[offset : offset + size] = raw
-                offset += size
+        # write(), not a mapping: the kernel copies straight into the file's
+        # pages, without a page fault per 4 KiB on this side.
+        for raw in raws:
+            view = raw.cast("B")
+            while view:
+                view = view[os.write(fd, view) :]
     except BaseException:
         os.unlink(path)
         raise
@@ -178,6 +177,8 @@ def _map(name: str, sizes: tuple[int, ...]) -> list[memoryview]:
     fd = os.open(path, os.O_RDWR)
     try:
         os.unlink(path)
+        # Not populated up front: pages are mapped as they are touched, so a
+        # receiver that forwards or ignores part of a buffer does not pay for it.
         region = mmap.mmap(fd, sum(sizes))
     finally:
         os.close(fd)
