@@ -260,11 +260,14 @@ def targets(table: dict[str, Any], overhead: dict[str, float], payload: dict[str
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# `process` strategy benchmark", ""]
     m = result["machine"]
+    load = ", ".join(f"{x:.2f}" for x in m["load_avg_at_end"])
+    smoke = " (smoke mode: tiny, not meaningful)" if result["smoke"] else ""
     lines += [
-        f"Python {m['python']} on {m['platform']}, {m['cpus']} CPUs, {result['workers']} workers per pool, "
-        f"forkserver; one run{' (smoke mode: tiny, not meaningful)' if result['smoke'] else ''}. "
-        f"The machine was shared with other jobs (load average at the end: "
-        f"{', '.join(f'{x:.2f}' for x in m['load_avg_at_end'])}), so figures are noisy.",
+        (
+            f"Python {m['python']} on {m['platform']}, {m['cpus']} CPUs, {result['workers']} "
+            f"workers per pool, forkserver; one run{smoke}. The machine was shared with other "
+            f"jobs (load average at the end: {load}), so figures are noisy."
+        ),
         "",
         "## Targets",
         "",

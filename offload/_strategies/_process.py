@@ -104,6 +104,8 @@ class _Worker:
         self.current: Call[Any] | None = None
         self.killed = False  # set under pool._lock by `cancel="kill"`
         self.tasks = 0
+        self.tx = _wire.Sender()
+        self.rx = _wire.Receiver()
         self.thread = threading.Thread(
             target=self.work, name=f"{pool._name}-{number}", daemon=True
         )
@@ -146,7 +148,7 @@ class _Worker:
         ready = wait([self.conn, self.process.sentinel])
         if self.conn in ready:
             try:
-                return _wire.recv(self.conn)
+                return self.rx.recv(self.conn)
             except (EOFError, OSError):
                 pass
         raise self.crashed()
@@ -173,6 +175,8 @@ class _Worker:
         if conn is not None:
             conn.close()
         process.close()
+        self.tx.close()
+        self.rx.close()
         if pid is not None:
             _wire.remove_shm_files(_wire.shm_prefix(pid))
 
@@ -240,16 +244,13 @@ class _Worker:
         assert self.conn is not None
         with pool._lock:
             self.current = call
-        shm_name: str | None = None
         try:
-            shm_name = _wire.send(self.conn, data, buffers)
+            self.tx.send(self.conn, data, buffers)
             del data, buffers
             reply = self.receive()
         except (WorkerCrashed, OSError) as exc:
             with pool._lock:
                 self.current = None
-            if shm_name is not None:
-                _wire.unlink(shm_name)  # the worker died before taking it over
             crash = exc if isinstance(exc, WorkerCrashed) else self.crashed()
             name = getattr(call.fn, "__qualname__", None) or repr(call.fn)
             call.set_exception(WorkerCrashed(f"{crash} while running {name}()"))

@@ -47,7 +47,7 @@ def _describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
     return exc, text
 
 
-def _send(conn: Connection, message: tuple[Any, ...], threshold: int | None) -> None:
+def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshold: int | None) -> None:
     try:
         data, buffers = _wire.dumps(message, threshold)
     except Exception as exc:
@@ -59,7 +59,7 @@ def _send(conn: Connection, message: tuple[Any, ...], threshold: int | None) -> 
         )
         error.__cause__ = exc
         data, buffers = _wire.dumps(("error", _describe_error(error), message[2]), threshold)
-    _wire.send(conn, data, buffers)
+    tx.send(conn, data, buffers)
 
 
 def main(
@@ -78,7 +78,7 @@ def main(
         try:
             state = initializer(*initargs)
         except BaseException as exc:
-            _send(conn, ("init-error", _describe_error(exc)), None)
+            _send(conn, _wire.Sender(), ("init-error", _describe_error(exc)), None)
             return
     _swap_state(state)
     memory: Callable[[], int] | None = None
@@ -88,16 +88,17 @@ def main(
         memory_info = psutil.Process().memory_info
         memory = lambda: memory_info().rss  # noqa: E731
     conn.send_bytes(pickle.dumps(("ready",)))
+    tx, rx = _wire.Sender(), _wire.Receiver()
 
     while True:
         try:
-            message = _wire.recv(conn)
+            message = rx.recv(conn)
         except EOFError:
             return
         except BaseException as exc:
             error = TypeError(f"the worker could not unpickle the call: {exc!r}")
             error.__cause__ = exc
-            _send(conn, ("error", _describe_error(error), False), threshold)
+            _send(conn, tx, ("error", _describe_error(error), False), threshold)
             continue
         if message is None:
             return
@@ -111,5 +112,5 @@ def main(
             reply = ("ok", result)
         del fn, args, kwargs
         retire = memory is not None and max_memory is not None and memory() > max_memory
-        _send(conn, (*reply, retire), threshold)
+        _send(conn, tx, (*reply, retire), threshold)
         del reply

@@ -36,6 +36,8 @@ SHM_AVAILABLE = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 DEFAULT_SHM_THRESHOLD = 1 << 20
 
 _HEADER = b"S"
+#: An arena above this size shrinks when a message needs under a quarter of it.
+_SHRINK_ABOVE = 64 << 20
 _names = itertools.count()
 
 
@@ -114,82 +116,141 @@ def shm_prefix(pid: int) -> str:
     return f"offload-{pid}-"
 
 
-def send(conn: Connection, data: bytes, buffers: list[pickle.PickleBuffer]) -> str | None:
-    """Send a pickle and its out-of-band buffers; return the shared-memory file
-    name the receiver will unlink (the sender removes it if the receiver dies first)."""
-    if not buffers:
-        conn.send_bytes(data)
-        return None
-    raws = [b.raw() for b in buffers]
-    sizes = [r.nbytes for r in raws]
-    name = f"{shm_prefix(os.getpid())}{next(_names)}"
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        # write(), not a mapping: the kernel copies straight into the file's
-        # pages, without a page fault per 4 KiB on this side.
-        for raw in raws:
-            view = raw.cast("B")
-            while view:
-                view = view[os.write(fd, view) :]
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    encoded = name.encode()
-    try:
-        conn.send_bytes(
-            _HEADER + struct.pack(f"<HI{len(sizes)}Q", len(encoded), len(sizes), *sizes) + encoded
-        )
-        conn.send_bytes(data)
-    except BaseException:
-        unlink(name)
-        raise
-    return name
-
-
 def unlink(name: str) -> None:
-    """Remove a shared-memory file this process sent, if the receiver has not."""
     try:
         os.unlink(os.path.join(SHM_DIR, name))
     except OSError:
         pass
 
 
-def recv(conn: Connection) -> Any:
-    """Receive what `send` sent and unpickle it. An empty message is returned as `None`
-    (the "stop" signal); single-letter control messages are returned as bytes."""
-    message = conn.recv_bytes()
-    if len(message) <= 1:
-        return message or None
-    if message[:1] != _HEADER:
-        return pickle.loads(message)
-    name_length, count = struct.unpack_from("<HI", message, 1)
-    sizes = struct.unpack_from(f"<{count}Q", message, 7)
-    name = message[7 + 8 * count : 7 + 8 * count + name_length].decode()
-    buffers = _map(name, sizes)
-    return pickle.loads(conn.recv_bytes(), buffers=buffers)
+def _arena_size(needed: int) -> int:
+    # Powers of two: a payload that grows a little does not remap every time.
+    return 1 << max(needed - 1, 1).bit_length()
 
 
-def _map(name: str, sizes: tuple[int, ...]) -> list[memoryview]:
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.unlink(path)
-        # Not populated up front: pages are mapped as they are touched, so a
-        # receiver that forwards or ignores part of a buffer does not pay for it.
-        region = mmap.mmap(fd, sum(sizes))
-    finally:
-        os.close(fd)
-    # The mapping lives as long as any view of it (an array built on it): no copy.
-    view = memoryview(region)
-    buffers = []
-    offset = 0
-    for size in sizes:
-        buffers.append(view[offset : offset + size])
-        offset += size
-    return buffers
+@final
+class Sender:
+    """The sending end of one direction of one worker's pipe, with its
+    shared-memory arena: one file, mapped once and reused for every message,
+    so the pages are allocated and faulted in once, not per message.
+
+    Reuse is safe because the protocol is strictly request/reply: a sender
+    writes message k+1 only after the receiver has answered message k, and
+    the receiver copies the buffers out before it answers.
+    """
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._region: mmap.mmap | None = None
+
+    def send(self, conn: Connection, data: bytes, buffers: list[pickle.PickleBuffer]) -> None:
+        if not buffers:
+            conn.send_bytes(data)
+            return
+        raws = [b.raw() for b in buffers]
+        sizes = [r.nbytes for r in raws]
+        region = self._arena(sum(sizes))
+        offset = 0
+        for raw, size in zip(raws, sizes, strict=True):
+            region[offset : offset + size] = raw
+            offset += size
+        assert self.name is not None
+        encoded = self.name.encode()
+        conn.send_bytes(
+            _HEADER + struct.pack(f"<HI{len(sizes)}Q", len(encoded), len(sizes), *sizes) + encoded
+        )
+        conn.send_bytes(data)
+
+    def _arena(self, needed: int) -> mmap.mmap:
+        region = self._region
+        # Grow to fit; give back a big arena that is mostly idle.
+        if region is not None and needed <= len(region) and not (
+            len(region) > _SHRINK_ABOVE and needed * 4 < len(region)
+        ):
+            return region
+        self.close()
+        size = _arena_size(needed)
+        name = f"{shm_prefix(os.getpid())}{next(_names)}"
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            region = mmap.mmap(fd, size)
+        except BaseException:
+            unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        self.name, self._region = name, region
+        return region
+
+    def close(self) -> None:
+        """Drop the arena (and its file, if the receiver has not unlinked it yet)."""
+        if self.name is not None:
+            unlink(self.name)
+        if self._region is not None:
+            self._region.close()
+        self.name = self._region = None
+
+
+@final
+class Receiver:
+    """The receiving end: maps the sender's arena once (and unlinks its file,
+    so nothing is left in `/dev/shm` whoever dies first) and copies each
+    message's buffers out, so results never alias the reused arena."""
+
+    def __init__(self) -> None:
+        self._name: str | None = None
+        self._region: mmap.mmap | None = None
+
+    def recv(self, conn: Connection) -> Any:
+        """Receive and unpickle a message. An empty message is returned as `None`
+        (the "stop" signal)."""
+        message = conn.recv_bytes()
+        if not message:
+            return None
+        if message[:1] != _HEADER:
+            return pickle.loads(message)
+        name_length, count = struct.unpack_from("<HI", message, 1)
+        sizes = struct.unpack_from(f"<{count}Q", message, 7)
+        name = message[7 + 8 * count : 7 + 8 * count + name_length].decode()
+        region = self._map(name)
+        buffers = []
+        offset = 0
+        with memoryview(region) as view:
+            for size in sizes:
+                buffers.append(_copy(view[offset : offset + size]))
+                offset += size
+        return pickle.loads(conn.recv_bytes(), buffers=buffers)
+
+    def _map(self, name: str) -> mmap.mmap:
+        if name == self._name and self._region is not None:
+            return self._region
+        self.close()
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.unlink(path)
+            region = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self._name, self._region = name, region
+        return region
+
+    def close(self) -> None:
+        if self._region is not None:
+            self._region.close()
+        self._name = self._region = None
+
+
+def _copy(view: memoryview) -> Any:
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return bytearray(view)
+    # NumPy asks for transparent huge pages for big allocations: far fewer
+    # page faults than a bytearray of the same size.
+    out = numpy.empty(view.nbytes, dtype=numpy.uint8)
+    out[:] = numpy.frombuffer(view, dtype=numpy.uint8)
+    return out
 
 
 def remove_shm_files(prefix: str) -> None:
