@@ -80,10 +80,12 @@ def pids_in(directory: Path) -> list[int]:
     return [int(name) for name in os.listdir(directory)]
 
 
-def our_shm_files() -> list[str]:
+def our_shm_files(workers: Any) -> list[str]:
+    """Shared-memory files left by this process or by `workers` (pids)."""
     if not _wire.SHM_AVAILABLE:
         return []
-    return [n for n in os.listdir(_wire.SHM_DIR) if n.startswith("offload-")]
+    prefixes = tuple(_wire.shm_prefix(p) for p in (os.getpid(), *workers))
+    return [n for n in os.listdir(_wire.SHM_DIR) if n.startswith(prefixes)]
 
 
 # ---- crashes -------------------------------------------------------------------
@@ -155,22 +157,21 @@ def test_hundred_kills_leave_no_zombie_or_orphan(tmp_path: Path) -> None:
     assert len(killed) == 100
     workers = {*killed, *survivors}
 
-    def leftovers() -> list[int]:
+    def leftover(child: psutil.Process) -> bool:
         # Below the test process, only multiprocessing's own servers (forkserver,
         # resource tracker) may remain: no worker, and no zombie.
-        found = []
-        for child in me.children(recursive=True):
-            try:
-                if child.pid in workers or (
-                    child.pid not in children_before and child.status() == psutil.STATUS_ZOMBIE
-                ):
-                    found.append(child.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return found
+        if child.pid in workers:
+            return True
+        try:
+            return child.pid not in children_before and child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
-    wait_for(lambda: all(gone(p) for p in workers) and not leftovers())
-    assert our_shm_files() == []
+    wait_for(
+        lambda: all(gone(p) for p in workers)
+        and not any(leftover(c) for c in me.children(recursive=True))
+    )
+    assert our_shm_files(workers) == []
 
 
 @pytest.mark.anyio
@@ -343,7 +344,7 @@ async def test_large_payloads_round_trip_through_shared_memory(ex: ProcessExecut
     assert made[-1] == (1 << 20) - 1
     made[0] = 42.0  # a private, writable array
     assert made[0] == 42.0
-    assert our_shm_files() == []
+    assert our_shm_files(ex._worker_pids()) == []
 
 
 @pytest.mark.anyio
