@@ -20,28 +20,25 @@ Every pool has 2 workers and uses the `forkserver` start method.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import io
-import json
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import offload
 
+from . import _common
+
 WORKERS = 2
 CONCURRENCY = (1, 2, 8, 32)
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
 # ---- the work (module level, so it pickles) --------------------------------------
@@ -197,8 +194,8 @@ async def bench(smoke: bool) -> dict[str, Any]:
     n = 20_000 if smoke else 300_000  # about 2 / 30 ms of pure Python here
     jpeg = make_jpeg()
     workloads: dict[str, tuple[Callable[..., Any], Any, int]] = {
-        "GIL-bound pure Python": (gil_work, n, 8 if smoke else 64),
-        "JPEG decode+resize+normalise": (preprocess, jpeg, 8 if smoke else 96),
+        "GIL-bound pure Python": (gil_work, n, 8 if smoke else 48),
+        "JPEG decode+resize+normalise": (preprocess, jpeg, 8 if smoke else 64),
     }
     concurrency = (1, 8) if smoke else CONCURRENCY
     ctx = multiprocessing.get_context("forkserver")
@@ -227,12 +224,7 @@ async def bench(smoke: bool) -> dict[str, Any]:
     payload = await transfer(sizes, 4 if smoke else 20)
     return {
         "smoke": smoke,
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_avg_at_end": os.getloadavg(),
-        },
+        "machine": {**_common.machine(), "load_avg_at_end": os.getloadavg()},
         "workers": WORKERS,
         "throughput_and_lag": table,
         "noop_overhead_us": overhead,
@@ -264,11 +256,12 @@ def markdown(result: dict[str, Any]) -> str:
     smoke = " (smoke mode: tiny, not meaningful)" if result["smoke"] else ""
     lines += [
         (
-            f"Python {m['python']} on {m['platform']}, {m['cpus']} CPUs, {result['workers']} "
+            f"Measured {m['date']} at commit `{m['commit']}`, Python {m['python']} on {m['platform']}, {m['cpus']} CPUs, {result['workers']} "
             f"workers per pool, forkserver; one run{smoke}. The machine was shared with other "
             f"jobs (load average at the end: {load}), so figures are noisy."
         ),
         "",
+        "<!-- --8<-- [start:table] -->",
         "## Targets",
         "",
         "| target | measured | met |",
@@ -305,19 +298,15 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {size} | {row['shared memory']:.2f} | {row['pipe']:.2f} | {row['pipe'] / row['shared memory']:.2f}x |"
         )
+    lines.append("<!-- --8<-- [end:table] -->")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--smoke", action="store_true", help="a few seconds, to check it runs")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
+    args = _common.parser("Benchmark of the process strategy").parse_args(argv)
     result = asyncio.run(bench(args.smoke))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "process.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    (args.out / "process.md").write_text(text)
+    _common.write(args.out, "process", result, text)
     print(text)
     return 0
 
