@@ -190,3 +190,14 @@ def describe(value: Any) -> tuple[str, int]:
     if isinstance(value, np.ndarray):
         return "ndarray", int(value.sum())
     return type(value).__name__, len(value)
+
+
+class ArrivesBroken:
+    """Pickles fine, fails to unpickle (its rebuild function raises)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return raise_value_error, ("cannot rebuild",)
+
+
+def return_arrives_broken() -> ArrivesBroken:
+    return ArrivesBroken()

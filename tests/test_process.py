@@ -214,6 +214,8 @@ async def test_unpicklable_result_and_exception(ex: ProcessExecutor) -> None:
         await ex.run(helpers.return_unpicklable)
     with pytest.raises(offload.OffloadError, match="UnpicklableError: kept"):
         await ex.run(helpers.raise_unpicklable, "kept")
+    with pytest.raises(offload.OffloadError, match="could not be unpickled here"):
+        await ex.run(helpers.return_arrives_broken)
     assert await ex.run(helpers.add, 5) == 5
 
 

@@ -151,6 +151,12 @@ class _Worker:
                 return self.rx.recv(self.conn)
             except (EOFError, OSError):
                 pass
+            except Exception as exc:
+                # The reply arrived whole but does not unpickle here (its class
+                # cannot be imported in this process, say): fail only this call.
+                error = OffloadError(f"the worker's reply could not be unpickled here: {exc!r}")
+                error.__cause__ = exc
+                return ("error", (error, ""), False)
         raise self.crashed()
 
     def crashed(self) -> WorkerCrashed:
@@ -327,8 +333,8 @@ class ProcessExecutor(Executor):
         max_worker_memory: replace a worker after a call that left its resident
             memory (RSS) above this many bytes. `None` (default): no ceiling.
         shared_memory_threshold: buffers of at least this many bytes go through
-            shared memory. Default 1 MiB (below it the pipe is as fast);
-            `None` turns shared memory off.
+            shared memory. Default 256 KiB (measured: below it the pipe is
+            as fast); `None` turns shared memory off.
         cancel: `"finish"` (default, the rule of every strategy) or `"kill"`.
         start_method: `"forkserver"` (default where available) or `"spawn"`;
             `"fork"` is refused (unsafe once the parent runs threads or torch).
@@ -430,9 +436,13 @@ class ProcessExecutor(Executor):
             return
         with self._lock:
             for worker in self._workers:
-                if worker.current is call and worker.process is not None:
+                process = worker.process
+                if worker.current is call and process is not None:
                     worker.killed = True
-                    worker.process.kill()
+                    try:
+                        process.kill()
+                    except (ValueError, OSError):
+                        pass  # it is already dead and being reaped
                     return
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import threading
 import traceback
 from collections.abc import Callable
@@ -71,6 +72,9 @@ def main(
     max_memory: int | None,
 ) -> None:
     """The worker process's target: initialize, then run calls until told to stop."""
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides
+    # what happens to the pool (it shuts it down), not each worker on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(alive,), name="offload-parent-watch", daemon=True).start()
 
     state: Any = _NO_STATE
