@@ -201,3 +201,13 @@ class ArrivesBroken:
 
 def return_arrives_broken() -> ArrivesBroken:
     return ArrivesBroken()
+
+
+#: Lazy: no process starts until the decorated function below is first called.
+DECORATOR_EXECUTOR: Any = offload.get_executor("process", max_workers=1)
+
+
+@offload.make_async(executor=DECORATOR_EXECUTOR)
+def doubled_in_a_process(x: int) -> tuple[int, int]:
+    """`make_async` puts its wrapper under this name; the worker must still find the function."""
+    return 2 * x, os.getpid()

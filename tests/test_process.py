@@ -219,6 +219,21 @@ async def test_unpicklable_result_and_exception(ex: ProcessExecutor) -> None:
     assert await ex.run(helpers.add, 5) == 5
 
 
+@pytest.fixture(scope="module")
+def decorator_executor() -> Iterator[ProcessExecutor]:
+    yield helpers.DECORATOR_EXECUTOR
+    helpers.DECORATOR_EXECUTOR.shutdown()
+
+
+@pytest.mark.anyio
+async def test_a_function_decorated_with_make_async_runs_in_a_worker(
+    decorator_executor: ProcessExecutor,
+) -> None:
+    doubled, worker = await helpers.doubled_in_a_process(21)
+    assert doubled == 42
+    assert worker in decorator_executor._worker_pids()
+
+
 # ---- worker state and recycling ------------------------------------------------
 
 

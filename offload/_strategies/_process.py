@@ -238,7 +238,7 @@ class _Worker:
         try:
             data, buffers = _wire.dumps(
                 (
-                    call.fn,
+                    _wire.by_reference(call.fn),
                     tuple(_wire.wrap_bytes(a, pool._threshold) for a in call.args),
                     {k: _wire.wrap_bytes(v, pool._threshold) for k, v in call.kwargs.items()},
                 ),
