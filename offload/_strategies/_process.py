@@ -92,6 +92,7 @@ def _rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
     )
 
 
+@final
 class _Worker:
     """One slot of the pool: a thread in this process that owns one worker
     process at a time, sends it calls one by one and replaces it when it dies
