@@ -6,7 +6,6 @@ import atexit
 import itertools
 import multiprocessing
 import pickle
-import queue
 import signal
 import threading
 import weakref
@@ -17,9 +16,10 @@ from typing import Any, final
 
 from .._call import Call
 from .._config import check_initializer, check_max_workers, usable_cpu_count
-from .._errors import ConfigError, ExecutorClosed, OffloadError, WorkerCrashed
+from .._errors import ConfigError, OffloadError, WorkerCrashed
 from .._executor import Executor
 from . import _process_worker, _wire
+from ._dispatch import Dispatcher
 
 _pool_ids = itertools.count()
 
@@ -103,7 +103,7 @@ class _Worker:
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self.current: Call[Any] | None = None
-        self.killed = False  # set under pool._lock by `cancel="kill"`
+        self.killed = False  # set under the dispatcher's lock by `cancel="kill"`
         self.tasks = 0
         self.tx = _wire.Sender()
         self.rx = _wire.Receiver()
@@ -203,27 +203,20 @@ class _Worker:
     # ---- the slot's loop --------------------------------------------------
 
     def work(self) -> None:
-        pool = self.pool
+        calls = self.pool._dispatch.calls()
         try:
-            while True:
-                call = pool._queue.get()
-                if call is None:
-                    break
-                if call.claim():
-                    try:
-                        self.run(call)
-                    except BaseException as exc:
-                        # A bug here must not leave the caller waiting forever.
-                        if not call.done:
-                            call.set_exception(OffloadError(f"process strategy failed: {exc!r}"))
-                        raise
-                del call
-                with pool._lock:
-                    pool._idle += 1
+            for call in calls:
+                try:
+                    self.run(call)
+                except BaseException as exc:  # noqa: PERF203 (per call, by design)
+                    # A bug here must not leave the caller waiting forever.
+                    if not call.done:
+                        call.set_exception(OffloadError(f"process strategy failed: {exc!r}"))
+                    raise
         finally:
+            calls.close()
             self.stop_process()
-            with pool._lock:
-                pool._workers.discard(self)
+            self.pool._dispatch.discard(self)
 
     def run(self, call: Call[Any]) -> None:
         pool = self.pool
@@ -249,21 +242,21 @@ class _Worker:
             call.set_exception(_pickling_error(call, exc))
             return
         assert self.conn is not None
-        with pool._lock:
+        with pool._dispatch.lock:
             self.current = call
         try:
             self.tx.send(self.conn, data, buffers)
             del data, buffers
             reply = self.receive()
         except (WorkerCrashed, OSError) as exc:
-            with pool._lock:
+            with pool._dispatch.lock:
                 self.current = None
             crash = exc if isinstance(exc, WorkerCrashed) else self.crashed()
             name = getattr(call.fn, "__qualname__", None) or repr(call.fn)
             call.set_exception(WorkerCrashed(f"{crash} while running {name}()"))
             self.replace()
             return
-        with pool._lock:
+        with pool._dispatch.lock:
             self.current = None
         status, value, retire = reply
         del reply
@@ -280,7 +273,7 @@ class _Worker:
     def replace(self) -> None:
         """Start a fresh process now, so the pool is back to full strength before
         the next call needs it (a failure here is retried by that call)."""
-        if not self.pool._stopping and self.start_process() is not None:
+        if not self.pool._dispatch.stopping and self.start_process() is not None:
             self.reap()
 
 
@@ -381,12 +374,11 @@ class ProcessExecutor(Executor):
         self._kill_on_cancel = cancel == "kill"
         self._start_method = start_method
         self._name = f"offload-process-{next(_pool_ids)}"
-        self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
-        self._workers: set[_Worker] = set()
-        self._idle = 0
-        self._lock = threading.Lock()
-        self._stopping = False
         self._spawned = itertools.count()
+        self._dispatch: Dispatcher[_Worker] = Dispatcher(
+            "ProcessExecutor", self._max_workers, self._start_worker
+        )
+        self._prepare_lock = threading.Lock()
         # Made on first use: nothing (no pipe, no server process) exists until a call.
         self._ctx: BaseContext | None = None
         self._alive_r: Connection | None = None
@@ -414,29 +406,26 @@ class ProcessExecutor(Executor):
 
     def _worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for tests and diagnostics)."""
-        with self._lock:
-            processes = [w.process for w in self._workers]
+        processes = [w.process for w in self._dispatch.workers()]
         return [p.pid for p in processes if p is not None and p.pid is not None]
 
+    def _start_worker(self) -> _Worker:
+        worker = _Worker(self, next(self._spawned))
+        worker.thread.start()
+        return worker
+
     def _schedule(self, call: Call[Any]) -> None:
-        with self._lock:
-            if self._stopping:
-                raise ExecutorClosed("ProcessExecutor is shut down")
-            if self._ctx is None:
-                self._prepare()
-            self._queue.put(call)
-            if self._idle:
-                self._idle -= 1
-            elif len(self._workers) < self._max_workers:
-                worker = _Worker(self, next(self._spawned))
-                self._workers.add(worker)
-                worker.thread.start()
+        if self._ctx is None:
+            with self._prepare_lock:
+                if self._ctx is None and not self._dispatch.stopping:
+                    self._prepare()
+        self._dispatch.put(call)
 
     def _cancel_running(self, call: Call[Any]) -> None:
         if not self._kill_on_cancel:
             return
-        with self._lock:
-            for worker in self._workers:
+        for worker in self._dispatch.workers():
+            with self._dispatch.lock:  # `current` changes under this lock
                 process = worker.process
                 if worker.current is call and process is not None:
                     worker.killed = True
@@ -447,32 +436,14 @@ class ProcessExecutor(Executor):
                     return
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        with self._lock:
-            if cancel_futures:
-                sentinels = 0
-                while True:
-                    try:
-                        pending = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if pending is None:
-                        sentinels += 1
-                    else:
-                        pending.drop()
-                for _ in range(sentinels):
-                    self._queue.put(None)
-            if not self._stopping:
-                self._stopping = True
-                for _ in self._workers:
-                    self._queue.put(None)
-            workers = list(self._workers)
+        workers = self._dispatch.close(cancel_futures)
         if wait:
             me = threading.current_thread()
             for worker in workers:
                 if worker.thread is not me:
                     worker.thread.join()
-            with self._lock:
-                if not self._workers and self._alive_w is not None:
+            with self._prepare_lock:
+                if not self._dispatch.workers() and self._alive_w is not None:
                     self._alive_w.close()
                     self._alive_w = None
                     if self._alive_r is not None:
