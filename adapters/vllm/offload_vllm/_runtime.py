@@ -123,13 +123,17 @@ class Runtime:
         executor = self.executor(serving.vllm_config)
         _announce(self._announced, f"{type(serving).__name__}._postprocessing_async", self.strategy)
         if self.strategy == "process":
-            spec = _workers.serving_spec(serving)
             chat_config = serving.chat_template_config
+            # Taken at the first request, not here: subclasses (ServingEmbedding) set
+            # attributes after the base __init__ this is called from.
+            specs: list[_workers.ServingSpec] = []
 
             async def postprocess_in_worker(io_processor: Any, ctx: Any) -> Any:
+                if not specs:
+                    specs.append(_workers.serving_spec(serving))
                 io_spec = _workers.IOProcessorSpec(type(io_processor), chat_config)
                 return await executor.run(
-                    _workers.postprocess_in_process, spec, io_spec, serving_seam.strip_context(ctx)
+                    _workers.postprocess_in_process, specs[0], io_spec, serving_seam.strip_context(ctx)
                 )
 
             return postprocess_in_worker

@@ -116,7 +116,7 @@ def serving_spec(serving: Any) -> ServingSpec:
 def _picklable(value: Any) -> bool:
     try:
         pickle.dumps(value)
-    except Exception:  # noqa: BLE001 (anything unpicklable is live: it stays in the server)
+    except Exception:
         return False
     return True
 
