@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,11 @@ with warnings.catch_warnings():
         importlib.import_module(_module)
 
 ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer")
-AVAILABLE = tuple(s for s in ADAPTER_STRATEGIES if s in offload.STRATEGIES)
+# OFFLOAD_VLLM_TEST_STRATEGIES=thread,process limits the servers started (for quick runs).
+_ONLY = [s for s in os.environ.get("OFFLOAD_VLLM_TEST_STRATEGIES", "").split(",") if s]
+AVAILABLE = tuple(
+    s for s in ADAPTER_STRATEGIES if s in offload.STRATEGIES and (not _ONLY or s in _ONLY)
+)
 # 2 renderer workers: more than one (so per-worker state matters) on a 2-core machine.
 WORKERS = {"thread": 2, "process": 2}
 
@@ -43,7 +48,13 @@ def strategy_params() -> list[object]:
         pytest.param(
             s,
             id=s,
-            marks=() if s in AVAILABLE else pytest.mark.skip(reason=f"offload has no {s!r} strategy yet"),
+            marks=()
+            if s in AVAILABLE
+            else pytest.mark.skip(
+                reason=f"offload has no {s!r} strategy yet"
+                if s not in offload.STRATEGIES
+                else "not in OFFLOAD_VLLM_TEST_STRATEGIES"
+            ),
         )
         for s in ADAPTER_STRATEGIES
     ]

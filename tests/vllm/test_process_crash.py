@@ -12,14 +12,13 @@ import psutil
 import pytest
 from offload_vllm._workers import PROCESS_TITLE
 
-import offload
-
 from ._server import Server
+from .conftest import AVAILABLE
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(900),
-    pytest.mark.skipif("process" not in offload.STRATEGIES, reason="offload has no 'process' strategy yet"),
+    pytest.mark.skipif("process" not in AVAILABLE, reason="no process server: offload lacks it or OFFLOAD_VLLM_TEST_STRATEGIES leaves it out"),
 ]
 
 
