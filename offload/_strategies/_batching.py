@@ -284,15 +284,17 @@ class BatchingExecutor(Executor):
             else:
                 results = first.context.run(form.batch, items, **first.kwargs)
         except Exception:
-            results = None
+            failed = True
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: not an item's fault
             for call in claimed:
                 call.set_exception(exc)
             return
+        else:
+            failed = False
         finally:
             _swap_state(previous)
             del items
-        if results is None:
+        if failed:
             # Find the bad item(s): each call alone, with its own exception and frames.
             for call in claimed:
                 call.execute(state)
