@@ -276,7 +276,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         "Tokenizer: packaged all-MiniLM-L6-v2. Closed loop: each caller sends its next "
         "call when the last returns. Mean batch = calls per tokenizer invocation. "
         "`vs thread` = calls/s relative to `thread` at the same row. "
-            f"Machine: {report['machine']['note']}."
+            f"Machine: {report['machine']['note']}; 1-minute load average "
+            f"{report['machine']['load_average_1min_before_after'][0]} before and "
+            f"{report['machine']['load_average_1min_before_after'][1]} after the run."
         ),
         "",
     ]
@@ -322,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.smoke else 3)
     warmup = 0.02 if args.smoke else 0.2
 
+    load_before = os.getloadavg()
     variants = [Variant(name) for name in VARIANTS]
     rows: list[dict[str, Any]] = []
     try:
@@ -359,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "note": "shared 2-core machine; other engineers ran tests at the same time",
+            "load_average_1min_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
         },
         "settings": {
             "smoke": args.smoke,
