@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextvars
 import os
 import pickle
-import runpy
 import threading
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,7 +23,6 @@ from hypothesis import strategies as st
 import offload
 from offload._strategies._batching import BatchedFunction, BatchingExecutor
 
-ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),
     pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
@@ -589,10 +586,3 @@ async def test_minilm_batches_give_the_same_ids_as_single_calls(minilm_dir: str)
     assert max(batch_sizes) > 1
     for (i, special), ids in got.items():
         assert ids == reference(texts[i], add_special_tokens=special)["input_ids"]
-
-
-# ---- docs --------------------------------------------------------------------------
-
-
-def test_docs_example_runs() -> None:
-    runpy.run_path(str(ROOT / "docs" / "examples" / "batching_example.py"), run_name="__main__")

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, final
 
 from .._call import Call
 from .._config import check_initializer, check_max_workers, default_thread_workers
-from .._errors import ExecutorClosed, OffloadError
+from .._errors import OffloadError
 from .._executor import Executor
 from .._worker_state import _NO_STATE
+from ._dispatch import Dispatcher
 
 _pool_ids = itertools.count()
 
@@ -60,83 +60,48 @@ class ThreadExecutor(Executor):
         self._initializer = initializer
         self._initargs = initargs
         self._name = f"{thread_name_prefix}-{next(_pool_ids)}"
-        self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
-        self._threads: set[threading.Thread] = set()
-        self._idle = 0  # workers waiting on the queue with no call reserved for them
-        self._lock = threading.Lock()
-        self._stopping = False
         self._spawned = itertools.count()
+        self._dispatch: Dispatcher[threading.Thread] = Dispatcher(
+            "ThreadExecutor", self._max_workers, self._start_worker
+        )
 
     @property
     def max_workers(self) -> int:
         return self._max_workers
 
+    def _start_worker(self) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._work, name=f"{self._name}-{next(self._spawned)}", daemon=True
+        )
+        thread.start()
+        return thread
+
     def _schedule(self, call: Call[Any]) -> None:
-        with self._lock:
-            if self._stopping:
-                raise ExecutorClosed("ThreadExecutor is shut down")
-            self._queue.put(call)
-            if self._idle:
-                self._idle -= 1
-            elif len(self._threads) < self._max_workers:
-                thread = threading.Thread(
-                    target=self._work, name=f"{self._name}-{next(self._spawned)}", daemon=True
-                )
-                self._threads.add(thread)
-                thread.start()
+        self._dispatch.put(call)
 
     def _work(self) -> None:
-        state: Any = _NO_STATE
-        if self._initializer is not None:
-            try:
-                state = self._initializer(*self._initargs)
-            except BaseException as exc:
-                self._fail_start(exc)
-                return
-        get = self._queue.get
-        while True:
-            call = get()
-            if call is None:
-                break
-            if call.claim():
+        calls = self._dispatch.calls()
+        try:
+            state: Any = _NO_STATE
+            if self._initializer is not None:
+                try:
+                    state = self._initializer(*self._initargs)
+                except BaseException as exc:
+                    # Report on one call, then exit: the next call starts a fresh worker.
+                    for call in calls:
+                        error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
+                        error.__cause__ = exc
+                        call.set_exception(error)
+                        break
+                    return
+            for call in calls:
                 call.execute(state)
-            del call  # don't keep the last call's arguments alive while idle
-            with self._lock:
-                self._idle += 1
-        with self._lock:
-            self._threads.discard(threading.current_thread())
-
-    def _fail_start(self, exc: BaseException) -> None:
-        with self._lock:
-            self._threads.discard(threading.current_thread())
-        call = self._queue.get()
-        if call is None:
-            return
-        if call.claim():
-            error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-            error.__cause__ = exc
-            call.set_exception(error)
+        finally:
+            calls.close()
+            self._dispatch.discard(threading.current_thread())
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        with self._lock:
-            if cancel_futures:
-                sentinels = 0
-                while True:
-                    try:
-                        pending = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if pending is None:
-                        sentinels += 1  # from an earlier shutdown: put back
-                    else:
-                        pending.drop()
-                for _ in range(sentinels):
-                    self._queue.put(None)
-            if not self._stopping:
-                self._stopping = True
-                for _ in self._threads:
-                    self._queue.put(None)
-            threads = list(self._threads)
+        threads = self._dispatch.close(cancel_futures)
         if wait:
             me = threading.current_thread()
             for thread in threads:

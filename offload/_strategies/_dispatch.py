@@ -1,0 +1,100 @@
+"""The hand-off shared by the pool strategies (`thread`, `process`).
+
+One FIFO queue of calls; worker threads started on demand up to `max_workers`
+and kept; a call reserves an idle worker or starts a new one. Each worker is
+a thread of this process that loops over `Dispatcher.calls()` — for `thread`
+it runs the call itself, for `process` it drives one worker process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar, final
+
+from .._call import Call
+from .._errors import ExecutorClosed
+
+W = TypeVar("W")
+
+
+@final
+class Dispatcher(Generic[W]):
+    """Hands calls to at most `max_workers` workers (`W`: whatever the strategy
+    keeps per worker). `start_worker()` must create a worker whose thread loops
+    over `calls()` and then calls `discard(worker)`, start it, and return it."""
+
+    def __init__(self, owner: str, max_workers: int, start_worker: Callable[[], W]) -> None:
+        self._owner = owner
+        self._max_workers = max_workers
+        self._start_worker = start_worker
+        self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
+        self._workers: set[W] = set()
+        self._idle = 0  # workers waiting on the queue with no call reserved for them
+        self._stopping = False
+        self.lock = threading.Lock()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def workers(self) -> list[W]:
+        with self.lock:
+            return list(self._workers)
+
+    def put(self, call: Call[Any]) -> None:
+        """Queue `call`; raise `ExecutorClosed` once `close` has begun."""
+        with self.lock:
+            if self._stopping:
+                raise ExecutorClosed(f"{self._owner} is shut down")
+            self._queue.put(call)
+            if self._idle:
+                self._idle -= 1
+            elif len(self._workers) < self._max_workers:
+                self._workers.add(self._start_worker())
+
+    def calls(self) -> Generator[Call[Any], None, None]:
+        """A worker's loop: the calls it claimed, in order, until shutdown.
+
+        Calls cancelled while queued are skipped here (`Call.claim`), so they never run.
+        """
+        get = self._queue.get
+        while True:
+            call = get()
+            if call is None:
+                return
+            if call.claim():
+                yield call
+            del call  # don't keep the last call's arguments alive while idle
+            with self.lock:
+                self._idle += 1
+
+    def discard(self, worker: W) -> None:
+        """`worker` has exited (its loop ended, or it failed to start)."""
+        with self.lock:
+            self._workers.discard(worker)
+
+    def close(self, cancel_futures: bool) -> list[W]:
+        """Refuse new calls, drop queued ones if `cancel_futures`, tell every
+        worker to stop after the calls ahead of it; return the workers to join.
+        Idempotent."""
+        with self.lock:
+            if cancel_futures:
+                stop_signals = 0
+                while True:
+                    try:
+                        pending = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if pending is None:
+                        stop_signals += 1  # from an earlier close: put back
+                    else:
+                        pending.drop()
+                for _ in range(stop_signals):
+                    self._queue.put(None)
+            if not self._stopping:
+                self._stopping = True
+                for _ in self._workers:
+                    self._queue.put(None)
+            return list(self._workers)
