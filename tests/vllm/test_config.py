@@ -49,6 +49,7 @@ def test_workers() -> None:
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "0"}, "must be >= 1"),
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "two"}, "is not an integer"),
         ({"VLLM_OFFLOAD_STRATEGY": "inline", "VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with strategy 'inline'"),
+        ({"VLLM_OFFLOAD_STRATEGY": "async-renderer", "VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with strategy 'async-renderer'"),
         ({"VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with no strategy set"),
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WOKRERS": "2"}, "unknown setting(s) VLLM_OFFLOAD_WOKRERS"),
     ],

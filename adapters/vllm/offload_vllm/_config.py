@@ -78,10 +78,10 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     # VLLM_OFFLOAD_WORKERS is unset.
     raw_workers = env.get(WORKERS_ENV, "").strip()
     workers = _parse_workers(WORKERS_ENV, raw_workers) if raw_workers else None
-    if workers is not None and strategy in (None, "inline"):
+    if workers is not None and strategy in (None, "inline", "async-renderer"):
         raise OffloadVLLMConfigError(
             f"{WORKERS_ENV}={workers} has no effect with "
-            + ("no strategy set" if strategy is None else "strategy 'inline' (it runs on the event loop)")
+            + ("no strategy set" if strategy is None else f"strategy {strategy!r} (it has no worker pool)")
             + f"; unset it, or set {STRATEGY_ENV}=thread or process"
         )
     return Settings(strategy=strategy, workers=workers, strategy_source=source)
