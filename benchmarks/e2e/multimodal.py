@@ -1,0 +1,40 @@
+"""A tiny randomly initialised CLIP, built locally, to try image embeddings through vLLM.
+
+    python -m benchmarks.e2e.multimodal DIR     # builds DIR/tiny-clip
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CLIP_NAME = "tiny-clip"
+
+
+def build_tiny_clip(dest: Path, seed: int = 0) -> Path:
+    """CLIPModel (1 layer per tower, hidden 64, 2 heads: head_dim 32) with CLIP's tokenizer files
+    replaced by MiniLM's WordPiece tokenizer (CLIP's BPE vocabulary is not available offline)."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    from benchmarks.models import _copy_tokenizer
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    tower = {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128}
+    config = CLIPConfig(
+        text_config={**tower, "vocab_size": 30522, "max_position_embeddings": 77,
+                     "bos_token_id": 101, "eos_token_id": 102, "pad_token_id": 0},
+        vision_config={**tower, "image_size": 224, "patch_size": 32},
+        projection_dim=64,
+    )
+    CLIPModel(config).save_pretrained(dest, safe_serialization=True)
+    CLIPImageProcessor().save_pretrained(dest)
+    _copy_tokenizer(dest)
+    return dest
+
+
+if __name__ == "__main__":
+    print(build_tiny_clip(Path(sys.argv[1] if len(sys.argv) > 1 else "build/models") / CLIP_NAME))
