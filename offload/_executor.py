@@ -90,7 +90,7 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         `cancel_futures`; with `wait`, return once all workers have exited.
         Called again on repeated shutdowns: must be idempotent."""
 
-    def _cancel_running(self, call: Call[Any]) -> None:  # noqa: B027 (optional hook)
+    def _cancel_running(self, call: Call[Any]) -> None:
         """The owner of a running call was cancelled. Default: let it finish."""
 
     def _with_batch_form(

@@ -48,15 +48,17 @@ class LoopLagMonitor:
         self._lags: list[float] = []
         self._task_group: TaskGroup | None = None
         self._used = False
+        self._asleep_since = 0.0
 
     async def _sample(self) -> None:
         clock = anyio.current_time
         interval = self.interval
         append = self._lags.append
         while True:
-            start = clock()
             await anyio.sleep(interval)
-            append(max(0.0, clock() - start - interval))
+            now = clock()
+            append(max(0.0, now - self._asleep_since - interval))
+            self._asleep_since = now
 
     async def __aenter__(self) -> Self:
         if self._used:
@@ -64,6 +66,9 @@ class LoopLagMonitor:
         self._used = True
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
+        # The first sample counts from here, so a loop blocked before the
+        # sampler first runs is still seen.
+        self._asleep_since = anyio.current_time()
         self._task_group.start_soon(self._sample)
         return self
 
@@ -74,6 +79,10 @@ class LoopLagMonitor:
         exc_tb: TracebackType | None,
     ) -> bool | None:
         assert self._task_group is not None
+        # The wake-up still pending is overdue if the loop was blocked until now.
+        overdue = anyio.current_time() - self._asleep_since - self.interval
+        if overdue > 0:
+            self._lags.append(overdue)
         self._task_group.cancel_scope.cancel()
         return await self._task_group.__aexit__(exc_type, exc_val, exc_tb)
 

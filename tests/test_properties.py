@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -147,7 +148,7 @@ def test_cancelled_calls_that_have_not_started_never_run(tmp_path_factory: pytes
                         await ex.run(helpers.write_marker, str(directory / f"{i}"))
 
                 tg.start_soon(one)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             for scope, cancel in scopes:
                 if cancel:
                     scope.cancel()

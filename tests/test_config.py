@@ -1,0 +1,146 @@
+"""Strategy selection: argument > environment > default, and clear errors for bad values."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import offload
+from offload._registry import _Registry
+
+from . import helpers
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OFFLOAD_STRATEGY", raising=False)
+    monkeypatch.delenv("OFFLOAD_MAX_WORKERS", raising=False)
+
+
+def test_default_is_thread() -> None:
+    with offload.get_executor() as ex:
+        assert ex.name == "thread"
+
+
+def test_environment_selects_strategy_and_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "inline")
+    with offload.get_executor() as ex:
+        assert ex.name == "inline"  # OFFLOAD_MAX_WORKERS is ignored by strategies without workers
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "thread")
+    monkeypatch.setenv("OFFLOAD_MAX_WORKERS", "3")
+    with offload.get_executor() as ex:
+        assert ex.max_workers == 3  # type: ignore[attr-defined]
+
+
+def test_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "inline")
+    monkeypatch.setenv("OFFLOAD_MAX_WORKERS", "3")
+    with offload.get_executor("thread", max_workers=5) as ex:
+        assert ex.name == "thread"
+        assert ex.max_workers == 5  # type: ignore[attr-defined]
+
+
+def test_unknown_strategy_names_the_valid_ones() -> None:
+    with pytest.raises(offload.ConfigError, match=r"'threads'.*'inline'.*'thread'"):
+        offload.get_executor("threads")
+
+
+def test_unknown_strategy_from_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "gpu")
+    with pytest.raises(offload.ConfigError, match=r"OFFLOAD_STRATEGY.*'gpu'"):
+        offload.get_executor()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_bad_worker_count(bad: object) -> None:
+    with pytest.raises(offload.ConfigError, match="max_workers"):
+        offload.get_executor("thread", max_workers=bad)
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "many", "1.5"])
+def test_bad_worker_count_from_env(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("OFFLOAD_MAX_WORKERS", raw)
+    with pytest.raises(offload.ConfigError, match="OFFLOAD_MAX_WORKERS"):
+        offload.get_executor("thread")
+
+
+def test_unknown_option_lists_the_strategy_options() -> None:
+    with pytest.raises(offload.ConfigError, match=r"'max_workers'.*initializer"):
+        offload.get_executor("inline", max_workers=2)
+    with pytest.raises(offload.ConfigError, match=r"'workers'.*max_workers"):
+        offload.get_executor("thread", workers=2)
+
+
+def test_bad_initializer() -> None:
+    with pytest.raises(offload.ConfigError, match="initializer"):
+        offload.get_executor("thread", initializer=42)
+    with pytest.raises(offload.ConfigError, match="initargs"):
+        offload.get_executor("thread", initializer=helpers.make_state, initargs=["x"])
+
+
+def _install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    """A real installed distribution (dist-info on sys.path) declaring an entry point."""
+    (tmp_path / "offload_plugin_demo.py").write_text(
+        textwrap.dedent(
+            """
+            from typing import final
+            from offload._strategies._thread import ThreadExecutor
+            from offload._executor import Executor
+
+            class NotAnExecutor:
+                pass
+
+            @final
+            class Renamed(Executor):
+                name = "demo"
+                def __init__(self) -> None:
+                    self._inner = ThreadExecutor(1)
+                def _schedule(self, call):
+                    self._inner._schedule(call)
+                def _shutdown(self, wait, cancel_futures):
+                    self._inner.shutdown(wait, cancel_futures=cancel_futures)
+            """
+        )
+    )
+    dist = tmp_path / "offload_plugin_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: offload-plugin-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        f"[offload.strategies]\ndemo = {target}\nthread = offload_plugin_demo:Renamed\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "offload_plugin_demo", raising=False)
+
+
+async def _roundtrip(ex: offload.Executor) -> int:
+    return await ex.run(helpers.add, 20, 22)
+
+
+def test_entry_point_strategy_is_discovered_and_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyio
+
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:Renamed")
+    registry = _Registry()
+    assert "demo" in registry.names()
+    assert registry.names().count("thread") == 1  # a plugin cannot shadow a built-in
+    ex = registry.get("demo")()
+    try:
+        assert anyio.run(_roundtrip, ex) == 42
+    finally:
+        ex.shutdown()
+    assert registry.get("thread").__module__ == "offload._strategies._thread"
+
+
+def test_bad_entry_point_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:NotAnExecutor")
+    with pytest.raises(offload.ConfigError, match=r"'demo'.*not a subclass of offload.Executor"):
+        _Registry().get("demo")
+
+
+def test_broken_entry_point_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_missing:Nothing")
+    with pytest.raises(offload.ConfigError, match=r"'demo'.*failed to load"):
+        _Registry().get("demo")

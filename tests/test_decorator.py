@@ -1,0 +1,99 @@
+"""`make_async`: the three forms, signature preservation, config errors, sharing."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import offload
+
+from . import helpers
+
+pytestmark = pytest.mark.anyio
+
+
+def blocking_double(x: int, *, scale: int = 2) -> int:
+    """Double it."""
+    return x * scale
+
+
+async def test_bare_form() -> None:
+    wrapped = offload.make_async(blocking_double)
+    assert inspect.iscoroutinefunction(wrapped)
+    assert await wrapped(4) == 8
+    assert wrapped.__name__ == "blocking_double"
+    assert wrapped.__doc__ == "Double it."
+    assert inspect.signature(wrapped) == inspect.signature(blocking_double)
+
+
+async def test_decorator_with_options(strategy: str) -> None:
+    options = {"max_workers": 2} if strategy in ("thread", "process") else {}
+
+    @offload.make_async(strategy=strategy, **options)
+    def double(x: int) -> int:
+        return x * 2
+
+    assert inspect.iscoroutinefunction(double)
+    if strategy != "process":  # a local function cannot be pickled
+        assert await double(21) == 42
+    assert double.executor.name == strategy  # type: ignore[attr-defined]
+
+
+async def test_call_form(strategy: str) -> None:
+    wrapped = offload.make_async(helpers.add, strategy=strategy)
+    assert await wrapped(1, b=2) == 3
+
+
+async def test_explicit_executor() -> None:
+    with offload.get_executor("thread", max_workers=1) as ex:
+        wrapped = offload.make_async(helpers.add, executor=ex)
+        assert wrapped.executor is ex  # type: ignore[attr-defined]
+        assert await wrapped(5, 5) == 10
+
+
+async def test_same_options_share_an_executor() -> None:
+    a = offload.make_async(helpers.add, strategy="thread", max_workers=3)
+    b = offload.make_async(helpers.identity, strategy="thread", max_workers=3)
+    c = offload.make_async(helpers.identity, strategy="thread", max_workers=4)
+    assert a.executor is b.executor  # type: ignore[attr-defined]
+    assert a.executor is not c.executor  # type: ignore[attr-defined]
+
+
+async def test_env_flag_chooses_the_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "inline")
+    wrapped = offload.make_async(helpers.add)
+    assert wrapped.executor.name == "inline"  # type: ignore[attr-defined]
+
+
+def test_config_errors_at_decoration_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(offload.ConfigError, match="'nope'"):
+        offload.make_async(helpers.add, strategy="nope")
+    with pytest.raises(offload.ConfigError, match="max_workers"):
+        offload.make_async(strategy="thread", max_workers=0)(helpers.add)
+    with (
+        pytest.raises(offload.ConfigError, match="either executor"),
+        offload.get_executor("inline") as ex,
+    ):
+        offload.make_async(helpers.add, executor=ex, strategy="thread")
+    monkeypatch.setenv("OFFLOAD_STRATEGY", "bogus")
+    with pytest.raises(offload.ConfigError, match="OFFLOAD_STRATEGY"):
+        offload.make_async(helpers.add)
+
+
+def test_batch_needs_one_positional_parameter() -> None:
+    with pytest.raises(offload.ConfigError, match="exactly one positional"):
+        offload.make_async(helpers.fail_if, batch=lambda items: items)
+    with pytest.raises(offload.ConfigError, match="exactly one positional"):
+        offload.make_async(helpers.echo_args, batch=lambda items: items)
+    # Ignored by strategies that do not batch: switching strategy never breaks code.
+    wrapped = offload.make_async(helpers.identity, strategy="thread", batch=lambda items: items)
+    assert wrapped.executor.name == "thread"  # type: ignore[attr-defined]
+
+
+def test_rejects_coroutine_functions() -> None:
+    async def already_async() -> None:
+        pass
+
+    with pytest.raises(offload.ConfigError, match="already a coroutine"):
+        offload.make_async(already_async)

@@ -1,0 +1,60 @@
+"""`LoopLagMonitor`, and the liveness property it exists to prove."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import offload
+
+from . import helpers
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_monitor_samples_and_reports() -> None:
+    async with offload.LoopLagMonitor(interval=0.002) as monitor:
+        await anyio.sleep(0.2)
+    assert monitor.count > 5
+    assert 0.0 <= monitor.p50 <= monitor.p99 <= monitor.max
+    assert len(monitor.lags) == monitor.count
+
+
+async def test_monitor_sees_a_blocked_loop() -> None:
+    async with offload.LoopLagMonitor() as monitor:
+        await anyio.sleep(0.02)
+        time.sleep(0.3)  # noqa: ASYNC251 (blocking the loop is the point)
+        await anyio.sleep(0.02)
+    assert monitor.max >= 0.2
+
+
+def test_bad_interval() -> None:
+    for bad in (0, -1, "1ms", True):
+        with pytest.raises(offload.ConfigError, match="interval"):
+            offload.LoopLagMonitor(interval=bad)  # type: ignore[arg-type]
+
+
+async def _lag_while_running(strategy: str) -> offload.LoopLagMonitor:
+    ex = offload.get_executor(strategy, **({"max_workers": 4} if strategy == "thread" else {}))
+    try:
+        async with offload.LoopLagMonitor() as monitor, anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(ex.run, helpers.sleep_and_return, 0.2)
+    finally:
+        await ex.aclose()
+    return monitor
+
+
+async def test_thread_keeps_the_loop_alive_and_inline_does_not() -> None:
+    """Blocking calls that release the GIL: `thread` leaves the loop free, `inline` stalls it.
+
+    Margins are wide on purpose (20 ms against 200 ms stalls): the machine is shared.
+    """
+    threaded = await _lag_while_running("thread")
+    inline = await _lag_while_running("inline")
+    assert threaded.count > 50
+    assert threaded.p99 < 0.020, threaded
+    assert inline.max >= 0.15, inline
+    assert inline.p99 > threaded.p99
