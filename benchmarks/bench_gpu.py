@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import library  # noqa: E402
+from benchmarks import _common, library  # noqa: E402
 from benchmarks.e2e.workloads import long_texts  # noqa: E402
 
 
@@ -145,9 +145,7 @@ def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dic
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p = _common.parser(__doc__ or "")
     p.add_argument("--strategies", nargs="*")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workers, args.max_batch = (2, 8) if args.smoke else (8, 64)
     model = build_model(args.smoke, device)
     names = args.strategies or library.rows()
-    results: dict[str, Any] = {"meta": {**library.meta("smoke" if args.smoke else "full"), "device": device,
+    results: dict[str, Any] = {"meta": {**_common.machine(), "mode": "smoke" if args.smoke else "full", "device": device,
                                         "torch": torch.__version__,
                                         "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
                                "rows": {}}
@@ -165,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         results["rows"][name] = measure(name, model, device, args)
     body = [[n, f"{r['items_per_s']:.0f}", f"{r['busy_fraction']:.2f}", f"{r['lag_p50_ms']:.2f}",
              f"{r['lag_p99_ms']:.2f}", f"{r['lag_max_ms']:.2f}"] for n, r in results["rows"].items()]
-    table = library.markdown_table(["strategy", "items/s", "device busy", "loop lag p50 ms",
+    table = _common.table(["strategy", "items/s", "device busy", "loop lag p50 ms",
                                     "loop lag p99 ms", "loop lag max ms"], body)
-    library.write(args.out, "gpu_library", results, table)
+    _common.write(args.out, "gpu_library", results, _common.header("Library-level: asyncio loop feeding an encoder", results["meta"]) + table)
     print(table)
     return 0
 

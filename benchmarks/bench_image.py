@@ -11,7 +11,6 @@ strategy under test. Per strategy: images/s and the loop's lag.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import io
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import library  # noqa: E402
+from benchmarks import _common, library  # noqa: E402
 from benchmarks.e2e.workloads import jpeg_base64  # noqa: E402
 
 
@@ -63,15 +62,13 @@ async def serve(executor: Any, images: list[str], clients: int, per_client: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p = _common.parser(__doc__ or "")
     p.add_argument("--strategies", nargs="*")
     p.add_argument("--workers", type=int, default=2, help="pool size (default 2: this machine's cores)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     size, clients, per_client = (64, 2, 2) if args.smoke else (512, 32, 4)
     images = [jpeg_base64(size, seed) for seed in range(8)]
-    results: dict[str, Any] = {"meta": {**library.meta("smoke" if args.smoke else "full"),
+    results: dict[str, Any] = {"meta": {**_common.machine(), "mode": "smoke" if args.smoke else "full",
                                         "image_px": size, "clients": clients, "workers": args.workers},
                                "rows": {}}
     for name in args.strategies or library.rows():
@@ -82,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             executor.shutdown()
     body = [[n, f"{r['images_per_s']:.1f}", f"{r['lag_p50_ms']:.2f}", f"{r['lag_p99_ms']:.2f}",
              f"{r['lag_max_ms']:.2f}"] for n, r in results["rows"].items()]
-    table = library.markdown_table(["strategy", "images/s", "loop lag p50 ms", "loop lag p99 ms",
+    table = _common.table(["strategy", "images/s", "loop lag p50 ms", "loop lag p99 ms",
                                     "loop lag max ms"], body)
-    library.write(args.out, "image_library", results, table)
+    _common.write(args.out, "image_library", results, _common.header("Library-level: image preprocessing (base64 JPEG to CLIP pixel values)", results["meta"]) + table)
     print(table)
     return 0
 

@@ -1,15 +1,10 @@
-"""Shared pieces of the library-level benchmarks (no vLLM): strategy rows and result files."""
+"""Shared pieces of the library-level benchmarks (no vLLM): the strategy rows and their executors."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
-import json
-import os
-import platform
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import offload
@@ -61,25 +56,3 @@ def make_executor(name: str, workers: int, initializer: Callable[[], Any]) -> An
 
 def rows() -> list[str]:
     return [*offload.STRATEGIES, BASELINE]
-
-
-def meta(mode: str) -> dict[str, Any]:
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "offload": offload.__version__,
-        "mode": mode,
-        "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
-
-
-def write(out: Path, stem: str, results: dict[str, Any], table: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (out / f"{stem}.md").write_text(table + "\n")
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks._common import table
+
 DEFAULT_ROW = "vLLM default"
 TARGET_HIGH_CLIENTS = 64
 TARGET_HIGH_RATIO = 1.2
@@ -22,9 +24,7 @@ def _level(row: dict[str, Any], key: str, clients: int) -> dict[str, Any] | None
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    return table(header, rows).rstrip("\n")
 
 
 def overhead_table(workload: dict[str, Any]) -> str:
@@ -160,16 +160,18 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
         "# offload end-to-end benchmark",
         "",
         f"- date: {meta['date']}",
-        f"- machine: {meta['machine']}",
+        f"- machine: {meta['cpus']} CPUs ({meta['cpu']}), {meta['platform']}, Python {meta['python']}",
         f"- load average before / after: {meta['loadavg_before']} / {meta.get('loadavg_after', '-')}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
-        f"- git commit: {meta['git_commit']}{' (dirty tree)' if meta.get('git_dirty') else ''}",
+        f"- git commit: {meta['commit']}{' (dirty tree)' if meta.get('git_dirty') else ''}",
         (
             f"- mode: {meta['mode']}; levels {meta['clients']}; {meta['level_seconds']} s per level "
             f"(at most {meta['level_max_requests']} requests); run took {meta.get('wall_s', 0):.0f} s"
         ),
     ]
     parts += [f"- note: {note}" for note in meta.get("notes", [])]
+    # The docs page includes everything between these markers (pymdownx.snippets sections).
+    parts += ["", "<!-- --8<-- [start:tables] -->"]
     for wname, workload in results["workloads"].items():
         parts += ["", f"## Workload: {wname}", "", workload.get("description", ""), ""]
         skipped = [f"- {n}: {r['status']}" for n, r in workload["rows"].items() if r.get("status") != "ok"]
@@ -186,6 +188,6 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
         if tg:
             parts += ["### Targets", "", _table(["target", "status", "detail"],
                                                 [[t["target"], t["status"], t["detail"]] for t in tg]), ""]
-        for p in plots.get(wname, []):
-            parts += [f"![{wname}]({p.name})", ""]
+    parts += ["<!-- --8<-- [end:tables] -->", ""]
+    parts += [f"![{w}]({p.name})" for w, paths in plots.items() for p in paths]
     return "\n".join(parts) + "\n"
