@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "offload.strategies"
 _BUILTINS: dict[str, str] = {
     "inline": "offload._strategies._inline:InlineExecutor",
     "thread": "offload._strategies._thread:ThreadExecutor",
+    "process": "offload._strategies._process:ProcessExecutor",
 }
 
 

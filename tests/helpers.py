@@ -89,3 +89,104 @@ def hold_slot(directory: str, hold: float) -> int:
         return max(seen, len(os.listdir(directory)))
     finally:
         os.unlink(me)
+
+
+# ---- for the process strategy ------------------------------------------------
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def write_pid_and_sleep(directory: str, seconds: float) -> int:
+    """Announce this worker's pid (a file named after it), then hold the call."""
+    with open(os.path.join(directory, str(os.getpid())), "w"):
+        pass
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def kill_self(directory: str) -> None:
+    """Record this worker's pid, then die by SIGKILL in the middle of the call."""
+    import signal
+
+    with open(os.path.join(directory, str(os.getpid())), "w"):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)  # never reached
+
+
+def exit_abruptly(code: int) -> None:
+    os._exit(code)
+
+
+def segfault() -> None:
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def count_init(directory: str) -> int:
+    """Initializer: one line per run in a file named after the worker's pid."""
+    with open(os.path.join(directory, str(os.getpid())), "a") as f:
+        f.write("init\n")
+    return os.getpid()
+
+
+def state_and_pid() -> tuple[Any, int]:
+    return offload.worker_state(), os.getpid()
+
+
+def fail_init() -> None:
+    raise RuntimeError("initializer broke")
+
+
+def rss_and_pid() -> tuple[int, int]:
+    import psutil
+
+    return psutil.Process().memory_info().rss, os.getpid()
+
+
+_leaked: list[bytearray] = []
+
+
+def leak(megabytes: int) -> int:
+    """Keep `megabytes` MiB alive in this worker (touched, so it counts in RSS)."""
+    block = bytearray(megabytes << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    _leaked.append(block)
+    return os.getpid()
+
+
+def return_unpicklable() -> Any:
+    return threading.Lock()
+
+
+class UnpicklableError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable(message: str) -> None:
+    raise UnpicklableError(message)
+
+
+def make_array(n: int) -> Any:
+    import numpy as np
+
+    return np.arange(n, dtype=np.float64)
+
+
+def make_bytes(n: int) -> bytes:
+    return bytes(range(256)) * (n // 256)
+
+
+def describe(value: Any) -> tuple[str, int]:
+    """What arrived in the worker: its type name and a checksum-like size."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return "ndarray", int(value.sum())
+    return type(value).__name__, len(value)

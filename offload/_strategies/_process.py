@@ -1,0 +1,469 @@
+"""`process`: long-lived worker processes that survive crashes."""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing
+import pickle
+import queue
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from typing import Any, final
+
+from .._call import Call
+from .._config import check_initializer, check_max_workers, usable_cpu_count
+from .._errors import ConfigError, ExecutorClosed, OffloadError, WorkerCrashed
+from .._executor import Executor
+from . import _process_worker, _wire
+
+_pool_ids = itertools.count()
+
+#: `forkserver` where the platform has it: a worker is forked from a small,
+#: single-threaded server process (never from the parent, whose threads and
+#: torch/OpenMP state make `fork` unsafe), and costs about 70 ms to start
+#: instead of about 250 ms with `spawn` (measured on the 2-core CI machine).
+DEFAULT_START_METHOD = (
+    "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+)
+_START_METHODS = ("forkserver", "spawn")
+_CANCEL_MODES = ("finish", "kill")
+
+#: How long a worker that was asked to stop may take before it is killed.
+_STOP_GRACE = 5.0
+
+_live: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: the
+    # workers are told to stop before multiprocessing joins them.
+    for executor in list(_live):
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exited (status unknown)"
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _picklable(value: object) -> bool:
+    try:
+        pickle.dumps(value, protocol=5)
+    except Exception:
+        return False
+    return True
+
+
+def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
+    """Find what could not be pickled and say so."""
+    parts = (
+        (f"function {call.fn!r}", call.fn),
+        *((f"argument {i} ({type(a).__name__})", a) for i, a in enumerate(call.args)),
+        *((f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in call.kwargs.items()),
+    )
+    culprit = next((label for label, value in parts if not _picklable(value)), "the call")
+    error = TypeError(
+        f"process strategy: {culprit} cannot be pickled, so it cannot be sent to a worker "
+        f"process ({type(exc).__name__}: {exc}); pass module-level functions and picklable values"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
+    exception, text = payload
+    if exception is not None:
+        return exception
+    return OffloadError(
+        "the offloaded function raised an exception that cannot be pickled; "
+        f"its traceback in the worker:\n{text}"
+    )
+
+
+class _Worker:
+    """One slot of the pool: a thread in this process that owns one worker
+    process at a time, sends it calls one by one and replaces it when it dies
+    or is retired."""
+
+    def __init__(self, pool: ProcessExecutor, number: int) -> None:
+        self.pool = pool
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.current: Call[Any] | None = None
+        self.killed = False  # set under pool._lock by `cancel="kill"`
+        self.tasks = 0
+        self.thread = threading.Thread(
+            target=self.work, name=f"{pool._name}-{number}", daemon=True
+        )
+
+    # ---- process lifecycle ------------------------------------------------
+
+    def start_process(self) -> BaseException | None:
+        """Start a worker process and wait for its initializer; return the error
+        that prevented it, if any."""
+        pool = self.pool
+        ctx = pool._context
+        parent_end, child_end = ctx.Pipe()
+        process = ctx.Process(  # type: ignore[attr-defined]
+            target=_process_worker.main,
+            args=(child_end, pool._alive_r, pool._initializer, pool._initargs,
+                  pool._threshold, pool._max_worker_memory),
+            name=f"{pool._name}-worker",
+        )
+        try:
+            process.start()
+        except BaseException as exc:
+            parent_end.close()
+            child_end.close()
+            return exc
+        child_end.close()
+        self.process, self.conn, self.tasks, self.killed = process, parent_end, 0, False
+        try:
+            reply = self.receive()
+        except WorkerCrashed as exc:
+            return exc
+        if reply[0] == "init-error":
+            self.reap()
+            return _rebuild_error(reply[1])
+        return None
+
+    def receive(self) -> Any:
+        """The next message from the worker; `WorkerCrashed` if it dies first."""
+        assert self.conn is not None
+        assert self.process is not None
+        ready = wait([self.conn, self.process.sentinel])
+        if self.conn in ready:
+            try:
+                return _wire.recv(self.conn)
+            except (EOFError, OSError):
+                pass
+        raise self.crashed()
+
+    def crashed(self) -> WorkerCrashed:
+        """Reap the dead process and describe its death."""
+        pid = None if self.process is None else self.process.pid
+        self.reap()
+        return WorkerCrashed(f"worker process {pid} {_exit_reason(self.exitcode)}")
+
+    exitcode: int | None = None
+
+    def reap(self) -> None:
+        """Forget the current process after it ended (or make it end)."""
+        process, conn = self.process, self.conn
+        self.process = self.conn = None
+        if process is None:
+            return
+        process.join(_STOP_GRACE)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        self.exitcode, pid = process.exitcode, process.pid
+        if conn is not None:
+            conn.close()
+        process.close()
+        if pid is not None:
+            _wire.remove_shm_files(_wire.shm_prefix(pid))
+
+    def stop_process(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.send_bytes(b"")
+            except OSError:
+                pass
+        self.reap()
+
+    def alive(self) -> bool:
+        return self.process is not None and not self.killed and not wait(
+            [self.process.sentinel], timeout=0
+        )
+
+    # ---- the slot's loop --------------------------------------------------
+
+    def work(self) -> None:
+        pool = self.pool
+        try:
+            while True:
+                call = pool._queue.get()
+                if call is None:
+                    break
+                if call.claim():
+                    try:
+                        self.run(call)
+                    except BaseException as exc:
+                        # A bug here must not leave the caller waiting forever.
+                        if not call.done:
+                            call.set_exception(OffloadError(f"process strategy failed: {exc!r}"))
+                        raise
+                del call
+                with pool._lock:
+                    pool._idle += 1
+        finally:
+            self.stop_process()
+            with pool._lock:
+                pool._workers.discard(self)
+
+    def run(self, call: Call[Any]) -> None:
+        pool = self.pool
+        if not self.alive():
+            if self.process is not None:
+                self.reap()  # died (or was killed) while idle: not this call's fault
+            error = self.start_process()
+            if error is not None:
+                failure = OffloadError(f"process strategy: could not start a worker: {error!r}")
+                failure.__cause__ = error
+                call.set_exception(failure)
+                return
+        try:
+            data, buffers = _wire.dumps(
+                (
+                    call.fn,
+                    tuple(_wire.wrap_bytes(a, pool._threshold) for a in call.args),
+                    {k: _wire.wrap_bytes(v, pool._threshold) for k, v in call.kwargs.items()},
+                ),
+                pool._threshold,
+            )
+        except Exception as exc:
+            call.set_exception(_pickling_error(call, exc))
+            return
+        assert self.conn is not None
+        with pool._lock:
+            self.current = call
+        shm_name: str | None = None
+        try:
+            shm_name = _wire.send(self.conn, data, buffers)
+            del data, buffers
+            reply = self.receive()
+        except (WorkerCrashed, OSError) as exc:
+            with pool._lock:
+                self.current = None
+            if shm_name is not None:
+                _wire.unlink(shm_name)  # the worker died before taking it over
+            crash = exc if isinstance(exc, WorkerCrashed) else self.crashed()
+            name = getattr(call.fn, "__qualname__", None) or repr(call.fn)
+            call.set_exception(WorkerCrashed(f"{crash} while running {name}()"))
+            self.replace()
+            return
+        with pool._lock:
+            self.current = None
+        status, value, retire = reply
+        del reply
+        self.tasks += 1
+        if status == "ok":
+            call.set_result(value)
+        else:
+            call.set_exception(_rebuild_error(value))
+        del value
+        if retire or (pool._max_tasks is not None and self.tasks >= pool._max_tasks):
+            self.stop_process()
+            self.replace()
+
+    def replace(self) -> None:
+        """Start a fresh process now, so the pool is back to full strength before
+        the next call needs it (a failure here is retried by that call)."""
+        if not self.pool._stopping and self.start_process() is not None:
+            self.reap()
+
+
+@final
+class ProcessExecutor(Executor):
+    """Runs calls in up to `max_workers` long-lived worker processes.
+
+    Use it for pure-Python work that holds the GIL (chat templates, image
+    processors, building large JSON): the event loop's process never runs it,
+    so the loop stays responsive.
+
+    **What crosses the boundary.** The function (by reference: module-level
+    functions and classes) and its arguments are pickled to the worker, the
+    result or exception pickled back. Something that cannot be pickled fails
+    the call with `TypeError` naming it. `contextvars` do not cross: the
+    function runs in the worker's own context. An exception reaches the caller
+    with the same type and message and the function's own frames in its
+    traceback (rebuilt with tblib).
+
+    **Large payloads.** Buffers of `shared_memory_threshold` bytes or more
+    (NumPy arrays, `bytearray`, CPU torch tensors, and `bytes` passed or
+    returned directly) travel through shared memory instead of the pipe, both
+    ways; received arrays are views of it (no copy).
+
+    **Crashes.** If a worker dies while running a call (a signal, a segfault,
+    `os._exit`), that call raises `WorkerCrashed` naming the exit code or
+    signal; other calls are unaffected, and a fresh process takes its place.
+
+    **Cancellation.** As for every strategy, a call that has not started never
+    starts, and by default (`cancel="finish"`) a running call finishes in its
+    worker with its result dropped. With `cancel="kill"`, the worker running a
+    cancelled call is killed at once and replaced: use it for long calls whose
+    results are worthless once nobody waits, and whose side effects may be
+    cut short.
+
+    **Lifetime.** Workers start on the first calls (not at construction) and
+    stay. `shutdown()` stops them; they also exit on their own if this
+    process dies.
+
+    Args:
+        max_workers: at most this many worker processes (and concurrent calls).
+            `None`: `OFFLOAD_MAX_WORKERS`, else the number of usable CPUs (more
+            processes than cores only add switching).
+        initializer: run once in each worker process, before its first call;
+            its return value is that process's `worker_state()`. Must be
+            picklable. If it raises, the call that started the worker fails
+            with `OffloadError` (the cause attached).
+        initargs: positional arguments for `initializer` (picklable).
+        max_tasks_per_worker: replace a worker after this many calls. `None`
+            (default): never; set it to contain a slow leak.
+        max_worker_memory: replace a worker after a call that left its resident
+            memory (RSS) above this many bytes. `None` (default): no ceiling.
+        shared_memory_threshold: buffers of at least this many bytes go through
+            shared memory. Default 1 MiB (below it the pipe is as fast);
+            `None` turns shared memory off.
+        cancel: `"finish"` (default, the rule of every strategy) or `"kill"`.
+        start_method: `"forkserver"` (default where available) or `"spawn"`;
+            `"fork"` is refused (unsafe once the parent runs threads or torch).
+    """
+
+    name = "process"
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_worker: int | None = None,
+        max_worker_memory: int | None = None,
+        shared_memory_threshold: int | None = _wire.DEFAULT_SHM_THRESHOLD,
+        cancel: str = "finish",
+        start_method: str | None = None,
+    ) -> None:
+        self._max_workers = (
+            usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
+        )
+        check_initializer(initializer, initargs)
+        if max_tasks_per_worker is not None:
+            check_max_workers(max_tasks_per_worker, source="max_tasks_per_worker")
+        if max_worker_memory is not None:
+            check_max_workers(max_worker_memory, source="max_worker_memory")
+        if shared_memory_threshold is not None:
+            check_max_workers(shared_memory_threshold, source="shared_memory_threshold")
+        if cancel not in _CANCEL_MODES:
+            raise ConfigError(f"cancel must be one of {_CANCEL_MODES}, got {cancel!r}")
+        start_method = DEFAULT_START_METHOD if start_method is None else start_method
+        if start_method not in _START_METHODS:
+            raise ConfigError(
+                f"start_method must be one of {_START_METHODS} (fork is unsafe with threads), "
+                f"got {start_method!r}"
+            )
+        self._initializer = initializer
+        self._initargs = initargs
+        self._max_tasks = max_tasks_per_worker
+        self._max_worker_memory = max_worker_memory
+        self._threshold = shared_memory_threshold
+        self._kill_on_cancel = cancel == "kill"
+        self._start_method = start_method
+        self._name = f"offload-process-{next(_pool_ids)}"
+        self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
+        self._workers: set[_Worker] = set()
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._spawned = itertools.count()
+        # Made on first use: nothing (no pipe, no server process) exists until a call.
+        self._ctx: BaseContext | None = None
+        self._alive_r: Connection | None = None
+        self._alive_w: Connection | None = None
+
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers
+
+    @property
+    def _context(self) -> BaseContext:
+        assert self._ctx is not None
+        return self._ctx
+
+    def _prepare(self) -> None:
+        ctx = multiprocessing.get_context(self._start_method)
+        if self._start_method == "forkserver":
+            # Workers fork with the worker module already imported.
+            ctx.set_forkserver_preload(["offload._strategies._process_worker"])
+        # Workers read the one end; this process alone holds the other, so its
+        # death is an end of file in every worker.
+        self._alive_r, self._alive_w = ctx.Pipe(duplex=False)
+        self._ctx = ctx
+        _live.add(self)
+
+    def _worker_pids(self) -> list[int]:
+        """Pids of the live worker processes (for tests and diagnostics)."""
+        with self._lock:
+            processes = [w.process for w in self._workers]
+        return [p.pid for p in processes if p is not None and p.pid is not None]
+
+    def _schedule(self, call: Call[Any]) -> None:
+        with self._lock:
+            if self._stopping:
+                raise ExecutorClosed("ProcessExecutor is shut down")
+            if self._ctx is None:
+                self._prepare()
+            self._queue.put(call)
+            if self._idle:
+                self._idle -= 1
+            elif len(self._workers) < self._max_workers:
+                worker = _Worker(self, next(self._spawned))
+                self._workers.add(worker)
+                worker.thread.start()
+
+    def _cancel_running(self, call: Call[Any]) -> None:
+        if not self._kill_on_cancel:
+            return
+        with self._lock:
+            for worker in self._workers:
+                if worker.current is call and worker.process is not None:
+                    worker.killed = True
+                    worker.process.kill()
+                    return
+
+    def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        with self._lock:
+            if cancel_futures:
+                sentinels = 0
+                while True:
+                    try:
+                        pending = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if pending is None:
+                        sentinels += 1
+                    else:
+                        pending.drop()
+                for _ in range(sentinels):
+                    self._queue.put(None)
+            if not self._stopping:
+                self._stopping = True
+                for _ in self._workers:
+                    self._queue.put(None)
+            workers = list(self._workers)
+        if wait:
+            me = threading.current_thread()
+            for worker in workers:
+                if worker.thread is not me:
+                    worker.thread.join()
+            with self._lock:
+                if not self._workers and self._alive_w is not None:
+                    self._alive_w.close()
+                    self._alive_w = None
+                    if self._alive_r is not None:
+                        self._alive_r.close()
+                        self._alive_r = None
+                _live.discard(self)

@@ -1,0 +1,115 @@
+"""The code that runs inside a `process` worker.
+
+Kept apart from `_process.py` so that a worker imports only what it needs.
+Messages (see `_wire`): the parent sends `(fn, args, kwargs)` or an empty
+message (stop); the worker answers `("ready",)` once its initializer ran, then one
+`("ok", result, retire)` or `("error", (exception, traceback_text), retire)` per
+call, where `retire` asks the parent to replace this worker (memory ceiling).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+# Makes tracebacks picklable, so the caller sees the function's own frames.
+from tblib import pickling_support
+
+from .._worker_state import _NO_STATE, _swap_state
+from . import _wire
+
+
+def _watch_parent(alive: Connection) -> None:
+    # The parent holds the only write end of this pipe: end of file means it
+    # died (or dropped the executor), and a worker must not outlive it, even
+    # in the middle of a call.
+    try:
+        alive.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    os._exit(0)
+
+
+def _describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
+    text = "".join(traceback.format_exception(exc))
+    # Per instance: the class (and those of its cause and context) may have
+    # been defined after the worker started, so a blanket install misses it.
+    pickling_support.install(exc)
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=5))
+    except Exception:
+        return None, text  # the parent rebuilds it from the text
+    return exc, text
+
+
+def _send(conn: Connection, message: tuple[Any, ...], threshold: int | None) -> None:
+    try:
+        data, buffers = _wire.dumps(message, threshold)
+    except Exception as exc:
+        if message[0] != "ok":
+            raise
+        error = TypeError(
+            f"the result of the offloaded call ({type(message[1]).__name__}) could not be pickled "
+            f"to send it back: {exc}"
+        )
+        error.__cause__ = exc
+        data, buffers = _wire.dumps(("error", _describe_error(error), message[2]), threshold)
+    _wire.send(conn, data, buffers)
+
+
+def main(
+    conn: Connection,
+    alive: Connection,
+    initializer: Callable[..., Any] | None,
+    initargs: tuple[Any, ...],
+    threshold: int | None,
+    max_memory: int | None,
+) -> None:
+    """The worker process's target: initialize, then run calls until told to stop."""
+    threading.Thread(target=_watch_parent, args=(alive,), name="offload-parent-watch", daemon=True).start()
+
+    state: Any = _NO_STATE
+    if initializer is not None:
+        try:
+            state = initializer(*initargs)
+        except BaseException as exc:
+            _send(conn, ("init-error", _describe_error(exc)), None)
+            return
+    _swap_state(state)
+    memory: Callable[[], int] | None = None
+    if max_memory is not None:
+        import psutil
+
+        memory_info = psutil.Process().memory_info
+        memory = lambda: memory_info().rss  # noqa: E731
+    conn.send_bytes(pickle.dumps(("ready",)))
+
+    while True:
+        try:
+            message = _wire.recv(conn)
+        except EOFError:
+            return
+        except BaseException as exc:
+            error = TypeError(f"the worker could not unpickle the call: {exc!r}")
+            error.__cause__ = exc
+            _send(conn, ("error", _describe_error(error), False), threshold)
+            continue
+        if message is None:
+            return
+        fn, args, kwargs = message
+        del message
+        try:
+            result = _wire.wrap_bytes(fn(*args, **kwargs), threshold)
+        except BaseException as exc:
+            reply: tuple[Any, ...] = ("error", _describe_error(exc))
+        else:
+            reply = ("ok", result)
+        del fn, args, kwargs
+        retire = memory is not None and max_memory is not None and memory() > max_memory
+        _send(conn, (*reply, retire), threshold)
+        del reply
