@@ -25,6 +25,7 @@ _BUILTINS: dict[str, str] = {
     "inline": "offload._strategies._inline:InlineExecutor",
     "thread": "offload._strategies._thread:ThreadExecutor",
     "process": "offload._strategies._process:ProcessExecutor",
+    "async-renderer": "offload._strategies._batching:BatchingExecutor",
 }
 
 

