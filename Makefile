@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv test test-core lint typecheck docs docs-serve bench bench-full bench-gpu clean
+.PHONY: help venv test test-core lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
 
 help:
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
@@ -63,6 +63,10 @@ bench-full: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_e2e --full
 	$(BIN)/python -m benchmarks.bench_image
 	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+
+# Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
+bench-multimodal: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e --workloads clip --clients 1 16 64 --out benchmarks/results/multimodal
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,22 +91,52 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def build_models(root: Path, which: list[str]) -> dict[str, Path]:
+@dataclass(frozen=True)
+class Workload:
+    description: str
+    build: Callable[[Path], Path]
+    # payload factory for the sweep, given the served model name
+    sweep: Callable[[str], Callable[[int], workloads.Payload]]
+    overhead: Callable[[str], workloads.Payload]
+    heavy: bool  # whether the many-inputs case applies
+    offline: bool  # whether `LLM.embed` on a short text applies
+
+
+def _tiny(root: Path) -> Path:
     from benchmarks import models
 
-    out: dict[str, Path] = {}
-    if "tiny" in which:
-        out["tiny"] = models.build_tiny_embedding_model(root / models.EMBED_NAME)
-    if "minilm" in which:
-        out["minilm"] = models.minilm_dir()
-    return out
+    return models.build_tiny_embedding_model(root / models.EMBED_NAME)
 
 
-DESCRIPTIONS = {
-    "tiny": "Frontend-bound: randomly initialised 1-layer BERT (hidden 64, 2 heads) with the MiniLM "
-    "tokenizer; each sweep request embeds one 160-word text, so tokenization and response "
-    "building dominate and the forward costs almost nothing.",
-    "minilm": "Real: the packaged all-MiniLM-L6-v2 (6 layers, hidden 384); same requests.",
+def _minilm(root: Path) -> Path:
+    from benchmarks import models
+
+    return models.minilm_dir()
+
+
+def _clip(root: Path) -> Path:
+    from benchmarks.e2e.multimodal import CLIP_NAME, build_tiny_clip
+
+    return build_tiny_clip(root / CLIP_NAME)
+
+
+def _short(model: str) -> workloads.Payload:
+    return workloads.embed_payload(model, workloads.SHORT_TEXT)
+
+
+WORKLOADS = {
+    "tiny": Workload(
+        "Frontend-bound: randomly initialised 1-layer BERT (hidden 64, 2 heads) with the MiniLM "
+        "tokenizer; each sweep request embeds one 160-word text, so tokenization and response "
+        "building dominate and the forward costs almost nothing.",
+        _tiny, workloads.long_text_factory, _short, heavy=True, offline=True),
+    "minilm": Workload(
+        "Real: the packaged all-MiniLM-L6-v2 (6 layers, hidden 384); same requests.",
+        _minilm, workloads.long_text_factory, _short, heavy=True, offline=True),
+    "clip": Workload(
+        "Multimodal: randomly initialised tiny CLIP (1 layer per tower, hidden 64) built locally; "
+        "each request embeds one random-noise 224 px JPEG sent as base64 in `messages`.",
+        _clip, workloads.image_factory, lambda m: workloads.image_factory(m)(0), heavy=False, offline=False),
 }
 
 
@@ -125,7 +157,7 @@ def offline_overhead(config: ServerConfig, model: Path, n: int, log_dir: Path, t
 
 
 def measure_row(
-    config: ServerConfig, model_name: str, model: Path, args: argparse.Namespace, log_dir: Path, bar: Any,
+    config: ServerConfig, model_name: str, workload: Workload, model: Path, args: argparse.Namespace, log_dir: Path, bar: Any,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"strategy": config.strategy, "args": list(config.extra_args), "status": "ok"}
     started = time.monotonic()
@@ -134,26 +166,25 @@ def measure_row(
                         args.ready_timeout) as url:
         row["startup_s"] = round(time.monotonic() - started, 1)
         # Warm-up: first requests compile/allocate; not measured.
-        load.run_level(url, "/v1/embeddings", 4, workloads.long_text_factory(served), 60.0, 16)
-        lat = load.sequential_latencies(url, "/v1/embeddings", workloads.embed_payload(served, workloads.SHORT_TEXT),
-                                        args.overhead_requests)
+        load.run_level(url, "/v1/embeddings", 4, workload.sweep(served), 60.0, 16)
+        lat = load.sequential_latencies(url, "/v1/embeddings", workload.overhead(served), args.overhead_requests)
         row["overhead_online"] = load.summarize_ms(lat)
         row["sweep"] = []
         for clients in args.clients:
             bar.set_postfix_str(f"{model_name} / {config.name} / {clients} clients")
-            level = load.run_level(url, "/v1/embeddings", clients, workloads.long_text_factory(served),
+            level = load.run_level(url, "/v1/embeddings", clients, workload.sweep(served),
                                    args.level_seconds, args.level_max_requests)
             row["sweep"].append(level.as_dict())
             bar.update(1)
         row["heavy"] = []
-        for clients in args.heavy_clients:
+        for clients in args.heavy_clients if workload.heavy else []:
             bar.set_postfix_str(f"{model_name} / {config.name} / heavy {clients} clients")
             level = load.run_level(url, "/v1/embeddings", clients,
                                    workloads.many_texts_factory(served, args.heavy_inputs),
                                    args.level_seconds, max(4, args.level_max_requests // 16))
             row["heavy"].append(level.as_dict())
             bar.update(1)
-    if args.offline_requests and "api-server-count" not in config.name:
+    if args.offline_requests and workload.offline and config.name in args.offline_rows:
         bar.set_postfix_str(f"{model_name} / {config.name} / offline")
         try:
             row["overhead_offline"] = offline_overhead(config, model, args.offline_requests, log_dir,
@@ -169,7 +200,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="all levels 1..128, longer levels, MiniLM too")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--rows", nargs="*", help="row names to run (default: all available)")
-    p.add_argument("--workloads", nargs="*", choices=["tiny", "minilm"])
+    p.add_argument("--workloads", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--clients", nargs="*", type=int)
     p.add_argument("--level-seconds", type=float)
     p.add_argument("--ready-timeout", type=float, default=600.0)
@@ -178,17 +209,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         defaults: dict[str, Any] = {
             "workloads": ["tiny"], "clients": [1, 8], "level_seconds": 2.0, "level_max_requests": 40,
             "overhead_requests": 5, "offline_requests": 0, "heavy_clients": [2], "heavy_inputs": 32,
+            "offline_rows": [],
             "rows": args.rows or [report.DEFAULT_ROW],
         }
     elif args.full:
         defaults = {
-            "workloads": ["tiny", "minilm"], "clients": list(ALL_CLIENTS), "level_seconds": 10.0,
+            "workloads": ["tiny", "minilm", "clip"], "clients": list(ALL_CLIENTS), "level_seconds": 10.0,
+            "offline_rows": [c.name for c in server_configs(True) if "api-server" not in c.name],
             "level_max_requests": 20000, "overhead_requests": 200, "offline_requests": 200,
             "heavy_clients": [1, 4, 16], "heavy_inputs": 256,
         }
     else:
         defaults = {
             "workloads": ["tiny"], "clients": list(QUICK_CLIENTS), "level_seconds": 4.0,
+            # One LLM start per row costs a minute here: quick mode keeps the seeds' pair.
+            "offline_rows": [report.DEFAULT_ROW, "offload thread"],
             "level_max_requests": 5000, "overhead_requests": 50, "offline_requests": 50,
             "heavy_clients": [1, 8], "heavy_inputs": 256,
         }
@@ -220,11 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         "level_max_requests": args.level_max_requests, "notes": notes,
     }, "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
-        model_paths = build_models(Path(tmp) / "models", args.workloads)
+        model_paths = {w: WORKLOADS[w].build(Path(tmp) / "models") for w in args.workloads}
         log_dir = args.out / "logs"
         log_dir.mkdir(exist_ok=True)
         runnable = [c for c in configs if c.strategy is None or c.strategy in available]
-        steps = len(model_paths) * len(runnable) * (len(args.clients) + len(args.heavy_clients))
+        steps = len(runnable) * sum(
+            len(args.clients) + (len(args.heavy_clients) if WORKLOADS[w].heavy else 0) for w in model_paths
+        )
         with tqdm(total=steps, desc="bench e2e", unit="level", disable=None) as bar:
             for wname, model in model_paths.items():
                 rows: dict[str, Any] = {}
@@ -234,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                         rows[config.name] = {"strategy": config.strategy, "status": f"skipped: {why}"}
                         continue
                     try:
-                        rows[config.name] = measure_row(config, wname, model, args, log_dir, bar)
+                        rows[config.name] = measure_row(config, wname, WORKLOADS[wname], model, args, log_dir, bar)
                     except ServerFailed as exc:
                         rows[config.name] = {"strategy": config.strategy, "status": f"failed: {exc}"}
-                results["workloads"][wname] = {"description": DESCRIPTIONS[wname], "model": str(model),
+                results["workloads"][wname] = {"description": WORKLOADS[wname].description, "model": str(model),
                                                "heavy_inputs": args.heavy_inputs, "rows": rows}
     results["meta"]["loadavg_after"] = loadavg()
     results["meta"]["wall_s"] = time.monotonic() - t0

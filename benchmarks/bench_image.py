@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
              f"{r['lag_max_ms']:.2f}"] for n, r in results["rows"].items()]
     table = _common.table(["strategy", "images/s", "loop lag p50 ms", "loop lag p99 ms",
                                     "loop lag max ms"], body)
+    # The docs page includes the table and its one-line setup (pymdownx.snippets section).
+    setup = (f"{clients} clients x {per_client} random {size} px JPEGs (base64) each, decoded and run "
+             f"through CLIP's image processor; pool size {args.workers}; {results['meta']['cpus']} CPUs, "
+             f"commit `{results['meta']['commit']}`, {results['meta']['date']}.\n\n")
+    table = f"<!-- --8<-- [start:tables] -->\n{setup}{table}<!-- --8<-- [end:tables] -->\n"
     _common.write(args.out, "image_library", results, _common.header("Library-level: image preprocessing (base64 JPEG to CLIP pixel values)", results["meta"]) + table)
     print(table)
     return 0

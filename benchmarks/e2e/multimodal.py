@@ -29,7 +29,9 @@ def build_tiny_clip(dest: Path, seed: int = 0) -> Path:
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    tower = {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128}
+    # projection_dim is also set per tower: vLLM sizes its input-embeddings buffer from the text one.
+    tower = {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128,
+             "projection_dim": 64}
     config = CLIPConfig(
         text_config={**tower, "vocab_size": 30522, "max_position_embeddings": 77,
                      "bos_token_id": 101, "eos_token_id": 102, "pad_token_id": 1},

@@ -159,6 +159,7 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
     parts = [
         "# offload end-to-end benchmark",
         "",
+        "<!-- --8<-- [start:meta] -->",
         f"- date: {meta['date']}",
         f"- machine: {meta['cpus']} CPUs ({meta['cpu']}), {meta['platform']}, Python {meta['python']}",
         f"- load average before / after: {meta['loadavg_before']} / {meta.get('loadavg_after', '-')}",
@@ -170,6 +171,7 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
         ),
     ]
     parts += [f"- note: {note}" for note in meta.get("notes", [])]
+    parts += ["<!-- --8<-- [end:meta] -->"]
     # The docs page includes everything between these markers (pymdownx.snippets sections).
     parts += ["", "<!-- --8<-- [start:tables] -->"]
     for wname, workload in results["workloads"].items():

@@ -69,3 +69,8 @@ def image_payload(model: str, b64: str) -> Payload:
             }
         ],
     }
+
+
+def image_factory(model: str, images: int = 8, size: int = 224) -> Callable[[int], Payload]:
+    encoded = [jpeg_base64(size, seed) for seed in range(images)]
+    return lambda i: image_payload(model, encoded[i % images])
