@@ -234,7 +234,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

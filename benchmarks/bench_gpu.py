@@ -58,7 +58,7 @@ def build_model(smoke: bool, device: str) -> Any:
     # Defaults of BertConfig are BERT-base: 12 layers, hidden 768, 12 heads.
     config = BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=2,
                         intermediate_size=128) if smoke else BertConfig()
-    model = BertModel(config).eval().to(device)
+    model = BertModel(config).eval().to(device)  # type: ignore[no-untyped-call, unused-ignore]
     if device == "cuda":
         model = model.half()
     return model

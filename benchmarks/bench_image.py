@@ -29,11 +29,10 @@ from benchmarks.e2e.workloads import jpeg_base64  # noqa: E402
 
 def load_processor() -> Any:
     """CLIP's image processor with its defaults (224 px, CLIP mean/std), built without a download."""
-    try:  # Pillow backend by name: vLLM's CPU environment has no torchvision.
-        from transformers import CLIPImageProcessorPil as processor_cls
-    except ImportError:
-        from transformers import CLIPImageProcessor as processor_cls
+    import transformers
 
+    # Pillow backend by name where it exists: vLLM's CPU environment has no torchvision.
+    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
     return processor_cls()
 
 

@@ -58,9 +58,10 @@ def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
 
 def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
     parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "127.0.0.1"
     latencies: list[float] = []
     failures = 0
-    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+    conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
     while not stop.is_set():
         start = time.perf_counter()
         try:
@@ -71,7 +72,7 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
         except (OSError, http.client.HTTPException):
             failures += 1
             conn.close()
-            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+            conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
         time.sleep(PROBE_INTERVAL_S)
     conn.close()
     conn_out.send((latencies, failures))
