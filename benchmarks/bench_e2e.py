@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -234,9 +235,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # `kill PID` must still stop the server under test (the `with` block's cleanup), not orphan it.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,80 @@
+"""offload-vllm: choose how vLLM's pooling entrypoints run pre- and post-processing.
+
+Installed next to vLLM, this package registers `register` in vLLM's
+`vllm.general_plugins` entry-point group, which vLLM calls in every process it
+starts. `VLLM_OFFLOAD_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
+unset, vLLM keeps its own behaviour. See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ._config import ADAPTER_STRATEGIES as ADAPTER_STRATEGIES
+from ._config import OffloadVLLMConfigError as OffloadVLLMConfigError
+from ._config import Settings as Settings
+from ._config import read_settings as read_settings
+from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
+from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ADAPTER_STRATEGIES",
+    "TESTED_VLLM_VERSIONS",
+    "OffloadVLLMConfigError",
+    "Settings",
+    "UnsupportedVLLMVersion",
+    "active_strategy",
+    "read_settings",
+    "register",
+]
+
+# A child of "vllm", so the message shows in vLLM's own log format and level.
+logger = logging.getLogger("vllm.offload_vllm")
+
+_active: Settings | None = None
+
+
+def active_strategy() -> str | None:
+    """The strategy `register` applied in this process, or `None` (vLLM's own behaviour)."""
+    return None if _active is None else _active.strategy
+
+
+def register() -> None:
+    """vLLM's plugin hook. Validates the settings and patches the seams; idempotent.
+
+    Raises:
+        OffloadVLLMConfigError: a bad `VLLM_OFFLOAD_*`/`OFFLOAD_STRATEGY` value (vLLM
+            does not catch it: the server stops at start).
+        UnsupportedVLLMVersion: a strategy is set and this vLLM lacks a seam.
+    """
+    global _active
+    settings = read_settings()
+    if _active is not None:
+        if _active != settings:
+            raise OffloadVLLMConfigError(f"offload-vllm already registered with {_active}, now {settings}")
+        return
+    if settings.strategy is None:
+        _active = settings
+        logger.debug("offload-vllm: no strategy set; vLLM keeps its own behaviour")
+        return
+
+    from ._seams import require_supported_vllm
+
+    version = require_supported_vllm()
+    from ._runtime import Runtime
+    from ._seams import io_processor, offline, serving
+
+    runtime = Runtime(settings)
+    io_processor.install(runtime.make_render_async)
+    serving.install(runtime.make_postprocess_async)
+    offline.install(runtime.make_offline_executor)
+    _active = settings
+    logger.info(
+        "offload-vllm: pooling pre/post-processing strategy %r (from %s, workers=%s) on vLLM %s",
+        settings.strategy,
+        settings.strategy_source,
+        settings.workers if settings.workers is not None else "default",
+        version,
+    )

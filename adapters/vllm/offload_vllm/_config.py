@@ -1,0 +1,87 @@
+"""The adapter's settings, read from `VLLM_OFFLOAD_*` (then `OFFLOAD_*`) once, at plugin load."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import offload
+
+STRATEGY_ENV = "VLLM_OFFLOAD_STRATEGY"
+WORKERS_ENV = "VLLM_OFFLOAD_WORKERS"
+FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
+
+#: Every variable this adapter reads; any other `VLLM_OFFLOAD_*` is a typo and refused.
+KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV)
+
+#: The names the adapter knows how to wire into vLLM. A strategy must also be
+#: registered in `offload.STRATEGIES` (process and async-renderer come with their
+#: own offload releases).
+ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer")
+
+
+class OffloadVLLMConfigError(offload.ConfigError):
+    """A `VLLM_OFFLOAD_*`/`OFFLOAD_*` setting is invalid; raised at plugin load."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the plugin applies. `strategy=None` leaves vLLM's own behaviour untouched."""
+
+    strategy: str | None
+    workers: int | None
+    strategy_source: str
+
+
+def _parse_workers(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not an integer; give a worker count >= 1") from None
+    if value < 1:
+        raise OffloadVLLMConfigError(f"{name}={raw!r}: the worker count must be >= 1")
+    return value
+
+
+def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse and validate the environment. Raises `OffloadVLLMConfigError` naming the bad value."""
+    env = os.environ if environ is None else environ
+    unknown = sorted(k for k in env if k.startswith("VLLM_OFFLOAD_") and k not in KNOWN_ENV)
+    if unknown:
+        raise OffloadVLLMConfigError(
+            f"unknown setting(s) {', '.join(unknown)}; the offload vLLM adapter reads "
+            + ", ".join(KNOWN_ENV)
+        )
+
+    strategy: str | None = None
+    source = "unset"
+    for name in (STRATEGY_ENV, FALLBACK_STRATEGY_ENV):
+        raw = env.get(name, "").strip()
+        if raw:
+            strategy, source = raw, name
+            break
+    if strategy is not None:
+        if strategy not in ADAPTER_STRATEGIES:
+            raise OffloadVLLMConfigError(
+                f"{source}={strategy!r} is not a strategy the vLLM adapter supports; valid: "
+                + ", ".join(ADAPTER_STRATEGIES)
+            )
+        if strategy not in offload.STRATEGIES:
+            raise OffloadVLLMConfigError(
+                f"{source}={strategy!r}: the installed offload {offload.__version__} does not "
+                f"provide this strategy (it has: {', '.join(offload.STRATEGIES)}); "
+                "upgrade offload or pick another"
+            )
+
+    # OFFLOAD_MAX_WORKERS needs no handling here: offload itself reads it when
+    # VLLM_OFFLOAD_WORKERS is unset.
+    raw_workers = env.get(WORKERS_ENV, "").strip()
+    workers = _parse_workers(WORKERS_ENV, raw_workers) if raw_workers else None
+    if workers is not None and strategy in (None, "inline"):
+        raise OffloadVLLMConfigError(
+            f"{WORKERS_ENV}={workers} has no effect with "
+            + ("no strategy set" if strategy is None else "strategy 'inline' (it runs on the event loop)")
+            + f"; unset it, or set {STRATEGY_ENV}=thread or process"
+        )
+    return Settings(strategy=strategy, workers=workers, strategy_source=source)

@@ -1,0 +1,178 @@
+"""The strategy applied to vLLM: one executor per server process, built when vLLM
+builds its first pooling entrypoint (still at start-up, before the port opens)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import offload
+
+from . import _workers
+from ._config import OffloadVLLMConfigError, Settings
+from ._seams import renderer as renderer_seam
+from ._seams import serving as serving_seam
+
+logger = logging.getLogger("vllm.offload_vllm")
+
+
+def _announce(seen: set[str], what: str, strategy: str) -> None:
+    if what not in seen:
+        seen.add(what)
+        logger.info("offload-vllm: %s runs under strategy %r", what, strategy)
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        if settings.strategy is None:
+            raise ValueError("Runtime needs a strategy")
+        self.strategy: str = settings.strategy
+        self.workers = settings.workers
+        self._executor: offload.Executor | None = None
+        self._lock = threading.Lock()
+        self._announced: set[str] = set()
+
+    # ---- the executor ------------------------------------------------------
+
+    def executor(self, vllm_config: Any) -> offload.Executor:
+        with self._lock:
+            if self._executor is None or self._executor.closed:
+                self._executor = self._build(vllm_config)
+            return self._executor
+
+    def _build(self, vllm_config: Any) -> offload.Executor:
+        several = self.strategy == "process" or (self.strategy == "thread" and self.workers != 1)
+        if several and renderer_seam.shared_multimodal_cache(vllm_config):
+            raise OffloadVLLMConfigError(
+                f"strategy {self.strategy!r} renders in several workers, but this multimodal "
+                "model keeps vLLM's multimodal processor cache, which workers cannot share; "
+                "serve with --mm-processor-cache-gb 0, or VLLM_OFFLOAD_WORKERS=1 with thread, "
+                "or use inline or async-renderer"
+            )
+        options: dict[str, Any] = {}
+        if self.workers is not None:
+            options["max_workers"] = self.workers
+        if self.strategy == "thread":
+            options.update(initializer=_workers.init_thread_worker, thread_name_prefix="offload-vllm")
+        elif self.strategy == "process":
+            options.update(initializer=_workers.init_process_worker, initargs=(vllm_config,))
+        return offload.get_executor(self.strategy, **options)
+
+    # ---- pre-processing: PoolingIOProcessor.render_async ----------------------
+
+    def render_call(
+        self, io_processor: Any, chat_template_config: Any
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The function (and leading arguments) that renders one request's parameters."""
+        if self.strategy == "thread":
+            return _workers.render_in_thread, (io_processor,)
+        if self.strategy == "process":
+            spec = _workers.IOProcessorSpec(type(io_processor), chat_template_config)
+            return _workers.render_in_process, (spec,)
+        return io_processor.render, ()
+
+    def make_render_async(
+        self, io_processor: Any, vllm_config: Any, chat_template_config: Any
+    ) -> Callable[[Any], Coroutine[Any, Any, Any]] | None:
+        if _workers.IN_WORKER_PROCESS:
+            return None
+        executor = self.executor(vllm_config)
+        fn, lead = self.render_call(io_processor, chat_template_config)
+        _announce(self._announced, f"{type(io_processor).__name__}.render_async", self.strategy)
+
+        if self.strategy == "async-renderer":
+            self._batch_tokenization(io_processor.renderer, executor)
+
+            async def render_async(render_params: Any) -> Any:
+                result = await renderer_seam.render_with_async_renderer(io_processor, render_params)
+                if result is None:
+                    result = await executor.run(fn, *lead, render_params)
+                return result
+
+            return render_async
+
+        async def render_async_offloaded(render_params: Any) -> Any:
+            return await executor.run(fn, *lead, render_params)
+
+        return render_async_offloaded
+
+    def _batch_tokenization(self, renderer: Any, executor: offload.Executor) -> None:
+        def tokenize(prompt: Any, /, *, params: Any) -> Any:
+            return renderer_seam.tokenize_one(renderer, prompt, params)
+
+        def tokenize_batch(prompts: list[Any], *, params: Any) -> list[Any]:
+            return renderer_seam.tokenize_many(renderer, prompts, params)
+
+        batched = offload.make_async(tokenize, executor=executor, batch=tokenize_batch)
+
+        async def tokenize_async(prompt: Any, params: Any) -> Any:
+            return await batched(prompt, params=params)
+
+        renderer_seam.install_batched_tokenizer(renderer, tokenize_async)
+
+    # ---- post-processing: PoolingBaseServing._postprocessing_async -------------
+
+    def make_postprocess_async(
+        self, serving: Any
+    ) -> Callable[[Any, Any], Coroutine[Any, Any, Any]] | None:
+        if _workers.IN_WORKER_PROCESS:
+            return None
+        executor = self.executor(serving.vllm_config)
+        _announce(self._announced, f"{type(serving).__name__}._postprocessing_async", self.strategy)
+        if self.strategy == "process":
+            spec = _workers.serving_spec(serving)
+            chat_config = serving.chat_template_config
+
+            async def postprocess_in_worker(io_processor: Any, ctx: Any) -> Any:
+                io_spec = _workers.IOProcessorSpec(type(io_processor), chat_config)
+                return await executor.run(
+                    _workers.postprocess_in_process, spec, io_spec, serving_seam.strip_context(ctx)
+                )
+
+            return postprocess_in_worker
+
+        async def postprocess(io_processor: Any, ctx: Any) -> Any:
+            return await executor.run(serving_seam.postprocess, serving, io_processor, ctx)
+
+        return postprocess
+
+    # ---- offline: LLM.embed()/score() map render over this -----------------
+
+    def make_offline_executor(self, vllm_config: Any) -> concurrent.futures.Executor | None:
+        if _workers.IN_WORKER_PROCESS:
+            return None
+        _announce(self._announced, "LLM offline render map", self.strategy)
+        return _OfflineRenderExecutor(self, self.executor(vllm_config))
+
+
+class _OfflineRenderExecutor(concurrent.futures.Executor):
+    """What `PoolingOfflineMixin._executor` becomes: `map(io_processor.render, ...)` is
+    routed to the strategy's per-worker render; anything else runs as submitted."""
+
+    def __init__(self, runtime: Runtime, executor: offload.Executor) -> None:
+        self._runtime = runtime
+        self._executor = executor
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        owner = getattr(fn, "__self__", None)
+        if getattr(fn, "__name__", None) == "render" and _is_io_processor(owner):
+            chat_config = _chat_template_config_of(owner)
+            target, lead = self._runtime.render_call(owner, chat_config)
+            return self._executor.submit(target, *lead, *args, **kwargs)
+        return self._executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _is_io_processor(obj: object) -> bool:
+    from ._seams.io_processor import is_io_processor
+
+    return is_io_processor(obj)
+
+
+def _chat_template_config_of(io_processor: Any) -> Any:
+    return getattr(io_processor, "__offload_vllm_chat_template_config__", None)

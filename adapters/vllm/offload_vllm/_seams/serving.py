@@ -1,0 +1,67 @@
+"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__init__`.
+
+vLLM sets `self._postprocessing_async = make_async(self._postprocessing,
+executor=renderer._executor)` there; `__call__` (and the scoring entrypoints) await
+it to turn engine outputs into the response body. We let vLLM build the serving
+object, then replace `_postprocessing_async` with the strategy's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from vllm.entrypoints.pooling.base.serving import (
+    PoolingBaseServing,
+)
+
+PostprocessAsync = Callable[[Any, Any], Coroutine[Any, Any, Any]]
+
+_ORIGINAL_INIT: Callable[..., None] = PoolingBaseServing.__init__
+
+#: Attributes of a serving object that hold live server machinery (engine client,
+#: thread pools, the renderer): never sent to a worker process.
+LIVE_ATTRIBUTES = frozenset(
+    {
+        "engine_client",
+        "models",
+        "renderer",
+        "request_logger",
+        "io_processor",
+        "io_processors",
+        "_executor",
+        "_postprocessing_async",
+    }
+)
+
+
+def install(make_postprocess_async: Callable[[Any], PostprocessAsync | None]) -> None:
+    if getattr(PoolingBaseServing.__init__, "__offload_vllm__", False):
+        return
+
+    @functools.wraps(_ORIGINAL_INIT)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _ORIGINAL_INIT(self, *args, **kwargs)
+        replacement = make_postprocess_async(self)
+        if replacement is not None:
+            self._postprocessing_async = replacement
+
+    __init__.__offload_vllm__ = True  # type: ignore[attr-defined]
+    PoolingBaseServing.__init__ = __init__  # type: ignore[method-assign]
+
+
+def postprocess(serving: Any, io_processor: Any, ctx: Any) -> Any:
+    """vLLM's own synchronous post-processing (`post_process_online` + `_build_response`)."""
+    return serving._postprocessing(io_processor, ctx)
+
+
+def strip_context(ctx: Any) -> Any:
+    """A copy of a `PoolingServeContext` without the live request and result stream,
+    for sending to a worker process (post-processing reads neither)."""
+    import copy
+
+    clone = copy.copy(ctx)
+    clone.raw_request = None
+    clone.result_generator = None
+    return clone

@@ -1,0 +1,35 @@
+"""Offline embedding and scoring with vLLM under an offload strategy.
+
+    VLLM_OFFLOAD_STRATEGY=thread python docs/examples/vllm_offline.py EMBED_MODEL [CROSS_ENCODER]
+
+Prints one JSON object: the embeddings of TEXTS and, with a cross-encoder, the
+scores of QUERY against DOCS. The strategy is read by the offload-vllm plugin when
+vLLM builds the engine; `LLM.embed()` and `LLM.score()` then render prompts with it.
+"""
+
+import json
+import sys
+
+from vllm import LLM
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "offload keeps the event loop alive"]
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "Berlin is in Germany."]
+
+# Small on purpose: on the CPU backend this is the share of host memory reserved.
+ENGINE = {"runner": "pooling", "dtype": "float32", "gpu_memory_utilization": 0.06, "max_model_len": 256}
+
+
+def main() -> None:
+    result = {}
+    embedder = LLM(model=sys.argv[1], **ENGINE)
+    result["embeddings"] = [out.outputs.embedding for out in embedder.embed(TEXTS, use_tqdm=False)]
+    del embedder
+    if len(sys.argv) > 2:
+        scorer = LLM(model=sys.argv[2], **ENGINE)
+        result["scores"] = [out.outputs.score for out in scorer.score(QUERY, DOCS, use_tqdm=False)]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

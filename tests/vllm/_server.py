@@ -1,0 +1,93 @@
+"""A real vLLM server in a subprocess on 127.0.0.1, in its own process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_VLLM_READY_TIMEOUT", "420"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    model: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers: engine core, workers
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+def start_server(
+    model_dir: Path, name: str, strategy: str | None, log_dir: Path, *, workers: int | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Server:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(extra_env or {})
+    args = [sys.executable, "-m", "offload_vllm", "serve", str(model_dir)]
+    if strategy is not None:
+        args += ["--offload-strategy", strategy]
+    if workers is not None:
+        args += ["--offload-workers", str(workers)]
+    args += [
+        "--runner", "pooling", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "64",
+        # On the CPU backend this is the share of host memory reserved; several
+        # servers share a small machine here.
+        "--gpu-memory-utilization", "0.06",
+    ]
+    log = log_dir / f"{name}-{strategy or 'vllm'}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Server(url=f"http://127.0.0.1:{port}", model=name, proc=proc, log=log)
+
+
+def wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"server not ready after {READY_TIMEOUT_S}s:\n{server.log_tail()}")

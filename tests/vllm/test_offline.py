@@ -1,0 +1,58 @@
+"""`LLM(...).embed()/score()` under each strategy: runs docs/examples/vllm_offline.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ._server import Server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "vllm_offline.py"
+
+
+def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_OFFLOAD_STRATEGY=strategy)
+    args = [sys.executable, str(EXAMPLE), str(model_dirs["embed"]), str(model_dirs["cross-encoder"])]
+    proc = subprocess.run(args, env=env, check=False, capture_output=True, text=True, timeout=800, start_new_session=True)
+    log.write_text(proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"offload-vllm: LLM offline render map runs under strategy {strategy!r}" in proc.stderr
+    result: dict[str, list[float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_offline_embed_and_score(
+    strategy: str,
+    model_dirs: dict[str, Path],
+    servers: dict[tuple[str | None, str], Server],
+    tmp_path: Path,
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from docs.examples.vllm_offline import DOCS, QUERY, TEXTS
+
+    result = run_offline(strategy, model_dirs, tmp_path / "offline.log")
+    ours = np.array(result["embeddings"])
+    reference = SentenceTransformer(str(model_dirs["embed"]), device="cpu").encode(
+        TEXTS, normalize_embeddings=True
+    )
+    cosine = np.sum(ours * reference, axis=1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(reference, axis=1))
+    assert cosine.min() >= 0.9999, cosine
+
+    server = servers[(strategy, "cross-encoder")]
+    import httpx
+
+    online = httpx.post(
+        f"{server.url}/score", json={"model": server.model, "queries": QUERY, "documents": DOCS}, timeout=60
+    ).json()
+    online_scores = [d["score"] for d in sorted(online["data"], key=lambda d: d["index"])]
+    np.testing.assert_allclose(result["scores"], online_scores, atol=1e-5)

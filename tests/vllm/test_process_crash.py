@@ -1,0 +1,68 @@
+"""Under `process`: a renderer worker killed mid-load fails its own requests cleanly
+(5xx with an error body), and the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+import psutil
+import pytest
+from offload_vllm._workers import PROCESS_TITLE
+
+import offload
+
+from ._server import Server
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif("process" not in offload.STRATEGIES, reason="offload has no 'process' strategy yet"),
+]
+
+
+def _is_worker_of(proc: psutil.Process, session: int) -> bool:
+    try:
+        return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(PROCESS_TITLE)
+    except (ProcessLookupError, psutil.Error):
+        return False
+
+
+def renderer_workers(server: Server) -> list[psutil.Process]:
+    session = os.getsid(server.proc.pid)
+    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session)]
+
+
+async def _load_then_kill(server: Server) -> list[httpx.Response]:
+    text = " ".join(["a renderer worker dies while rendering this"] * 20)
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as client:
+
+        async def one(i: int) -> httpx.Response:
+            return await client.post(
+                f"{server.url}/v1/embeddings", json={"model": server.model, "input": [f"{i} {text}"] * 8}
+            )
+
+        tasks = [asyncio.create_task(one(i)) for i in range(48)]
+        await asyncio.sleep(0.3)
+        victims = renderer_workers(server)
+        assert victims, "no renderer worker process found"
+        os.kill(victims[0].pid, signal.SIGKILL)
+        return await asyncio.gather(*tasks)
+
+
+def test_killed_renderer_worker(servers: dict[tuple[str | None, str], Server]) -> None:
+    server = servers[("process", "embed")]
+    # Warm up: workers exist once they have rendered.
+    assert httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": "hi"}, timeout=120).status_code == 200
+    responses = asyncio.run(_load_then_kill(server))
+    for r in responses:
+        assert r.status_code == 200 or 500 <= r.status_code < 600, r.status_code
+        if r.status_code != 200:
+            assert "error" in r.json(), r.text
+    assert server.alive(), server.log_tail()
+    for _ in range(10):
+        r = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": ["after", "the crash"]}, timeout=120)
+        assert r.status_code == 200, r.text
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
