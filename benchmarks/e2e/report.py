@@ -139,7 +139,7 @@ def plot(workload_name: str, workload: dict[str, Any], out_dir: Path) -> list[Pa
             ys = [lvl["health"]["p99_ms"] if key == "health_p99" else lvl[key] for lvl in levels]
             ax.plot(xs, ys, marker="o", label=name)
         ax.set_xscale("log", base=2)
-        if logy:
+        if logy and all(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
             ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
