@@ -166,8 +166,10 @@ def measure_row(
     with running_server(config, model, log_dir / f"server-{model_name}-{config.name.replace(' ', '_')}.log",
                         args.ready_timeout) as url:
         row["startup_s"] = round(time.monotonic() - started, 1)
-        # Warm-up: first requests compile/allocate; not measured.
-        load.run_level(url, "/v1/embeddings", 4, workload.sweep(served), 60.0, 16)
+        # Warm-up: first requests compile/allocate; not measured, but must succeed.
+        warm = load.run_level(url, "/v1/embeddings", 4, workload.sweep(served), 60.0, 16)
+        if warm.errors:
+            raise RuntimeError(f"{warm.errors} of 16 warm-up requests failed; first: {warm.first_error}")
         lat = load.sequential_latencies(url, "/v1/embeddings", workload.overhead(served), args.overhead_requests)
         row["overhead_online"] = load.summarize_ms(lat)
         row["sweep"] = []
@@ -286,7 +288,8 @@ def _run(args: argparse.Namespace) -> int:
                         continue
                     try:
                         rows[config.name] = measure_row(config, wname, WORKLOADS[wname], model, args, log_dir, bar)
-                    except ServerFailed as exc:
+                    except (ServerFailed, RuntimeError) as exc:
+                        # One broken row is a result too; the others still run.
                         rows[config.name] = {"strategy": config.strategy, "status": f"failed: {exc}"}
                 results["workloads"][wname] = {"description": WORKLOADS[wname].description, "model": str(model),
                                                "heavy_inputs": args.heavy_inputs, "rows": rows}

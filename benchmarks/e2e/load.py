@@ -40,6 +40,7 @@ class LevelResult:
     p50_ms: float
     p99_ms: float
     health: dict[str, float]
+    first_error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,16 +132,17 @@ async def closed_loop(
     make_payload: Callable[[int], Payload],
     duration_s: float,
     max_requests: int,
-) -> tuple[list[float], int, int, float]:
+) -> tuple[list[float], int, int, float, str]:
     """`clients` concurrent clients, each sending its next request when the last one answers.
 
     Stops at `duration_s` or after `max_requests` in all. Returns the latencies
-    (s), prompt tokens, errors, and the wall time.
+    (s), prompt tokens, errors, the wall time and the first error's message.
     """
     import aiohttp
 
     latencies: list[float] = []
     counters = {"tokens": 0, "errors": 0, "issued": 0}
+    first_error: list[str] = []
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -154,15 +156,17 @@ async def closed_loop(
                 t0 = time.perf_counter()
                 try:
                     tokens = await _post(session, url, make_payload(n))
-                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
+                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
                     counters["errors"] += 1
+                    if not first_error:
+                        first_error.append(f"{type(exc).__name__}: {exc}")
                     continue
                 latencies.append(time.perf_counter() - t0)
                 counters["tokens"] += tokens
 
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - start
-    return latencies, counters["tokens"], counters["errors"], wall
+    return latencies, counters["tokens"], counters["errors"], wall, (first_error or [""])[0]
 
 
 def run_level(
@@ -175,7 +179,7 @@ def run_level(
 ) -> LevelResult:
     """One concurrency level under load, with `/health` probed from another process."""
     with HealthProber(base_url) as prober:
-        lat, tokens, errors, wall = asyncio.run(
+        lat, tokens, errors, wall, first_error = asyncio.run(
             closed_loop(base_url + path, clients, make_payload, duration_s, max_requests)
         )
     stats = summarize_ms(lat)
@@ -190,6 +194,7 @@ def run_level(
         p50_ms=stats["p50_ms"],
         p99_ms=stats["p99_ms"],
         health=prober.summary(),
+        first_error=first_error,
     )
 
 
@@ -197,9 +202,9 @@ def sequential_latencies(base_url: str, path: str, payload: Payload, n: int) -> 
     """`n` requests one after another from one client (the seeds' overhead_online)."""
 
     async def go() -> list[float]:
-        lat, _, errors, _ = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
+        lat, _, errors, _, first_error = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
         if errors:
-            raise RuntimeError(f"{errors} of {n} overhead requests failed")
+            raise RuntimeError(f"{errors} of {n} overhead requests failed; first: {first_error}")
         return lat
 
     return asyncio.run(go())
