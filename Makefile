@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench-smoke clean
+.PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -29,6 +29,8 @@ help:
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
+	@echo "make bench   - quick end-to-end vLLM benchmark (about 15 min on 2 cores) into benchmarks/results/"
+	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
 
 venv: $(STAMP)
 
@@ -36,7 +38,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pip, not uv: the CPU torch that vLLM pins is found through pip's find-links.
-	$(PIP) install -q -e '.[test,lint,docs]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
+	$(PIP) install -q -e '.[test,lint,docs,bench]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
 	# The registry's torchvision/torchaudio/torchcodec do not match vLLM's CPU torch
 	# and break `import vllm`; Transformers works without them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
@@ -70,6 +72,26 @@ test-vllm: $(STAMP)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
+
+# Results, report and plots go to benchmarks/results/; the plots are copied to
+# docs/img/ for the benchmarks page, which includes the report's tables.
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e
+	$(BIN)/python -m benchmarks.bench_image
+	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+
+bench-full: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e --full
+	$(BIN)/python -m benchmarks.bench_image
+	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+
+# Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
+bench-multimodal: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_e2e --workloads clip --clients 1 16 64 --out benchmarks/results/multimodal
+
+# The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
+bench-gpu: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_gpu
 
 demo: $(STAMP)
 	$(BIN)/python docs/examples/loop_lag_demo.py

@@ -1,0 +1,174 @@
+"""Library-level run: an asyncio server loop feeding an encoder, preprocessing under each strategy.
+
+Clients submit texts; each request is tokenized through the strategy under test
+(the loop's own work if it is `inline`), then queued for an "engine" thread that
+runs a randomly initialised BERT-base-sized encoder (built from a config, nothing
+downloaded) on the GPU when there is one. Per strategy: the device's busy
+fraction (forward time / wall time), items/s, and the event loop's lag.
+
+    python -m benchmarks.bench_gpu            # BERT-base, on cuda if available
+    python -m benchmarks.bench_gpu --smoke    # 1-layer model, CPU, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import _common, library  # noqa: E402
+from benchmarks.e2e.workloads import long_texts  # noqa: E402
+
+
+@functools.cache
+def _tokenizer_dir() -> str:
+    from benchmarks.models import minilm_dir
+
+    return str(minilm_dir())
+
+
+def load_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_tokenizer_dir())
+
+
+def tokenize(texts: list[str], max_length: int) -> Any:
+    """The offloaded preprocessing: one request's texts → padded id arrays."""
+    enc = library.state()(texts, padding="max_length", truncation=True, max_length=max_length,
+                          return_tensors="np")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def build_model(smoke: bool, device: str) -> Any:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    # Defaults of BertConfig are BERT-base: 12 layers, hidden 768, 12 heads.
+    config = BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=2,
+                        intermediate_size=128) if smoke else BertConfig()
+    model = BertModel(config).eval().to(device)  # type: ignore[no-untyped-call, unused-ignore]
+    if device == "cuda":
+        model = model.half()
+    return model
+
+
+class Engine(threading.Thread):
+    """Runs forwards on batches from a queue; accumulates the time the device was busy."""
+
+    def __init__(self, model: Any, device: str, max_batch: int) -> None:
+        super().__init__(daemon=True)
+        self.model, self.device, self.max_batch = model, device, max_batch
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.busy_s = 0.0
+
+    def run(self) -> None:
+        import numpy as np
+        import torch
+
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self.inbox.put(None)
+                    break
+                batch.append(nxt)
+            ids = torch.from_numpy(np.concatenate([b[0][0] for b in batch])).to(self.device)
+            mask = torch.from_numpy(np.concatenate([b[0][1] for b in batch])).to(self.device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                self.model(input_ids=ids, attention_mask=mask)
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            self.busy_s += time.perf_counter() - start
+            for _, (loop, fut) in batch:
+                loop.call_soon_threadsafe(fut.set_result, None)
+
+
+async def serve(executor: Any, engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
+    import offload
+
+    texts = long_texts(64, args.words)
+    loop = asyncio.get_running_loop()
+    done = 0
+
+    async def client(cid: int) -> None:
+        nonlocal done
+        for i in range(args.requests_per_client):
+            batch = [texts[(cid + i + j) % len(texts)] for j in range(args.texts_per_request)]
+            encoded = await executor.run(tokenize, batch, args.max_length)
+            fut: asyncio.Future[None] = loop.create_future()
+            engine.inbox.put((encoded, (loop, fut)))
+            await fut
+            done += len(batch)
+
+    # Warm-up: every worker builds its tokenizer before the clock starts.
+    await asyncio.gather(*(executor.run(tokenize, texts[:1], args.max_length) for _ in range(args.workers)))
+    async with offload.LoopLagMonitor() as lag:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(args.clients)))
+        wall = time.perf_counter() - start
+    return {"items": done, "wall_s": wall, "items_per_s": done / wall, "busy_fraction": engine.busy_s / wall,
+            "lag_p50_ms": lag.p50 * 1e3, "lag_p99_ms": lag.p99 * 1e3, "lag_max_ms": lag.max * 1e3}
+
+
+def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dict[str, Any]:
+    engine = Engine(model, device, args.max_batch)
+    engine.start()
+    executor = library.make_executor(name, args.workers, load_tokenizer)
+    try:
+        return asyncio.run(serve(executor, engine, args))
+    finally:
+        engine.inbox.put(None)
+        engine.join()
+        executor.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--strategies", nargs="*")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    # Full: 64 clients × 8 texts of 160 words (128 tokens) per request, 8 workers on a 16-core host.
+    args.clients, args.requests_per_client, args.texts_per_request = (4, 3, 2) if args.smoke else (64, 40, 8)
+    args.words, args.max_length = (40, 32) if args.smoke else (160, 128)
+    args.workers, args.max_batch = (2, 8) if args.smoke else (8, 64)
+    model = build_model(args.smoke, device)
+    names = args.strategies or library.rows()
+    results: dict[str, Any] = {"meta": {**_common.machine(), "mode": "smoke" if args.smoke else "full", "device": device,
+                                        "torch": torch.__version__,
+                                        "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
+                               "rows": {}}
+    for name in names:
+        results["rows"][name] = measure(name, model, device, args)
+    body = [[n, f"{r['items_per_s']:.0f}", f"{r['busy_fraction']:.2f}", f"{r['lag_p50_ms']:.2f}",
+             f"{r['lag_p99_ms']:.2f}", f"{r['lag_max_ms']:.2f}"] for n, r in results["rows"].items()]
+    table = _common.table(["strategy", "items/s", "device busy", "loop lag p50 ms",
+                                    "loop lag p99 ms", "loop lag max ms"], body)
+    _common.write(args.out, "gpu_library", results, _common.header("Library-level: asyncio loop feeding an encoder", results["meta"]) + table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Closed-loop HTTP load (aiohttp) and a `/health` prober in its own process.
+
+The prober runs in a separate process so that the load generator's own busy
+event loop (2 cores, up to 128 clients) does not inflate `/health` latencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import multiprocessing
+import multiprocessing.connection
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any
+
+from typing_extensions import Self
+
+from offload._lag import percentile
+
+Payload = dict[str, Any]
+REQUEST_TIMEOUT_S = 120.0
+# 10 ms between probes: fine enough to catch a stall of a few tens of ms, cheap for the server.
+PROBE_INTERVAL_S = 0.01
+PROBER_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class LevelResult:
+    clients: int
+    requests: int
+    errors: int
+    duration_s: float
+    tokens_per_s: float
+    requests_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    health: dict[str, float]
+    first_error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies_s)
+    return {
+        "count": float(len(ordered)),
+        "mean_ms": 1e3 * sum(ordered) / len(ordered) if ordered else 0.0,
+        "p50_ms": 1e3 * percentile(ordered, 50),
+        "p99_ms": 1e3 * percentile(ordered, 99),
+        "max_ms": 1e3 * (ordered[-1] if ordered else 0.0),
+    }
+
+
+def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or "127.0.0.1"
+    latencies: list[float] = []
+    failures = 0
+    conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
+    while not stop.is_set():
+        start = time.perf_counter()
+        try:
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            latencies.append(time.perf_counter() - start)
+            ready.set()
+        except (OSError, http.client.HTTPException):
+            failures += 1
+            conn.close()
+            conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
+        time.sleep(PROBE_INTERVAL_S)
+    conn.close()
+    conn_out.send((latencies, failures))
+    conn_out.close()
+
+
+class HealthProber:
+    """Probe `GET /health` back to back (one connection) while the `with` block runs."""
+
+    def __init__(self, url: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._ready = ctx.Event()
+        self._stop = ctx.Event()
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_probe, args=(url, self._ready, self._stop, send), daemon=True)
+        self.latencies: list[float] = []
+        self.failures = 0
+
+    def __enter__(self) -> Self:
+        self._proc.start()
+        # Load starts only once the prober answers, so every level is probed from its start.
+        if not self._ready.wait(PROBER_START_TIMEOUT_S):
+            self._stop.set()
+            raise RuntimeError("the /health prober got no answer")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._recv.poll(60):
+            self.latencies, self.failures = self._recv.recv()
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+    def summary(self) -> dict[str, float]:
+        return {**summarize_ms(self.latencies), "failures": float(self.failures)}
+
+
+async def _post(session: Any, url: str, payload: Payload) -> int:
+    """POST one request; returns the prompt tokens the server counted."""
+    async with session.post(url, json=payload) as resp:
+        body = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
+        return int(body.get("usage", {}).get("prompt_tokens", 0))
+
+
+async def closed_loop(
+    url: str,
+    clients: int,
+    make_payload: Callable[[int], Payload],
+    duration_s: float,
+    max_requests: int,
+) -> tuple[list[float], int, int, float, str]:
+    """`clients` concurrent clients, each sending its next request when the last one answers.
+
+    Stops at `duration_s` or after `max_requests` in all. Returns the latencies
+    (s), prompt tokens, errors, the wall time and the first error's message.
+    """
+    import aiohttp
+
+    latencies: list[float] = []
+    counters = {"tokens": 0, "errors": 0, "issued": 0}
+    first_error: list[str] = []
+    connector = aiohttp.TCPConnector(limit=clients)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        deadline = start + duration_s
+
+        async def client() -> None:
+            while time.perf_counter() < deadline and counters["issued"] < max_requests:
+                n = counters["issued"]
+                counters["issued"] += 1
+                t0 = time.perf_counter()
+                try:
+                    tokens = await _post(session, url, make_payload(n))
+                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
+                    counters["errors"] += 1
+                    if not first_error:
+                        first_error.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                latencies.append(time.perf_counter() - t0)
+                counters["tokens"] += tokens
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return latencies, counters["tokens"], counters["errors"], wall, (first_error or [""])[0]
+
+
+def run_level(
+    base_url: str,
+    path: str,
+    clients: int,
+    make_payload: Callable[[int], Payload],
+    duration_s: float,
+    max_requests: int,
+) -> LevelResult:
+    """One concurrency level under load, with `/health` probed from another process."""
+    with HealthProber(base_url) as prober:
+        lat, tokens, errors, wall, first_error = asyncio.run(
+            closed_loop(base_url + path, clients, make_payload, duration_s, max_requests)
+        )
+    stats = summarize_ms(lat)
+    return LevelResult(
+        clients=clients,
+        requests=len(lat),
+        errors=errors,
+        duration_s=wall,
+        tokens_per_s=tokens / wall if wall else 0.0,
+        requests_per_s=len(lat) / wall if wall else 0.0,
+        mean_ms=stats["mean_ms"],
+        p50_ms=stats["p50_ms"],
+        p99_ms=stats["p99_ms"],
+        health=prober.summary(),
+        first_error=first_error,
+    )
+
+
+def sequential_latencies(base_url: str, path: str, payload: Payload, n: int) -> list[float]:
+    """`n` requests one after another from one client (the seeds' overhead_online)."""
+
+    async def go() -> list[float]:
+        lat, _, errors, _, first_error = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
+        if errors:
+            raise RuntimeError(f"{errors} of {n} overhead requests failed; first: {first_error}")
+        return lat
+
+    return asyncio.run(go())

@@ -1,0 +1,135 @@
+"""Start and stop one vLLM server configuration on loopback, in its own process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOST = "127.0.0.1"
+# Startup takes ~70 s on an idle 2-core machine and much longer when it is shared.
+DEFAULT_READY_TIMEOUT = 600.0
+MEMORY_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One row of the tables: how the server is started.
+
+    `strategy` None means unmodified vLLM (no plugin); otherwise the server goes
+    through the adapter's launcher, `python -m offload_vllm serve`.
+    """
+
+    name: str
+    strategy: str | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def command(self, model: Path, port: int) -> list[str]:
+        common = [
+            "--runner", "pooling", "--dtype", "float32",
+            "--host", HOST, "--port", str(port),
+            "--disable-uvicorn-access-log",
+            # On CPU this is the share of RAM reserved for the KV cache; vLLM's 0.92
+            # default fails when other servers share the machine, and pooling needs little.
+            "--gpu-memory-utilization", str(MEMORY_FRACTION),
+        ]
+        if self.strategy is None:
+            head = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+        else:
+            head = [sys.executable, "-m", "offload_vllm", "serve", str(model),
+                    "--offload-strategy", self.strategy]
+        return [*head, *common, *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        if self.strategy is not None:
+            env["VLLM_OFFLOAD_STRATEGY"] = self.strategy
+        else:
+            # A plugin installed in the venv must not change the "no plugin" rows.
+            env["VLLM_PLUGINS"] = ""
+            env.pop("VLLM_OFFLOAD_STRATEGY", None)
+            env.pop("OFFLOAD_STRATEGY", None)
+        env.update(self.env)
+        return env
+
+
+def adapter_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("offload_vllm") is not None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    # SIGTERM to the API server alone lets it stop its engine in order; then
+    # anything left in the group (engine core, workers, extra API servers) is killed.
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def running_server(
+    config: ServerConfig,
+    model: Path,
+    log_path: Path,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+) -> Iterator[str]:
+    """Yield the base URL of a ready server; stop its whole process group on exit."""
+    port = free_port()
+    url = f"http://{HOST}:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            config.command(model, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=config.environment(),
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while not _healthy(url):
+                if proc.poll() is not None:
+                    raise ServerFailed(f"{config.name}: server exited with {proc.returncode}; see {log_path}")
+                if time.monotonic() > deadline:
+                    raise ServerFailed(f"{config.name}: not ready after {ready_timeout:.0f} s; see {log_path}")
+                time.sleep(1.0)
+            yield url
+        finally:
+            _kill_group(proc)
