@@ -19,6 +19,7 @@ Writes e2e.json, e2e.md and PNG plots into --out (default benchmarks/results/).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -59,7 +60,6 @@ def server_configs(renderer_flag: bool) -> list[ServerConfig]:
 
 def vllm_engine_field(name: str) -> bool:
     """Whether this vLLM's engine arguments have `name` (so its `--flag` form exists)."""
-    import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs
 
@@ -101,6 +101,8 @@ class Workload:
     overhead: Callable[[str], workloads.Payload]
     heavy: bool  # whether the many-inputs case applies
     offline: bool  # whether `LLM.embed` on a short text applies
+    # vLLM arguments every row of this workload gets, so rows stay comparable
+    server_args: tuple[str, ...] = ()
 
 
 def _tiny(root: Path) -> Path:
@@ -137,7 +139,11 @@ WORKLOADS = {
     "clip": Workload(
         "Multimodal: randomly initialised tiny CLIP (1 layer per tower, hidden 64) built locally; "
         "each request embeds one random-noise 224 px JPEG sent as base64 in `messages`.",
-        _clip, workloads.image_factory, lambda m: workloads.image_factory(m)(0), heavy=False, offline=False),
+        _clip, workloads.image_factory, lambda m: workloads.image_factory(m)(0), heavy=False, offline=False,
+        # vLLM's multimodal processor cache cannot be shared by several renderer
+        # workers (the adapter refuses `thread`/`process` with it, as vLLM refuses
+        # --renderer-num-workers > 1): every row runs without it.
+        server_args=("--mm-processor-cache-gb", "0")),
 }
 
 
@@ -160,6 +166,7 @@ def offline_overhead(config: ServerConfig, model: Path, n: int, log_dir: Path, t
 def measure_row(
     config: ServerConfig, model_name: str, workload: Workload, model: Path, args: argparse.Namespace, log_dir: Path, bar: Any,
 ) -> dict[str, Any]:
+    config = dataclasses.replace(config, extra_args=(*config.extra_args, *workload.server_args))
     row: dict[str, Any] = {"strategy": config.strategy, "args": list(config.extra_args), "status": "ok"}
     started = time.monotonic()
     served = str(model)
