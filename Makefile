@@ -87,6 +87,7 @@ bench-full: $(STAMP)
 # Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
 bench-multimodal: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_e2e --workloads clip --clients 1 16 64 --out benchmarks/results/multimodal
+	mkdir -p docs/img && cp benchmarks/results/multimodal/e2e_clip.png docs/img/
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)

@@ -60,7 +60,6 @@ def server_configs(renderer_flag: bool) -> list[ServerConfig]:
 
 def vllm_engine_field(name: str) -> bool:
     """Whether this vLLM's engine arguments have `name` (so its `--flag` form exists)."""
-
     from vllm.engine.arg_utils import EngineArgs
 
     return any(f.name == name for f in dataclasses.fields(EngineArgs))
