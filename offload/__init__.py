@@ -5,14 +5,18 @@ Run blocking pre- and post-processing under a strategy you choose
 uvloop and trio.
 """
 
+from ._call import Call as Call
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
 from ._errors import ConfigError as ConfigError
 from ._errors import ExecutorClosed as ExecutorClosed
 from ._errors import OffloadError as OffloadError
+from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
+from ._executor import Admission as Admission
 from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
+from ._metrics import sample_loop_lag as sample_loop_lag
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
 from ._worker_state import worker_state as worker_state
@@ -21,14 +25,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STRATEGIES",
+    "Admission",
+    "Call",
     "ConfigError",
     "Executor",
     "ExecutorClosed",
     "LoopLagMonitor",
     "OffloadError",
+    "Overloaded",
     "WorkerCrashed",
     "get_executor",
     "make_async",
+    "sample_loop_lag",
     "shutdown_shared_executors",
     "worker_state",
 ]

@@ -10,10 +10,11 @@ every strategy (queue wait and run time come from them).
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ._worker_state import _NO_STATE, _swap_state
 
@@ -24,9 +25,35 @@ RUNNING = "running"
 FINISHED = "finished"
 CANCELLED = "cancelled"
 
+#: Why a call was withdrawn before it started (`Tracker.withdrawn`'s reasons).
+DEADLINE = "deadline"
+SHUTDOWN = "shutdown"
+
+
+class Tracker(Protocol):
+    """What an executor attaches to its calls to see them move (admission
+    counts, metrics). Called from any thread, once per transition."""
+
+    def started(self, call: Call[Any]) -> None: ...
+
+    def finished(self, call: Call[Any]) -> None: ...
+
+    def withdrawn(self, call: Call[Any], reason: str) -> None: ...
+
+
 # One lock for every call: it is held for a few bytecodes, and one lock a call
 # would cost an allocation on the hot path.
 _state_lock = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    # A thread of the parent may have held it at `os.fork()`; none holds it here.
+    global _state_lock
+    _state_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 class Call(Generic[T]):
@@ -38,13 +65,16 @@ class Call(Generic[T]):
         "_state",
         "args",
         "context",
+        "deadline",
         "finished_at",
         "fn",
         "kwargs",
+        "metrics",
         "on_claim",
         "on_done",
         "queued_at",
         "started_at",
+        "tracker",
     )
 
     def __init__(
@@ -68,6 +98,12 @@ class Call(Generic[T]):
         self.queued_at = time.perf_counter()
         self.started_at = 0.0
         self.finished_at = 0.0
+        #: `time.perf_counter()` after which the call must not start (`None`: no deadline).
+        self.deadline: float | None = None
+        #: Told of every state change (admission counts, metrics); set by the executor.
+        self.tracker: Tracker | None = None
+        #: The tracker's per-function metric handles, looked up once per call.
+        self.metrics: Any = None
 
     @property
     def state(self) -> str:
@@ -84,34 +120,59 @@ class Call(Generic[T]):
         when it returns False. This is what makes "a cancelled call that has not
         started never starts" hold for every strategy.
         """
+        now = time.perf_counter()
         with _state_lock:
             if self._state is not PENDING:
                 return False
-            self._state = RUNNING
+            if self.deadline is not None and now > self.deadline:
+                self._state = CANCELLED
+                expired = True
+            else:
+                self._state = RUNNING
+                expired = False
+        if expired:
+            # Its owner may be waiting still (the loop was late to notice the
+            # deadline): tell it, with the reason.
+            self._exception = TimeoutError(
+                f"the call's deadline passed {now - self.deadline:.3f}s before a worker "  # type: ignore[operator]
+                "could start it; it did not run"
+            )
+            self._withdrawn(DEADLINE)
+            self._notify()
+            return False
         if self.on_claim is not None and not self.on_claim():
             self._state = CANCELLED
+            self._withdrawn(CANCELLED)
             return False
-        self.started_at = time.perf_counter()
+        self.started_at = now
+        if self.tracker is not None:
+            self.tracker.started(self)
         return True
 
-    def cancel(self) -> bool:
+    def cancel(self, reason: str = CANCELLED) -> bool:
         """Withdraw a call that has not started. True if it will never run.
 
         The owner (the cancelled caller) is gone, so nobody is notified.
+        `reason` (`CANCELLED`, `DEADLINE` or `SHUTDOWN`) is what the tracker counts.
         """
         with _state_lock:
             if self._state is not PENDING:
                 return False
             self._state = CANCELLED
+        self._withdrawn(reason)
         return True
 
     def drop(self) -> bool:
         """Withdraw a call that has not started and tell its owner (shutdown with
         `cancel_futures=True`). True if it will never run."""
-        if not self.cancel():
+        if not self.cancel(SHUTDOWN):
             return False
         self._notify()
         return True
+
+    def _withdrawn(self, reason: str) -> None:
+        if self.tracker is not None:
+            self.tracker.withdrawn(self, reason)
 
     def execute(self, state: Any = _NO_STATE) -> None:
         """Run a claimed call on this thread, with `state` as its `worker_state()`."""
@@ -139,7 +200,16 @@ class Call(Generic[T]):
     def _finish(self) -> None:
         self.finished_at = time.perf_counter()
         self._state = FINISHED
+        if self.tracker is not None:
+            self.tracker.finished(self)
         self._notify()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception of a finished call (until `outcome()` takes it), or why
+        a withdrawn call did not run when its owner should be told (the
+        `TimeoutError` of a deadline that passed in the queue); else `None`."""
+        return self._exception
 
     def _notify(self) -> None:
         on_done, self.on_done = self.on_done, None

@@ -40,14 +40,13 @@ def max_workers_from_env(environ: Mapping[str, str] | None = None) -> int | None
     raw = (os.environ if environ is None else environ).get(MAX_WORKERS_ENV, "").strip()
     if not raw:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    # Plain ASCII digits only: `int()` would also take "1_0", "+4" or "٤".
+    if not (raw.isascii() and raw.isdigit()):
         raise ConfigError(
             f"{MAX_WORKERS_ENV}={raw!r} is not an integer; set it to a positive integer "
-            "or leave it unset for the strategy's default"
-        ) from None
-    return check_max_workers(value, source=MAX_WORKERS_ENV)
+            "(digits only) or leave it unset for the strategy's default"
+        )
+    return check_max_workers(int(raw), source=MAX_WORKERS_ENV)
 
 
 def check_max_workers(value: object, *, source: str = "max_workers") -> int:

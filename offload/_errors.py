@@ -28,3 +28,12 @@ class WorkerCrashed(OffloadError):
 
     Only this call fails; the strategy replaces the worker and stays usable.
     """
+
+
+class Overloaded(OffloadError):
+    """The executor is full: `max_queue` calls already wait for a worker.
+
+    Raised at once by `run`/`submit`, before anything is done for the call
+    (nothing is queued, pickled or run), so a server can answer "busy, retry"
+    (HTTP 503 or 429) for the price of a counter check.
+    """

@@ -35,7 +35,8 @@ class LoopLagMonitor:
 
     After the block exits, `count`, `p50`, `p99` and `max` (seconds) describe
     the samples; `lags` holds them all. Reading them inside the block gives the
-    figures so far. A monitor is single-use.
+    figures so far. A monitor is single-use. An exception raised in the block
+    reaches the caller unchanged (not wrapped in an `ExceptionGroup`).
 
     Args:
         interval: seconds between wake-ups, > 0. Default 1 ms.
@@ -84,7 +85,12 @@ class LoopLagMonitor:
         if overdue > 0:
             self._lags.append(overdue)
         self._task_group.cancel_scope.cancel()
-        return await self._task_group.__aexit__(exc_type, exc_val, exc_tb)
+        if exc_val is None or isinstance(exc_val, anyio.get_cancelled_exc_class()):
+            return await self._task_group.__aexit__(exc_type, exc_val, exc_tb)
+        # The body's own exception must reach the caller as it is: handed to
+        # the task group, it would come back wrapped in an ExceptionGroup.
+        await self._task_group.__aexit__(None, None, None)
+        return None
 
     @property
     def lags(self) -> tuple[float, ...]:

@@ -13,6 +13,7 @@ import asyncio
 import threading
 from typing import Protocol
 
+import anyio.lowlevel
 import sniffio
 
 
@@ -79,3 +80,21 @@ def current_waiter() -> Waiter:
     if sniffio.current_async_library() == "trio":
         return _TrioWaiter()
     return _AsyncioWaiter()
+
+
+async def checkpoint_if_cancelled() -> None:
+    """Raise the backend's cancellation exception if the calling task is already
+    cancelled; otherwise return without yielding (no cost on the hot path).
+
+    `anyio.to_thread.run_sync` and `trio.to_thread.run_sync` check this before
+    they hand work to a thread; `Executor.run` does the same, so a call whose
+    caller is already cancelled never starts. On asyncio a plain
+    `task.cancel()` (no anyio cancel scope) is seen as well.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    if sniffio.current_async_library() != "trio":
+        task = asyncio.current_task()
+        # `cancelling()` (3.11+) counts cancellation requests not yet taken back:
+        # one is pending, and the next suspension raises it.
+        if task is not None and getattr(task, "cancelling", lambda: 0)():
+            await asyncio.sleep(0)

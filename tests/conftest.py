@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import offload
+from offload._registry import _registry, option_names
 
 BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),
@@ -19,15 +21,33 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-@pytest.fixture(params=offload.STRATEGIES)
+def _strategies_under_test() -> tuple[str, ...]:
+    """Every registered strategy (plugins included), or the ones named in
+    `OFFLOAD_TEST_STRATEGIES` (comma-separated): how a plugin's own suite runs
+    this contract suite against its strategy alone."""
+    named = [s.strip() for s in os.environ.get("OFFLOAD_TEST_STRATEGIES", "").split(",") if s.strip()]
+    unknown = sorted(set(named) - set(offload.STRATEGIES))
+    if unknown:
+        raise pytest.UsageError(
+            f"OFFLOAD_TEST_STRATEGIES names {unknown}, not registered; registered: {offload.STRATEGIES}"
+        )
+    return tuple(named) or offload.STRATEGIES
+
+
+@pytest.fixture(params=_strategies_under_test())
 def strategy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def has_pool(strategy: str) -> bool:
+    """Whether the strategy takes `max_workers` (inline and async-renderer do not)."""
+    return "max_workers" in option_names(_registry.get(strategy))
 
 
 def small_options(strategy: str, **extra: Any) -> dict[str, Any]:
     """Options that give each strategy a small, bounded pool for tests."""
     options: dict[str, Any] = dict(extra)
-    if strategy in ("thread", "process"):
+    if has_pool(strategy):
         options.setdefault("max_workers", 2)
     return options
 

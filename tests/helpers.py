@@ -211,3 +211,113 @@ DECORATOR_EXECUTOR: Any = offload.get_executor("process", max_workers=1)
 def doubled_in_a_process(x: int) -> tuple[int, int]:
     """`make_async` puts its wrapper under this name; the worker must still find the function."""
     return 2 * x, os.getpid()
+
+
+# ---- for the failure-path tests (tests/test_failures.py) ----------------------
+
+
+def limit_open_files() -> int:
+    """In this worker, allow no new file descriptor (soft `RLIMIT_NOFILE` at the
+    lowest free one). Returns that limit."""
+    import resource
+
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    return lowest_free
+
+
+def recurse_then_raise(depth: int) -> None:
+    if depth > 0:
+        recurse_then_raise(depth - 1)
+    raise ValueError(f"bottom of {depth}")
+
+
+def recurse_forever(n: int = 0) -> int:
+    return recurse_forever(n + 1) + 1
+
+
+#: Holds `wait_gate` calls (in-process strategies only) until a test sets it.
+GATE = threading.Event()
+
+
+def wait_gate() -> str:
+    GATE.wait(60)
+    return "gate"
+
+
+#: Holds `fail_after_gate` until a test sets it.
+INIT_GATE = threading.Event()
+
+
+def fail_after_gate() -> None:
+    """Initializer: wait for the test, then fail."""
+    INIT_GATE.wait(60)
+    raise RuntimeError("initializer broke after the gate")
+
+
+class Ambiguous:
+    """Hashable, but its `==` raises, as a torch tensor's truth value does."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("Boolean value of Ambiguous is ambiguous")
+
+
+def tag_item(item: Any, k: Any = None) -> tuple[Any, Any]:
+    return item, k
+
+
+def tag_items(items: list[Any], k: Any = None) -> list[tuple[Any, Any]]:
+    return [(item, k) for item in items]
+
+
+#: Set while `SlowToPickle` is being pickled (in this process).
+PICKLING = threading.Event()
+
+
+class SlowToPickle:
+    """Takes a while to pickle, so a call can be cancelled after it was claimed
+    and before it reaches its worker."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        PICKLING.set()
+        time.sleep(1.0)
+        return int, (0,)
+
+
+def mark(path: str, *_: Any) -> str:
+    with open(path, "a") as f:
+        f.write("ran\n")
+    return path
+
+
+class TaggedError(Exception):
+    def __init__(self, tag: int) -> None:
+        super().__init__(tag)
+        self.tag = tag
+
+
+def tagged(tag: int, fail: bool, delay: float) -> tuple[str, int]:
+    """Returns or raises something that names `tag`, after `delay` seconds."""
+    if delay:
+        time.sleep(delay)
+    if fail:
+        raise TaggedError(tag)
+    return "result", tag
+
+
+def tag_bytes(tag: int, size: int) -> bytes:
+    """`size` bytes that only call `tag` would send or return."""
+    return tag.to_bytes(4, "little") * (size // 4)
+
+
+def tagged_payload(tag: int, fail: bool, delay: float, payload: bytes) -> bytes:
+    """Check that `payload` is this call's own, then return it (both ways
+    through shared memory when it is large)."""
+    if payload != tag_bytes(tag, len(payload)):
+        raise AssertionError(f"call {tag} received another call's payload")
+    tagged(tag, fail, delay)
+    return payload

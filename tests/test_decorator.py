@@ -9,6 +9,7 @@ import pytest
 import offload
 
 from . import helpers
+from .conftest import has_pool
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,7 @@ async def test_bare_form() -> None:
 
 
 async def test_decorator_with_options(strategy: str) -> None:
-    options = {"max_workers": 2} if strategy in ("thread", "process") else {}
+    options = {"max_workers": 2} if has_pool(strategy) else {}
 
     @offload.make_async(strategy=strategy, **options)
     def double(x: int) -> int:

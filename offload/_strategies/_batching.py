@@ -15,7 +15,9 @@ from .._call import PENDING, Call
 from .._config import check_initializer
 from .._errors import ConfigError, ExecutorClosed, OffloadError
 from .._executor import Executor
+from .._metrics import count_batch
 from .._worker_state import _NO_STATE, _swap_state
+from ._fork import forget_in_child
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -58,26 +60,59 @@ class BatchedFunction(Generic[P, T]):
         return f"<BatchedFunction fn={self.fn!r} batch={self.batch!r}>"
 
 
+@final
+class _Same:
+    """Stands for a value in a batch key that is equal only to itself: comparing
+    it never runs the value's own `==` (a NumPy array's or a tensor's raises,
+    or answers with an array)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+_PLAIN = (type(None), bool, int, str, bytes)
+
+
+def _exact(value: object) -> Hashable:
+    """A key for `value` that equals another's only when the batch form may take
+    either for the other: same types all the way down, and no user `==`."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return (float, value.hex())  # type: ignore[attr-defined]  # -0.0 is not 0.0; nan is nan
+    if kind is tuple:
+        return (tuple, tuple(_exact(item) for item in value))  # type: ignore[attr-defined]
+    return _Same(value)
+
+
 def _batch_key(call: Call[Any]) -> Hashable | None:
     """What a call must share with others to join their batch, or None if it runs alone.
 
     Only a `BatchedFunction` called with exactly one positional argument can be
-    batched, and only with calls of the same function and batch form and equal
-    keyword arguments. The value's type is part of the key so that `1` and
-    `True` (equal in Python) never share a batch. Unhashable keyword values
-    (a list, an array) make the call run alone rather than guess at equality.
+    batched, and only with calls of the same function and batch form and the
+    same keyword arguments: `None`, `bool`, `int`, `float`, `str`, `bytes` and
+    tuples of them by type and value, all the way down (`(True,)` never joins
+    `(1,)`), anything else (an array, a tensor, a list) only if it is the very
+    same object. No value's own `==` is ever called, so no key can fail.
     """
     fn = call.fn
     if type(fn) is not BatchedFunction or len(call.args) != 1:
         return None
-    # Keyword names are unique, so sorting never compares the values.
-    kwargs = tuple(sorted((name, type(value), value) for name, value in call.kwargs.items()))
-    key = (fn.fn, fn.batch, kwargs)
     try:
-        hash(key)
-    except TypeError:
+        # Keyword names are unique, so sorting never compares the values.
+        kwargs = tuple((name, _exact(value)) for name, value in sorted(call.kwargs.items()))
+    except RecursionError:  # absurdly deep tuples: run alone
         return None
-    return key
+    return (_Same(fn.fn), _Same(fn.batch), kwargs)
 
 
 @final
@@ -92,7 +127,9 @@ class BatchingExecutor(Executor):
     other queued call with the same function and equal keyword arguments (up to
     `max_batch_size`, oldest first) and runs them as one batch. So batches form
     only under load, exactly when they pay. Calls with different keyword
-    arguments never share a batch.
+    arguments never share a batch: plain values (numbers, strings, bytes,
+    `None`, tuples of them) must be equal and of the same types, anything else
+    (an array, a tensor) the very same object.
 
     **Batch form.** `make_async(fn, batch=batch_fn)` with `fn` taking exactly one
     positional argument (the item). The strategy calls
@@ -129,9 +166,12 @@ class BatchingExecutor(Executor):
         initializer: run once in the worker thread; its return value is that
             thread's `worker_state()`, e.g. the worker's own tokenizer. If it
             raises, the oldest queued call fails with `OffloadError` (the
-            cause attached) and the next call starts a fresh worker.
+            cause attached) and a fresh worker takes the rest; once shutdown
+            has begun, every queued call fails that way instead.
         initargs: positional arguments for `initializer`.
         thread_name_prefix: names the worker `{prefix}-{lane}`.
+        max_queue: calls that may wait beyond one full batch before new ones
+            fail with `Overloaded`. `None` (default): unbounded.
     """
 
     name = "async-renderer"
@@ -144,6 +184,7 @@ class BatchingExecutor(Executor):
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-batch",
+        max_queue: int | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
@@ -166,6 +207,19 @@ class BatchingExecutor(Executor):
         self._cond = threading.Condition(threading.Lock())
         self._threads: set[threading.Thread] = set()
         self._stopping = False
+        forget_in_child(self)
+        self._set_max_queue(max_queue)
+
+    def _capacity(self) -> int:
+        # One batch runs at a time; a call that waits joins the next one.
+        return self._max_batch_size
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's worker does not exist here; its queued calls are its own.
+        self._pending = deque()
+        self._collecting = []
+        self._cond = threading.Condition(threading.Lock())
+        self._threads = set()
 
     @property
     def max_batch_size(self) -> int:
@@ -268,6 +322,7 @@ class BatchingExecutor(Executor):
         # Claiming here, right before the start, is what keeps a call cancelled
         # while it sat in the batch from running.
         claimed = [call for call in group if call.claim()]
+        count_batch(claimed)
         if len(claimed) == 1:
             claimed[0].execute(state)
         elif claimed:
@@ -315,33 +370,40 @@ class BatchingExecutor(Executor):
             call.set_result(result)
 
     def _fail_start(self, exc: BaseException) -> None:
+        """The initializer raised: fail the oldest call and let a fresh worker
+        take the rest, or, once shutdown has begun (nobody would start that
+        worker), fail them all: no call may be left pending."""
         with self._cond:
             self._threads.discard(threading.current_thread())
-            victim: Call[Any] | None = None
-            while self._pending and victim is None:
+            victims: list[Call[Any]] = []
+            while self._pending and (self._stopping or not victims):
                 _, call = self._pending.popleft()
                 if call.state is PENDING:
-                    victim = call
+                    victims.append(call)
             if self._pending and not self._stopping:
                 self._spawn()
-        if victim is not None and victim.claim():
-            error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-            error.__cause__ = exc
-            victim.set_exception(error)
+        for victim in victims:
+            if victim.claim():
+                error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
+                error.__cause__ = exc
+                victim.set_exception(error)
 
     # ---- shutdown ------------------------------------------------------------
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        dropped: list[Call[Any]] = []
         with self._cond:
             if cancel_futures:
-                for _, call in self._pending:
-                    call.drop()
+                dropped = [call for _, call in self._pending]
+                dropped += self._collecting
                 self._pending.clear()
-                for call in self._collecting:
-                    call.drop()
             self._stopping = True
             self._cond.notify_all()
             threads = list(self._threads)
+        # Outside the lock: a dropped call's callbacks (a future's done-callbacks)
+        # may call back into this executor, `shutdown()` included.
+        for call in dropped:
+            call.drop()
         if wait:
             me = threading.current_thread()
             for thread in threads:

@@ -32,6 +32,7 @@ class Dispatcher(Generic[W]):
         self._queue: queue.SimpleQueue[Call[Any] | None] = queue.SimpleQueue()
         self._workers: set[W] = set()
         self._idle = 0  # workers waiting on the queue with no call reserved for them
+        self._queued = 0  # calls in the queue (stop signals not counted)
         self._stopping = False
         self.lock = threading.Lock()
 
@@ -49,6 +50,7 @@ class Dispatcher(Generic[W]):
             if self._stopping:
                 raise ExecutorClosed(f"{self._owner} is shut down")
             self._queue.put(call)
+            self._queued += 1
             if self._idle:
                 self._idle -= 1
             elif len(self._workers) < self._max_workers:
@@ -64,6 +66,8 @@ class Dispatcher(Generic[W]):
             call = get()
             if call is None:
                 return
+            with self.lock:
+                self._queued -= 1
             if call.claim():
                 yield call
             del call  # don't keep the last call's arguments alive while idle
@@ -71,14 +75,29 @@ class Dispatcher(Generic[W]):
                 self._idle += 1
 
     def discard(self, worker: W) -> None:
-        """`worker` has exited (its loop ended, or it failed to start)."""
+        """`worker` has exited (its loop ended, or it gave up: a failed initializer).
+
+        If calls are still queued and no worker is left to take them (a worker
+        that gave up took only one), a fresh worker is started for them, even
+        during shutdown: every queued call must end, and `close` waits for it.
+        """
         with self.lock:
             self._workers.discard(worker)
+            if self._queued > self._idle and len(self._workers) < self._max_workers:
+                try:
+                    self._workers.add(self._start_worker())
+                except Exception:  # noqa: S110 (no thread to start: the next `put` retries)
+                    pass
 
     def close(self, cancel_futures: bool) -> list[W]:
         """Refuse new calls, drop queued ones if `cancel_futures`, tell every
         worker to stop after the calls ahead of it; return the workers to join.
-        Idempotent."""
+        Idempotent.
+
+        Dropped calls are told outside the lock: their callbacks (a future's
+        done-callbacks) may call back into the executor, `shutdown()` included.
+        """
+        dropped: list[Call[Any]] = []
         with self.lock:
             if cancel_futures:
                 stop_signals = 0
@@ -90,11 +109,15 @@ class Dispatcher(Generic[W]):
                     if pending is None:
                         stop_signals += 1  # from an earlier close: put back
                     else:
-                        pending.drop()
+                        self._queued -= 1
+                        dropped.append(pending)
                 for _ in range(stop_signals):
                     self._queue.put(None)
             if not self._stopping:
                 self._stopping = True
                 for _ in self._workers:
                     self._queue.put(None)
-            return list(self._workers)
+            workers = list(self._workers)
+        for call in dropped:
+            call.drop()
+        return workers

@@ -8,7 +8,7 @@ from typing import Any, final
 
 from .._call import Call
 from .._config import check_initializer
-from .._errors import ExecutorClosed
+from .._errors import ExecutorClosed, OffloadError
 from .._executor import Executor
 from .._worker_state import _NO_STATE
 
@@ -29,6 +29,8 @@ class InlineExecutor(Executor):
 
     Args:
         initializer: run once per calling thread; its return value is `worker_state()`.
+            If it raises, the call fails with `OffloadError` (the cause
+            attached) and the next call on that thread tries it again.
         initargs: positional arguments for `initializer`.
     """
 
@@ -58,7 +60,11 @@ class InlineExecutor(Executor):
             try:
                 state = self._state()
             except BaseException as exc:
-                call.set_exception(exc)
+                # Wrapped as every other strategy wraps it: the caller can tell a
+                # broken worker from a failing call.
+                error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
+                error.__cause__ = exc
+                call.set_exception(error)
                 return
             call.execute(state)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -18,8 +19,10 @@ from .._call import Call
 from .._config import check_initializer, check_max_workers, usable_cpu_count
 from .._errors import ConfigError, OffloadError, WorkerCrashed
 from .._executor import Executor
+from .._metrics import count_worker_restart
 from . import _process_worker, _wire
 from ._dispatch import Dispatcher
+from ._fork import forget_in_child
 
 _pool_ids = itertools.count()
 
@@ -42,9 +45,28 @@ _live: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()
 @atexit.register
 def _shutdown_all() -> None:
     # Registered after multiprocessing's own exit hook, so it runs first: the
-    # workers are told to stop before multiprocessing joins them.
+    # workers are gone before multiprocessing joins them. Running calls are
+    # cut short, as a `thread` call is (its daemon thread just stops): one
+    # stuck call must not hold up interpreter exit.
     for executor in list(_live):
-        executor.shutdown(wait=True, cancel_futures=True)
+        executor._terminate()
+
+
+def _forget_parents_forkserver() -> None:
+    """In a child made by `os.fork()`: multiprocessing's forkserver is the
+    parent's child, not ours (checking on it with `waitpid` fails here), so
+    forget it; the first worker started here starts a fresh one. The standard
+    library resets this state only in children it starts itself."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    if server._forkserver_pid is None:
+        return
+    alive_fd = server._forkserver_alive_fd
+    server.__init__()
+    if alive_fd is not None:
+        # Our copy would keep the parent's server alive after the parent.
+        os.close(alive_fd)
 
 
 def _exit_reason(exitcode: int | None) -> str:
@@ -85,6 +107,9 @@ def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
 def _rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
     exception, text = payload
     if exception is not None:
+        if exception.__traceback__ is None and text and hasattr(exception, "add_note"):
+            # It came without its frames (too deep to pickle): keep them as text.
+            exception.add_note(f"traceback in the worker process:\n{text}")
         return exception
     return OffloadError(
         "the offloaded function raised an exception that cannot be pickled; "
@@ -118,7 +143,10 @@ class _Worker:
         that prevented it, if any."""
         pool = self.pool
         ctx = pool._context
-        parent_end, child_end = ctx.Pipe()
+        try:
+            parent_end, child_end = ctx.Pipe()
+        except BaseException as exc:  # EMFILE: this call fails, the next one retries
+            return exc
         process = ctx.Process(  # type: ignore[attr-defined]
             target=_process_worker.main,
             args=(child_end, pool._alive_r, pool._initializer, pool._initargs,
@@ -132,33 +160,60 @@ class _Worker:
             child_end.close()
             return exc
         child_end.close()
+        # Every `Process.start()` polls all the children multiprocessing knows
+        # of. Under forkserver a poll *reads* the exit status from the
+        # sentinel, so another slot's start racing this slot's `join` takes
+        # the status and leaves this slot EOF, reported as exit code 255.
+        # This slot alone reaps its process.
+        multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
         self.process, self.conn, self.tasks, self.killed = process, parent_end, 0, False
         try:
             reply = self.receive()
         except WorkerCrashed as exc:
             return exc
+        except _wire.StreamBroken as exc:
+            self.abandon()
+            return exc
         if reply[0] == "init-error":
             self.reap()
+            return _rebuild_error(reply[1])
+        if reply[0] != "ready":
+            self.abandon()
             return _rebuild_error(reply[1])
         return None
 
     def receive(self) -> Any:
-        """The next message from the worker; `WorkerCrashed` if it dies first."""
+        """The next message from the worker; `WorkerCrashed` if it dies first,
+        `_wire.StreamBroken` if its frame could not be read whole (the pipe
+        is then out of step: the caller must `abandon` this process)."""
         assert self.conn is not None
         assert self.process is not None
         ready = wait([self.conn, self.process.sentinel])
         if self.conn in ready:
             try:
-                return self.rx.recv(self.conn)
+                message = self.rx.read(self.conn)
             except (EOFError, OSError):
-                pass
+                raise self.crashed() from None
+            try:
+                return self.rx.decode(message)
             except Exception as exc:
-                # The reply arrived whole but does not unpickle here (its class
-                # cannot be imported in this process, say): fail only this call.
+                # The frame arrived whole (the pipe is in step) but the reply
+                # cannot be rebuilt here: its class cannot be imported in this
+                # process, no memory to copy it, no file descriptor to map it.
+                # Only this call fails.
                 error = OffloadError(f"the worker's reply could not be unpickled here: {exc!r}")
                 error.__cause__ = exc
                 return ("error", (error, ""), False)
         raise self.crashed()
+
+    def abandon(self) -> None:
+        """Kill the current process at once (its pipe cannot be trusted) and reap it."""
+        if self.process is not None:
+            try:
+                self.process.kill()
+            except (ValueError, OSError):
+                pass  # already dead
+        self.reap()
 
     def crashed(self) -> WorkerCrashed:
         """Reap the dead process and describe its death."""
@@ -219,13 +274,26 @@ class _Worker:
             self.pool._dispatch.discard(self)
 
     def run(self, call: Call[Any]) -> None:
+        try:
+            self._run(call)
+        finally:
+            with self.pool._dispatch.lock:
+                self.pool._doomed.discard(call)
+
+    def _run(self, call: Call[Any]) -> None:
         pool = self.pool
         if not self.alive():
             if self.process is not None:
                 self.reap()  # died (or was killed) while idle: not this call's fault
+                count_worker_restart(pool, "crashed")
             error = self.start_process()
             if error is not None:
-                failure = OffloadError(f"process strategy: could not start a worker: {error!r}")
+                if isinstance(error, WorkerCrashed):
+                    # It died while starting (killed, out of memory): a crash,
+                    # as if it had died under the call, which never started.
+                    failure: OffloadError = WorkerCrashed(f"{error} while starting, before this call ran")
+                else:
+                    failure = OffloadError(f"process strategy: could not start a worker: {error!r}")
                 failure.__cause__ = error
                 call.set_exception(failure)
                 return
@@ -243,18 +311,44 @@ class _Worker:
             return
         assert self.conn is not None
         with pool._dispatch.lock:
-            self.current = call
+            # `cancel="kill"` found no worker running this call: its owner was
+            # cancelled after the claim, before this point. It must not start.
+            doomed = call in pool._doomed
+            self.current = None if doomed else call
+        if doomed:
+            call.set_exception(OffloadError("the call was cancelled before it started"))
+            return
         try:
             self.tx.send(self.conn, data, buffers)
             del data, buffers
             reply = self.receive()
+        except _wire.ArenaError as exc:
+            # This process could not make the shared memory (out of file
+            # descriptors, say): nothing was sent, the worker is fine.
+            with pool._dispatch.lock:
+                self.current = None
+            error = OffloadError(f"process strategy: the call's arguments could not be sent: {exc}")
+            error.__cause__ = exc.__cause__
+            call.set_exception(error)
+            return
+        except _wire.StreamBroken as exc:
+            with pool._dispatch.lock:
+                self.current = None
+            error = OffloadError(
+                f"process strategy: the worker's reply was lost ({exc}); the worker was replaced"
+            )
+            error.__cause__ = exc.__cause__
+            call.set_exception(error)
+            self.abandon()
+            self.replace("crashed")
+            return
         except (WorkerCrashed, OSError) as exc:
             with pool._dispatch.lock:
                 self.current = None
             crash = exc if isinstance(exc, WorkerCrashed) else self.crashed()
             name = getattr(call.fn, "__qualname__", None) or repr(call.fn)
             call.set_exception(WorkerCrashed(f"{crash} while running {name}()"))
-            self.replace()
+            self.replace("crashed")
             return
         with pool._dispatch.lock:
             self.current = None
@@ -268,12 +362,15 @@ class _Worker:
         del value
         if retire or (pool._max_tasks is not None and self.tasks >= pool._max_tasks):
             self.stop_process()
-            self.replace()
+            self.replace("retired")
 
-    def replace(self) -> None:
+    def replace(self, reason: str) -> None:
         """Start a fresh process now, so the pool is back to full strength before
         the next call needs it (a failure here is retried by that call)."""
-        if not self.pool._dispatch.stopping and self.start_process() is not None:
+        if self.pool._dispatch.stopping:
+            return
+        count_worker_restart(self.pool, reason)
+        if self.start_process() is not None:
             self.reap()
 
 
@@ -311,7 +408,16 @@ class ProcessExecutor(Executor):
 
     **Lifetime.** Workers start on the first calls (not at construction) and
     stay. `shutdown()` stops them; they also exit on their own if this
-    process dies.
+    process dies. At interpreter exit, queued calls are dropped and running
+    ones are cut short (their workers killed), so a stuck call cannot hold up
+    exit. In a child made by `os.fork()` the pool starts empty: the child's
+    calls run in fresh workers of its own.
+
+    **Failures of this process.** If shared memory cannot be set up for a
+    call's arguments here (no file descriptor left, say), that call fails
+    with `OffloadError` naming the cause and the worker is left alone; if
+    `/dev/shm` is full, the buffers go through the pipe instead. A reply that
+    cannot be rebuilt here fails only its own call.
 
     Args:
         max_workers: at most this many worker processes (and concurrent calls).
@@ -332,9 +438,12 @@ class ProcessExecutor(Executor):
         cancel: `"finish"` (default, the rule of every strategy) or `"kill"`.
         start_method: `"forkserver"` (default where available) or `"spawn"`;
             `"fork"` is refused (unsafe once the parent runs threads or torch).
+        max_queue: calls that may wait for a busy pool before new ones fail
+            with `Overloaded` (nothing pickled or sent). `None` (default): unbounded.
     """
 
     name = "process"
+    carries_context = False
 
     def __init__(
         self,
@@ -347,6 +456,7 @@ class ProcessExecutor(Executor):
         shared_memory_threshold: int | None = _wire.DEFAULT_SHM_THRESHOLD,
         cancel: str = "finish",
         start_method: str | None = None,
+        max_queue: int | None = None,
     ) -> None:
         self._max_workers = (
             usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
@@ -375,14 +485,43 @@ class ProcessExecutor(Executor):
         self._start_method = start_method
         self._name = f"offload-process-{next(_pool_ids)}"
         self._spawned = itertools.count()
-        self._dispatch: Dispatcher[_Worker] = Dispatcher(
-            "ProcessExecutor", self._max_workers, self._start_worker
-        )
+        self._dispatch: Dispatcher[_Worker] = self._new_dispatcher()
         self._prepare_lock = threading.Lock()
         # Made on first use: nothing (no pipe, no server process) exists until a call.
         self._ctx: BaseContext | None = None
         self._alive_r: Connection | None = None
         self._alive_w: Connection | None = None
+        # Running calls whose owner was cancelled (`cancel="kill"`) before their
+        # slot marked them current; guarded by the dispatcher's lock.
+        self._doomed: set[Call[Any]] = set()
+        forget_in_child(self)
+        self._set_max_queue(max_queue)
+
+    def _new_dispatcher(self) -> Dispatcher[_Worker]:
+        return Dispatcher("ProcessExecutor", self._max_workers, self._start_worker)
+
+    def _after_fork_in_child(self) -> None:
+        # The worker processes are the parent's: close this child's copies of
+        # their pipes (the parent's death must still reach them as end of
+        # file), and keep multiprocessing from joining them at this child's exit.
+        for worker in self._dispatch._workers:
+            if worker.conn is not None:
+                worker.conn.close()
+            if worker.process is not None:
+                multiprocessing.process._children.discard(worker.process)  # type: ignore[attr-defined]
+        for conn in (self._alive_r, self._alive_w):
+            if conn is not None:
+                conn.close()
+        if self._ctx is not None and self._start_method == "forkserver":
+            _forget_parents_forkserver()
+        stopping = self._dispatch.stopping
+        self._dispatch = self._new_dispatcher()
+        if stopping:
+            self._dispatch.close(cancel_futures=True)
+        self._prepare_lock = threading.Lock()
+        self._ctx = self._alive_r = self._alive_w = None
+        self._doomed = set()
+        _live.discard(self)
 
     @property
     def max_workers(self) -> int:
@@ -409,6 +548,21 @@ class ProcessExecutor(Executor):
         processes = [w.process for w in self._dispatch.workers()]
         return [p.pid for p in processes if p is not None and p.pid is not None]
 
+    def _capacity(self) -> int:
+        return self._max_workers
+
+    def _terminate_running(self) -> bool:
+        for worker in self._dispatch.workers():
+            with self._dispatch.lock:
+                process = worker.process
+                if worker.current is not None and process is not None:
+                    worker.killed = True
+                    try:
+                        process.kill()
+                    except (ValueError, OSError):
+                        pass  # it is already dead and being reaped
+        return True
+
     def _start_worker(self) -> _Worker:
         worker = _Worker(self, next(self._spawned))
         worker.thread.start()
@@ -424,8 +578,8 @@ class ProcessExecutor(Executor):
     def _cancel_running(self, call: Call[Any]) -> None:
         if not self._kill_on_cancel:
             return
-        for worker in self._dispatch.workers():
-            with self._dispatch.lock:  # `current` changes under this lock
+        with self._dispatch.lock:  # `current` changes under this lock
+            for worker in self._dispatch._workers:
                 process = worker.process
                 if worker.current is call and process is not None:
                     worker.killed = True
@@ -434,13 +588,43 @@ class ProcessExecutor(Executor):
                     except (ValueError, OSError):
                         pass  # it is already dead and being reaped
                     return
+            if not call.done:
+                # Claimed, not yet sent: its slot checks this before sending.
+                self._doomed.add(call)
+
+    def _terminate(self) -> None:
+        """Interpreter exit: drop queued calls, kill the workers running a call,
+        stop the idle ones; return within a bounded time."""
+        self._closed = True
+        workers = self._dispatch.close(cancel_futures=True)
+
+        def kill_busy() -> None:
+            with self._dispatch.lock:
+                for worker in workers:
+                    if worker.current is not None and worker.process is not None:
+                        worker.killed = True
+                        try:
+                            worker.process.kill()
+                        except (ValueError, OSError):
+                            pass
+
+        kill_busy()
+        for worker in workers:
+            # Bounded: a call claimed just now is killed on the second pass.
+            worker.thread.join(_STOP_GRACE)
+            if worker.thread.is_alive():
+                kill_busy()
+                worker.thread.join(_STOP_GRACE)
+        self._shutdown(wait=False, cancel_futures=True)
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        workers = self._dispatch.close(cancel_futures)
+        self._dispatch.close(cancel_futures)
         if wait:
             me = threading.current_thread()
-            for worker in workers:
-                if worker.thread is not me:
+            # Until none is left: a slot that exits while calls are queued
+            # hands them to a fresh one (`Dispatcher.discard`).
+            while others := [w for w in self._dispatch.workers() if w.thread is not me]:
+                for worker in others:
                     worker.thread.join()
             with self._prepare_lock:
                 if not self._dispatch.workers() and self._alive_w is not None:

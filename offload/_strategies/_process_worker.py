@@ -41,14 +41,43 @@ def _describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
     # Per instance: the class (and those of its cause and context) may have
     # been defined after the worker started, so a blanket install misses it.
     pickling_support.install(exc)
+    if _round_trips(exc):
+        return exc, text
+    # Pickling a traceback recurses once per frame: past a few hundred frames
+    # (always for a RecursionError) it fails. The type and message matter more
+    # than the frames, which the parent gets as text.
+    for link in _chain(exc):
+        link.__traceback__ = None
+    if _round_trips(exc):
+        return exc, text
+    return None, text  # the parent rebuilds it from the text
+
+
+def _round_trips(exc: BaseException) -> bool:
     try:
         pickle.loads(pickle.dumps(exc, protocol=5))
     except Exception:
-        return None, text  # the parent rebuilds it from the text
-    return exc, text
+        return False
+    return True
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception it links to (cause, context), each once."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        link = todo.pop()
+        if link is None or any(link is s for s in seen):
+            continue
+        seen.append(link)
+        todo += (link.__cause__, link.__context__)
+    return seen
 
 
 def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshold: int | None) -> None:
+    """Send a reply. A reply that cannot be pickled, or whose shared memory
+    cannot be made, is replaced by an error reply, so the call still ends.
+    Raises `OSError` only if the pipe is broken (the parent is gone)."""
     try:
         data, buffers = _wire.dumps(message, threshold)
     except Exception as exc:
@@ -60,7 +89,14 @@ def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshol
         )
         error.__cause__ = exc
         data, buffers = _wire.dumps(("error", _describe_error(error), message[2]), threshold)
-    tx.send(conn, data, buffers)
+    try:
+        tx.send(conn, data, buffers)
+    except _wire.ArenaError as exc:
+        if message[0] == "init-error":
+            raise
+        failure = OSError(f"the worker could not send the reply: {exc}")
+        failure.__cause__ = exc.__cause__
+        tx.send(conn, *_wire.dumps(("error", _describe_error(failure), message[-1]), None))
 
 
 def main(
@@ -77,6 +113,21 @@ def main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(alive,), name="offload-parent-watch", daemon=True).start()
 
+    try:
+        _serve(conn, initializer, initargs, threshold, max_memory)
+    except OSError:
+        # The pipe broke: the parent is gone (or gave up on this worker).
+        # Nobody is left to tell, so no traceback either.
+        return
+
+
+def _serve(
+    conn: Connection,
+    initializer: Callable[..., Any] | None,
+    initargs: tuple[Any, ...],
+    threshold: int | None,
+    max_memory: int | None,
+) -> None:
     state: Any = _NO_STATE
     if initializer is not None:
         try:
@@ -97,7 +148,9 @@ def main(
     while True:
         try:
             message = rx.recv(conn)
-        except EOFError:
+        except (EOFError, _wire.StreamBroken):
+            # Gone, or out of step with the parent: a reply now could reach the
+            # wrong call. Exiting makes the parent fail this one call and replace us.
             return
         except BaseException as exc:
             error = TypeError(f"the worker could not unpickle the call: {exc!r}")

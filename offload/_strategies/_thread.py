@@ -13,6 +13,7 @@ from .._errors import OffloadError
 from .._executor import Executor
 from .._worker_state import _NO_STATE
 from ._dispatch import Dispatcher
+from ._fork import forget_in_child
 
 _pool_ids = itertools.count()
 
@@ -32,15 +33,20 @@ class ThreadExecutor(Executor):
     Workers are daemon threads, so a stuck call cannot hold up interpreter
     exit; `shutdown(wait=True)` still joins them all.
 
+    In a child made by `os.fork()`, the pool starts empty: the child's calls
+    run on fresh threads of its own.
+
     Args:
         max_workers: at most this many calls run at once. `None`: `OFFLOAD_MAX_WORKERS`,
             else `min(32, cpus + 4)` (the standard library's default).
         initializer: run once in each new worker thread; its return value is
-            that thread's `worker_state()`. If it raises, the call that started
-            the worker fails with `OffloadError` (the cause attached) and the
-            thread exits; the next call starts a fresh one.
+            that thread's `worker_state()`. If it raises, the call the worker
+            took first fails with `OffloadError` (the cause attached) and the
+            thread exits; a fresh worker takes the calls still queued.
         initargs: positional arguments for `initializer`.
         thread_name_prefix: names the threads `{prefix}-{pool}-{n}`.
+        max_queue: calls that may wait for a busy pool before new ones fail
+            with `Overloaded`. `None` (default): unbounded.
     """
 
     name = "thread"
@@ -52,6 +58,7 @@ class ThreadExecutor(Executor):
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-thread",
+        max_queue: int | None = None,
     ) -> None:
         self._max_workers = (
             default_thread_workers() if max_workers is None else check_max_workers(max_workers)
@@ -61,12 +68,25 @@ class ThreadExecutor(Executor):
         self._initargs = initargs
         self._name = f"{thread_name_prefix}-{next(_pool_ids)}"
         self._spawned = itertools.count()
-        self._dispatch: Dispatcher[threading.Thread] = Dispatcher(
-            "ThreadExecutor", self._max_workers, self._start_worker
-        )
+        self._dispatch: Dispatcher[threading.Thread] = self._new_dispatcher()
+        forget_in_child(self)
+        self._set_max_queue(max_queue)
+
+    def _new_dispatcher(self) -> Dispatcher[threading.Thread]:
+        return Dispatcher("ThreadExecutor", self._max_workers, self._start_worker)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's threads do not exist here; its queued calls are its own.
+        stopping = self._dispatch.stopping
+        self._dispatch = self._new_dispatcher()
+        if stopping:
+            self._dispatch.close(cancel_futures=True)
 
     @property
     def max_workers(self) -> int:
+        return self._max_workers
+
+    def _capacity(self) -> int:
         return self._max_workers
 
     def _start_worker(self) -> threading.Thread:
@@ -101,9 +121,11 @@ class ThreadExecutor(Executor):
             self._dispatch.discard(threading.current_thread())
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        threads = self._dispatch.close(cancel_futures)
+        self._dispatch.close(cancel_futures)
         if wait:
             me = threading.current_thread()
-            for thread in threads:
-                if thread is not me:
+            # Until none is left: a worker whose initializer failed hands the
+            # calls still queued to a fresh one (`Dispatcher.discard`).
+            while others := [t for t in self._dispatch.workers() if t is not me]:
+                for thread in others:
                     thread.join()

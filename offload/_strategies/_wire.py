@@ -1,12 +1,23 @@
 """How calls and results cross the pipe between the parent and a worker process.
 
 A message is one protocol-5 pickle. Buffers of at least `threshold` bytes
-(NumPy arrays, `bytearray`, CPU torch tensors, and `bytes` passed directly as an
-argument or returned directly) are taken out of band and copied into the
+(NumPy arrays, CPU torch tensors, and `bytes` or `bytearray` passed directly as
+an argument or returned directly) are taken out of band and copied into the
 sender's shared-memory arena (see `Sender`) instead of going through the pipe:
-the pipe then carries a small header (`b"S"`, the arena's name and the buffer
-sizes) followed by the pickle. The receiver copies the buffers out of the
-arena and hands them to `pickle.loads`.
+the pipe then carries one frame made of a small header (`b"S"`, the arena's
+name and the buffer sizes) and the pickle. The receiver copies the buffers out
+of the arena and hands them to `pickle.loads`.
+
+Every message is exactly one frame on the pipe, so a receiver that fails on a
+message (cannot map the arena, runs out of memory copying, cannot unpickle)
+has still consumed all of it: the next frame is the next message, and a reply
+can never reach the call after its own. Only a failure while reading the frame
+itself loses the stream's position (`StreamBroken`): that worker must go.
+
+If `/dev/shm` has no room for a message's buffers (`posix_fallocate` says
+ENOSPC; Docker's default is 64 MiB), they travel inside the frame instead
+(`b"P"`): slower, but a touch of an unbacked page would kill the process
+with SIGBUS.
 
 Why an arena reused for every message, and a copy out of it, rather than a
 fresh file per message that the receiver keeps as zero-copy views: on the
@@ -22,6 +33,7 @@ goes through the pipe.
 from __future__ import annotations
 
 import copyreg
+import errno
 import io
 import itertools
 import mmap
@@ -42,27 +54,39 @@ SHM_AVAILABLE = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 DEFAULT_SHM_THRESHOLD = 256 << 10
 
 _HEADER = b"S"
+#: Buffers inline, after the header: shared memory had no room for them.
+_INLINE = b"P"
 #: An arena above this size shrinks when a message needs under a quarter of it.
 _SHRINK_ABOVE = 64 << 20
 _names = itertools.count()
 
 
+class StreamBroken(Exception):
+    """Reading a frame failed part-way (out of memory, say): the pipe's position
+    is lost, so the connection must not be read again."""
+
+
+class ArenaError(Exception):
+    """The shared-memory arena for a message could not be made (too many open
+    files, no memory to map it): the message was not sent; the pipe is intact."""
+
+
 @final
 class LargeBytes:
-    """Wraps a top-level `bytes` argument or result so that it can leave the
-    pickle out of band (the pickler never lets `bytes` do so by itself)."""
+    """Wraps a top-level `bytes` or `bytearray` argument or result so that it can
+    leave the pickle out of band (the pickler never lets them do so by itself)."""
 
     __slots__ = ("data",)
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         self.data = data
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return bytes, (pickle.PickleBuffer(self.data),)
+        return type(self.data), (pickle.PickleBuffer(self.data),)
 
 
 def wrap_bytes(value: Any, threshold: int | None) -> Any:
-    if threshold is not None and type(value) is bytes and len(value) >= threshold:
+    if threshold is not None and type(value) in (bytes, bytearray) and len(value) >= threshold:
         return LargeBytes(value)
     return value
 
@@ -190,22 +214,32 @@ class Sender:
         self._region: mmap.mmap | None = None
 
     def send(self, conn: Connection, data: bytes, buffers: list[pickle.PickleBuffer]) -> None:
+        """Send one message as one frame. Raises `ArenaError` (nothing sent) if
+        the arena cannot be made, `OSError` if the pipe is broken."""
+        conn.send_bytes(self._frame(data, buffers))
+
+    def _frame(self, data: bytes, buffers: list[pickle.PickleBuffer]) -> bytes:
         if not buffers:
-            conn.send_bytes(data)
-            return
+            return data
         raws = [b.raw() for b in buffers]
         sizes = [r.nbytes for r in raws]
-        region = self._arena(sum(sizes))
+        try:
+            region = self._arena(sum(sizes))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise ArenaError(
+                    f"could not make a shared-memory arena of {sum(sizes)} bytes: {exc}"
+                ) from exc
+            sizes_packed = struct.pack(f"<HI{len(sizes)}Q", 0, len(sizes), *sizes)
+            return b"".join((_INLINE, sizes_packed, *raws, data))
         offset = 0
         for raw, size in zip(raws, sizes, strict=True):
             region[offset : offset + size] = raw
             offset += size
         assert self.name is not None
         encoded = self.name.encode()
-        conn.send_bytes(
-            _HEADER + struct.pack(f"<HI{len(sizes)}Q", len(encoded), len(sizes), *sizes) + encoded
-        )
-        conn.send_bytes(data)
+        header = struct.pack(f"<HI{len(sizes)}Q", len(encoded), len(sizes), *sizes)
+        return b"".join((_HEADER, header, encoded, data))
 
     def _arena(self, needed: int) -> mmap.mmap:
         region = self._region
@@ -219,7 +253,7 @@ class Sender:
         name = f"{shm_prefix(os.getpid())}{next(_names)}"
         fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
+            _reserve(fd, size)
             region = mmap.mmap(fd, size)
         except BaseException:
             unlink(name)
@@ -238,6 +272,19 @@ class Sender:
         self.name = self._region = None
 
 
+def _reserve(fd: int, size: int) -> None:
+    """Size the file and make tmpfs reserve its pages now: `ftruncate` alone
+    reserves nothing, and a copy into an unbacked page is a SIGBUS that kills
+    the process. Raises `OSError` (ENOSPC) when `/dev/shm` is too full."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        # A filesystem that cannot reserve (not tmpfs) keeps ftruncate's behaviour.
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+
+
 @final
 class Receiver:
     """The receiving end: maps the sender's arena once (and unlinks its file,
@@ -249,24 +296,40 @@ class Receiver:
         self._region: mmap.mmap | None = None
 
     def recv(self, conn: Connection) -> Any:
-        """Receive and unpickle a message. An empty message is returned as `None`
-        (the "stop" signal)."""
-        message = conn.recv_bytes()
+        """Receive and unpickle a message (`read`, then `decode`)."""
+        return self.decode(self.read(conn))
+
+    def read(self, conn: Connection) -> bytes:
+        """Read one whole frame. Raises `EOFError`/`OSError` if the peer is
+        gone, `StreamBroken` if the frame could not be read whole."""
+        try:
+            return conn.recv_bytes()
+        except (EOFError, OSError):
+            raise
+        except Exception as exc:
+            raise StreamBroken(f"reading a message failed part-way: {exc!r}") from exc
+
+    def decode(self, message: bytes) -> Any:
+        """Unpickle a frame that `read` returned; an empty one is `None` (the
+        "stop" signal). An exception here concerns this message only: the
+        stream is still in step."""
         if not message:
             return None
-        if message[:1] != _HEADER:
+        kind = message[:1]
+        if kind not in (_HEADER, _INLINE):
             return pickle.loads(message)
         name_length, count = struct.unpack_from("<HI", message, 1)
         sizes = struct.unpack_from(f"<{count}Q", message, 7)
-        name = message[7 + 8 * count : 7 + 8 * count + name_length].decode()
-        region = self._map(name)
-        buffers = []
-        offset = 0
-        with memoryview(region) as view:
-            for size in sizes:
-                buffers.append(_copy(view[offset : offset + size]))
-                offset += size
-        return pickle.loads(conn.recv_bytes(), buffers=buffers)
+        start = 7 + 8 * count
+        buffers: list[Any] = []
+        with memoryview(message) as frame:
+            if kind == _INLINE:
+                end = _copy_out(frame, start, sizes, buffers)
+                return pickle.loads(frame[end:], buffers=buffers)
+            name = bytes(frame[start : start + name_length]).decode()
+            with memoryview(self._map(name)) as view:
+                _copy_out(view, 0, sizes, buffers)
+            return pickle.loads(frame[start + name_length :], buffers=buffers)
 
     def _map(self, name: str) -> mmap.mmap:
         if name == self._name and self._region is not None:
@@ -284,8 +347,25 @@ class Receiver:
 
     def close(self) -> None:
         if self._region is not None:
-            self._region.close()
+            try:
+                self._region.close()
+            except BufferError:
+                pass  # still viewed (a traceback's frame): unmapped when freed
         self._name = self._region = None
+
+
+def _copy_out(view: memoryview, offset: int, sizes: tuple[int, ...], buffers: list[Any]) -> int:
+    """Append a copy of each buffer to `buffers`; return the offset past them."""
+    for size in sizes:
+        part = view[offset : offset + size]
+        try:
+            buffers.append(_copy(part))
+        finally:
+            # A failed copy's traceback keeps `part` alive; released, it no
+            # longer pins the arena (which could then never be unmapped).
+            part.release()
+        offset += size
+    return offset
 
 
 def _copy(view: memoryview) -> Any:

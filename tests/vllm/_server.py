@@ -54,7 +54,7 @@ class Server:
 
 def start_server(
     model_dir: Path, name: str, strategy: str | None, log_dir: Path, *, workers: int | None = None,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (),
 ) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
@@ -73,6 +73,7 @@ def start_server(
         "--gpu-memory-utilization", "0.06",
         # The suite tests the frontend: skip torch.compile warm-up (~100 s per server here).
         "--enforce-eager",
+        *extra_args,
     ]
     log = log_dir / f"{name}-{strategy or 'vllm'}.log"
     with log.open("wb") as out:

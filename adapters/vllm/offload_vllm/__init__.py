@@ -35,6 +35,10 @@ logger = logging.getLogger("vllm.offload_vllm")
 
 _active: Settings | None = None
 
+#: `Retry-After` on a 503 for a full queue: the smallest whole number of seconds
+#: the header allows; a queue of a few-millisecond renders drains far sooner.
+RETRY_AFTER_SECONDS = 1
+
 
 def active_strategy() -> str | None:
     """The strategy `register` applied in this process, or `None` (vLLM's own behaviour)."""
@@ -67,14 +71,19 @@ def register() -> None:
     from ._seams import io_processor, offline, serving
 
     runtime = Runtime(settings)
+    if settings.max_queue is not None:
+        from ._seams import admission
+
+        admission.install(runtime.current_executor, RETRY_AFTER_SECONDS)
     io_processor.install(runtime.make_render_async)
     serving.install(runtime.make_postprocess_async)
     offline.install(runtime.make_offline_executor)
     _active = settings
     logger.info(
-        "offload-vllm: pooling pre/post-processing strategy %r (from %s, workers=%s) on vLLM %s",
+        "offload-vllm: pooling pre/post-processing strategy %r (from %s, workers=%s, max_queue=%s) on vLLM %s",
         settings.strategy,
         settings.strategy_source,
         settings.workers if settings.workers is not None else "default",
+        settings.max_queue if settings.max_queue is not None else "unbounded",
         version,
     )

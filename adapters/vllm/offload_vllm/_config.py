@@ -10,10 +10,11 @@ import offload
 
 STRATEGY_ENV = "VLLM_OFFLOAD_STRATEGY"
 WORKERS_ENV = "VLLM_OFFLOAD_WORKERS"
+MAX_QUEUE_ENV = "VLLM_OFFLOAD_MAX_QUEUE"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 
 #: Every variable this adapter reads; any other `VLLM_OFFLOAD_*` is a typo and refused.
-KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV)
+KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV, MAX_QUEUE_ENV)
 
 #: The names the adapter knows how to wire into vLLM. A strategy must also be
 #: registered in `offload.STRATEGIES` (process and async-renderer come with their
@@ -32,6 +33,8 @@ class Settings:
     strategy: str | None
     workers: int | None
     strategy_source: str
+    #: Offloaded calls that may wait for a worker; past it, requests get HTTP 503.
+    max_queue: int | None = None
 
 
 def _parse_workers(name: str, raw: str) -> int:
@@ -84,4 +87,24 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
             + ("no strategy set" if strategy is None else f"strategy {strategy!r} (it has no worker pool)")
             + f"; unset it, or set {STRATEGY_ENV}=thread or process"
         )
-    return Settings(strategy=strategy, workers=workers, strategy_source=source)
+    raw_queue = env.get(MAX_QUEUE_ENV, "").strip()
+    max_queue = _parse_max_queue(raw_queue) if raw_queue else None
+    if max_queue is not None and strategy in (None, "inline"):
+        raise OffloadVLLMConfigError(
+            f"{MAX_QUEUE_ENV}={max_queue} has no effect with "
+            + ("no strategy set" if strategy is None else "strategy 'inline' (it has no queue)")
+            + f"; unset it, or set {STRATEGY_ENV}=thread, process or async-renderer"
+        )
+    return Settings(strategy=strategy, workers=workers, strategy_source=source, max_queue=max_queue)
+
+
+def _parse_max_queue(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OffloadVLLMConfigError(
+            f"{MAX_QUEUE_ENV}={raw!r} is not an integer; give the number of calls that may wait (>= 0)"
+        ) from None
+    if value < 0:
+        raise OffloadVLLMConfigError(f"{MAX_QUEUE_ENV}={raw!r}: the queue bound must be >= 0")
+    return value

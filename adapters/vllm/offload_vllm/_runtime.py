@@ -3,6 +3,7 @@ builds its first pooling entrypoint (still at start-up, before the port opens)."
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -18,6 +19,9 @@ from ._seams import serving as serving_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
 
+#: The `loop` label of the API server's loop-lag histogram.
+LAG_LOOP_LABEL = "vllm-api-server"
+
 
 def _announce(seen: set[str], what: str, strategy: str) -> None:
     if what not in seen:
@@ -31,6 +35,8 @@ class Runtime:
             raise ValueError("Runtime needs a strategy")
         self.strategy: str = settings.strategy
         self.workers = settings.workers
+        self.max_queue = settings.max_queue
+        self._lag_task: Any = None
         self._executor: offload.Executor | None = None
         self._lock = threading.Lock()
         self._announced: set[str] = set()
@@ -41,7 +47,25 @@ class Runtime:
         with self._lock:
             if self._executor is None or self._executor.closed:
                 self._executor = self._build(vllm_config)
-            return self._executor
+        self._sample_loop_lag()
+        return self._executor
+
+    def current_executor(self, serving: Any = None) -> offload.Executor | None:
+        """The executor built so far (the admission check's), or `None`."""
+        return self._executor
+
+    def _sample_loop_lag(self) -> None:
+        """Feed `offload_loop_lag_seconds{loop="vllm-api-server"}` from the API
+        server's event loop, for as long as the server runs. vLLM builds its
+        pooling entrypoints inside that loop; offline use has none."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._lag_task is None or self._lag_task.done():
+            self._lag_task = loop.create_task(
+                offload.sample_loop_lag(LAG_LOOP_LABEL), name="offload-vllm-loop-lag"
+            )
 
     def _build(self, vllm_config: Any) -> offload.Executor:
         several = self.strategy == "process" or (self.strategy == "thread" and self.workers != 1)
@@ -55,6 +79,8 @@ class Runtime:
         options: dict[str, Any] = {}
         if self.workers is not None:
             options["max_workers"] = self.workers
+        if self.max_queue is not None:
+            options["max_queue"] = self.max_queue
         if self.strategy == "thread":
             options.update(initializer=_workers.init_thread_worker, thread_name_prefix="offload-vllm")
         elif self.strategy == "process":

@@ -17,6 +17,7 @@ REQUIRED = (
     ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "render"),
     ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__init__"),
     ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "_postprocessing"),
+    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__call__"),
     ("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "__init__"),
     ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),
     ("vllm.renderers.base", "BaseRenderer", "render_chat_async"),

@@ -1,0 +1,26 @@
+"""How the tests start Ray: small, and on loopback only.
+
+Import this before `ray`: Ray reads the environment at import.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Ray otherwise advertises the host's outward address for every node and
+# worker; with this, Ray's own choice is the loopback address (Ray uses this
+# switch for single-host setups on macOS and Windows).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+#: Per node: enough logical CPUs for the suite's pools (one CPU per actor), the
+#: smallest object store Ray accepts comfortably, and every address on loopback.
+NODE: dict[str, Any] = {"object_store_memory": 100 << 20}
+
+LOCAL_RAY: dict[str, Any] = {
+    **NODE,
+    "num_cpus": 8,
+    "include_dashboard": False,
+    "_node_ip_address": "127.0.0.1",
+    "configure_logging": False,
+}

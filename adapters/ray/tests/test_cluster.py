@@ -1,0 +1,133 @@
+"""Two Ray nodes on this machine (loopback): calls land on both; a node killed
+mid-load fails its calls with `WorkerCrashed` and its actors come back on the
+surviving node. The executor joins the cluster by `address=`, as a server
+joining an existing cluster would."""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+import ray
+from offload_ray import RayExecutor
+from ray.cluster_utils import Cluster
+from ray_settings import NODE
+
+import offload
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: Node death is noticed by the cluster's health checks: every second, dead
+#: after three misses, rather than Ray's default of half a minute.
+FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> Any:
+    return ("asyncio", {})
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **NODE,
+            "num_cpus": 2,
+            "node_ip_address": "127.0.0.1",
+            "_system_config": FAST_HEALTH_CHECKS,
+        },
+    )
+    try:
+        cluster.add_node(**NODE, num_cpus=2, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def node_of_call(seconds: float) -> str:
+    time.sleep(seconds)
+    return str(ray.get_runtime_context().get_node_id())
+
+
+async def test_calls_land_on_both_nodes_and_survive_losing_one(cluster: Cluster) -> None:
+    # Four half-CPU actors spread over two 2-CPU nodes: the head alone can hold all four.
+    ex = RayExecutor(4, num_cpus=0.5, scheduling_strategy="SPREAD", address=cluster.address)
+    try:
+        await ex.run(node_of_call, 0.0)  # connects and places the actors
+        with anyio.fail_after(120):
+            while len(ex._actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
+                await anyio.sleep(0.1)
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(nodes) == 2
+        actor_nodes = collections.Counter(
+            node for node, _ in ray.get([a.where.remote() for a in ex._actors()])
+        )
+        placed: collections.Counter[str] = collections.Counter()
+        async with anyio.create_task_group() as tg:
+
+            async def one() -> None:
+                placed[await ex.run(node_of_call, 0.2)] += 1
+
+            for _ in range(16):
+                tg.start_soon(one)
+        head_id = ray.get_runtime_context().get_node_id()
+
+        def named(counts: collections.Counter[str]) -> dict[str, int]:
+            return {("head" if node == head_id else "worker") + f" {node[:8]}": n for node, n in counts.items()}
+
+        print(f"\nactors per node: {named(actor_nodes)}; calls per node: {named(placed)}")
+        assert set(placed) == nodes, "calls should land on both nodes"
+
+        (worker_node,) = list(cluster.worker_nodes)
+        outcomes: collections.Counter[str] = collections.Counter()
+        answered_on: collections.Counter[str] = collections.Counter()
+        started = time.perf_counter()
+        with anyio.fail_after(240):
+            async with anyio.create_task_group() as tg:
+
+                async def loaded() -> None:
+                    try:
+                        answered_on[await ex.run(node_of_call, 0.5)] += 1
+                        outcomes["result"] += 1
+                    except offload.WorkerCrashed:
+                        outcomes["WorkerCrashed"] += 1
+
+                for _ in range(40):
+                    tg.start_soon(loaded)
+                await anyio.sleep(1.0)
+                cluster.remove_node(worker_node, allow_graceful=False)
+                killed_at = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        print(
+            f"node killed at {killed_at:.1f} s; 40 calls ended in {elapsed:.1f} s: {dict(outcomes)}; "
+            f"results per node: {named(answered_on)}"
+        )
+        assert sum(outcomes.values()) == 40  # every call ended, once
+        assert outcomes["WorkerCrashed"] >= 1  # the calls running on the lost node
+        # The pool is back to four actors, all on the surviving head node.
+        with anyio.fail_after(120):
+            while len(ex._actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
+                await anyio.sleep(0.2)
+        where = ray.get([a.where.remote() for a in ex._actors()])
+        print(f"actors after the loss: {named(collections.Counter(node for node, _ in where))}")
+        assert {node for node, _ in where} == {head_id}
+        after = [await ex.run(node_of_call, 0.0) for _ in range(8)]
+        assert set(after) == {head_id}
+    finally:
+        await ex.aclose()

@@ -1,0 +1,212 @@
+"""The `ray` strategy on a local Ray instance: what the contract suite cannot show."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import psutil
+import pytest
+import ray
+from offload_ray import RayExecutor
+from ray_settings import LOCAL_RAY
+
+import offload
+
+pytestmark = pytest.mark.anyio
+
+# Actors cannot import this test module: its functions travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    ray.init(**LOCAL_RAY)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def slow_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def report_pid_then_sleep(path: str, seconds: float) -> int:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def writeable(array: Any) -> bool:
+    return bool(array.flags.writeable)
+
+
+class Unpicklable(Exception):
+    def __init__(self) -> None:
+        super().__init__("has a lock")
+        self.lock = threading.Lock()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle this exception")
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable()
+
+
+def recurse(n: int) -> int:
+    if n == 0:
+        raise ValueError("deep")
+    return recurse(n - 1) + 1
+
+
+def fail_init() -> None:
+    raise RuntimeError("no tokenizer here")
+
+
+def actor_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "ray::RayWorker" in cmdline:
+            found.append(process)
+    return found
+
+
+async def test_registered_under_its_name() -> None:
+    assert "ray" in offload.STRATEGIES
+    ex = offload.get_executor("ray", max_workers=1)
+    assert isinstance(ex, RayExecutor)
+    wrapped = offload.make_async(pid, strategy="ray", max_workers=1)
+    try:
+        assert await wrapped() != os.getpid()
+    finally:
+        wrapped.executor.shutdown()  # type: ignore[attr-defined]
+        ex.shutdown()
+
+
+async def test_killed_actor_fails_its_call_and_is_replaced(tmp_path: Path) -> None:
+    async with RayExecutor(2) as ex:
+        before = {await ex.run(pid) for _ in range(2)}
+        with anyio.fail_after(120):
+            while len(ex._actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
+                await anyio.sleep(0.1)
+        marker = tmp_path / "pid"
+        outcome: list[Any] = []
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+
+                async def victim() -> None:
+                    try:
+                        outcome.append(await ex.run(report_pid_then_sleep, str(marker), 60))
+                    except offload.WorkerCrashed as exc:
+                        outcome.append(exc)
+
+                tg.start_soon(victim)
+                while not marker.exists() or not marker.read_text():  # noqa: ASYNC110 (polling state Ray changes)
+                    await anyio.sleep(0.05)
+                victim_pid = int(marker.read_text())
+                os.kill(victim_pid, signal.SIGKILL)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], offload.WorkerCrashed), outcome
+        assert "died" in str(outcome[0])
+        # The pool is back to two actors, one of them new, and both serve calls.
+        with anyio.fail_after(120):
+            while len(ex._actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
+                await anyio.sleep(0.1)
+        pids = {ray.get(actor.where.remote())[1] for actor in ex._actors()}
+        assert len(pids) == 2, (before, victim_pid, pids)
+        assert victim_pid not in pids, (before, victim_pid, pids)
+        served: set[int] = set()
+        with anyio.fail_after(120):
+            while served != pids:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(2):
+                        tg.start_soon(one_into, ex, served)
+        assert served == pids
+
+
+async def one_into(ex: RayExecutor, pids: set[int]) -> None:
+    pids.add(await ex.run(slow_pid, 0.5))
+
+
+async def test_large_arguments_go_through_the_object_store() -> None:
+    async with RayExecutor(1, object_store_threshold=64 << 10) as ex:
+        large, small = np.ones(1 << 20, dtype=np.uint8), np.ones(1 << 10, dtype=np.uint8)
+        args, kwargs, stored = ex._by_reference((large, small), {"data": b"x" * (64 << 10)})
+        assert isinstance(args[0], ray.ObjectRef)
+        assert args[1] is small
+        assert isinstance(kwargs["data"], ray.ObjectRef)
+        assert len(stored) == 2
+        # The actor gets the array itself, as a read-only zero-copy view of the store.
+        assert await ex.run(writeable, large) is False
+        assert await ex.run(np.sum, large) == 1 << 20
+
+
+async def test_exceptions_keep_their_type_or_say_why_not() -> None:
+    async with RayExecutor(1) as ex:
+        with pytest.raises(ValueError, match="deep"):
+            await ex.run(recurse, 700)
+        with pytest.raises(offload.OffloadError, match="cannot be pickled") as info:
+            await ex.run(raise_unpicklable)
+        assert "Unpicklable" in str(info.value)
+
+
+async def test_an_unserializable_argument_fails_that_call_only() -> None:
+    async with RayExecutor(1) as ex:
+        with pytest.raises(TypeError, match="could not be sent"):
+            await ex.run(pid, threading.Lock())
+        assert await ex.run(pid) != os.getpid()
+
+
+async def test_failing_initializer_fails_the_call_and_is_retried() -> None:
+    async with RayExecutor(1, initializer=fail_init) as ex:
+        for _ in range(2):
+            with pytest.raises(offload.OffloadError, match="initializer") as info:
+                await ex.run(pid)
+            assert isinstance(info.value.__cause__, RuntimeError)
+
+
+async def test_unplaceable_actor_fails_the_call_instead_of_hanging() -> None:
+    async with RayExecutor(1, resources={"no-such-resource": 1}, actor_start_timeout=2) as ex:
+        with pytest.raises(offload.OffloadError, match="no actor started"):
+            await ex.run(pid)
+
+
+async def test_shutdown_leaves_no_actor_behind() -> None:
+    ex = RayExecutor(3)
+    pids = {await ex.run(slow_pid, 0.3) for _ in range(6)}
+    assert pids <= {p.pid for p in actor_processes()}
+    await ex.aclose()
+    with anyio.fail_after(30):
+        while pids & {p.pid for p in actor_processes()}:  # noqa: ASYNC110 (polling state Ray changes)
+            await anyio.sleep(0.1)
+    assert ex._actors() == []
+
+
+async def test_bad_options_fail_at_construction() -> None:
+    with pytest.raises(offload.ConfigError, match="max_workers"):
+        RayExecutor(0)
+    with pytest.raises(offload.ConfigError, match="num_cpus"):
+        RayExecutor(1, num_cpus=-1)
+    with pytest.raises(offload.ConfigError, match="address"):
+        RayExecutor(1, address="")
+    with pytest.raises(offload.ConfigError, match="resources"):
+        RayExecutor(1, resources={"gpu_like": -2})
+    with pytest.raises(offload.ConfigError, match="takes no option"):
+        offload.get_executor("ray", num_gpus=1)

@@ -1,0 +1,251 @@
+"""Overload through the vLLM adapter: `VLLM_OFFLOAD_MAX_QUEUE`, 503 + Retry-After,
+`/health` under load, the `offload_*` metrics on vLLM's `/metrics`, and bad request
+bodies. One real server at a time (per strategy), real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.e2e.load import HealthProber
+from offload._lag import percentile
+
+from ._server import Server, start_server, wait_ready
+from .conftest import AVAILABLE
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+QUEUED = tuple(s for s in ("thread", "process", "async-renderer") if s in AVAILABLE)
+MAX_QUEUE = 1
+CLIENTS = 64
+
+
+@pytest.fixture(scope="module", params=QUEUED)
+def bounded_server(
+    request: pytest.FixtureRequest, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    strategy = str(request.param)
+    server = start_server(
+        model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),
+        # One worker: the queue bound is reached at a load the 2-core machine can offer.
+        workers=1 if strategy in ("thread", "process") else None,
+        extra_env={"VLLM_OFFLOAD_MAX_QUEUE": str(MAX_QUEUE)},
+    )
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        server.stop()
+
+
+def scrape(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return values
+
+
+def total(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(
+        v for (n, ls), v in values.items() if n == name and all((k, labels[k]) in ls for k in labels)
+    )
+
+
+async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[float], int]:
+    """`CLIENTS` closed-loop clients for `seconds`.
+    Returns (status counts, accepted latencies, 503s without the Retry-After header)."""
+    statuses: Counter[int] = Counter()
+    accepted: list[float] = []
+    missing_retry_after = 0
+    # Short texts: the engine is quick, so the frontend (render, post-process) is
+    # what saturates, as with the tiny model of the issue's measurements.
+    text = "offload keeps the loop alive under load"
+    stop = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=CLIENTS + 4)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def worker(i: int) -> None:
+            nonlocal missing_retry_after
+            j = 0
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = await client.post(
+                    f"{server.url}/v1/embeddings",
+                    json={"model": server.model, "input": [f"{i} {j} {k} {text}" for k in range(8)]},
+                )
+                statuses[r.status_code] += 1
+                if r.status_code == 200:
+                    accepted.append(time.perf_counter() - t0)
+                elif r.status_code == 503:
+                    if r.headers.get("retry-after") != "1":
+                        missing_retry_after += 1
+                    body = r.json()
+                    assert body["error"]["code"] == 503, body
+                    assert body["error"]["type"] == "Service Unavailable", body
+                    # A polite client backs off (Retry-After says 1 s; a load test
+                    # keeps the pressure on with a tenth of it).
+                    await asyncio.sleep(0.1)
+                j += 1
+
+        await asyncio.gather(*(worker(i) for i in range(CLIENTS)))
+    return statuses, accepted, missing_retry_after
+
+
+def test_overload_answers_200_or_503_and_metrics_show_it(bounded_server: Server) -> None:
+    server = bounded_server
+    strategy = server.log.name.split("-", 1)[1].removesuffix(".log")
+    # Warm-up: the first requests start the workers (a process worker builds its
+    # renderer) and allocate; a real deployment has done this before load comes.
+    for _ in range(3):
+        r = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": ["warm", "up"]}, timeout=300)
+        assert r.status_code == 200, r.text
+    before = scrape(server)
+    # /health is probed from another process (every 10 ms), so that this process's
+    # busy load generator does not inflate the figures.
+    with HealthProber(server.url) as prober:
+        statuses, accepted, missing = asyncio.run(overload(server, seconds=12))
+    health = list(prober.latencies)
+    after = scrape(server)
+    rejected = total(after, "offload_rejected_calls_total", reason="overloaded") - total(
+        before, "offload_rejected_calls_total", reason="overloaded"
+    )
+    lag_count = total(after, "offload_loop_lag_seconds_count", loop="vllm-api-server")
+    lag_sum = total(after, "offload_loop_lag_seconds_sum", loop="vllm-api-server")
+    health.sort()
+    accepted.sort()
+    print(
+        f"\n[vllm overload {strategy}] max_queue={MAX_QUEUE} clients={CLIENTS}: "
+        f"statuses={dict(statuses)} accepted p50={percentile(accepted, 50) * 1e3:.1f} ms "
+        f"p99={percentile(accepted, 99) * 1e3:.1f} ms; /health n={len(health)} "
+        f"p50={percentile(health, 50) * 1e3:.1f} ms p99={percentile(health, 99) * 1e3:.1f} ms; "
+        f"/metrics: rejected(overloaded)+={rejected:.0f}, loop-lag samples={lag_count:.0f} "
+        f"mean={lag_sum / max(lag_count, 1) * 1e3:.2f} ms"
+    )
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[200] > 0
+    assert missing == 0
+    # Every 503 a client saw is counted on /metrics (a render refused after the
+    # entry check counts there too, so >=).
+    assert rejected >= statuses[503]
+    assert lag_count > 0
+    assert len(health) >= 10
+    assert prober.failures == 0
+    # Target: /health p99 under 20 ms (printed above); the assertion keeps a wide
+    # margin for a shared 2-core machine: /health is never starved.
+    assert percentile(health, 99) < 5.0, percentile(health, 99)
+    # The server keeps serving once the load is gone.
+    r = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": "still here"}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_metrics_page_lists_every_offload_metric(bounded_server: Server) -> None:
+    text = httpx.get(f"{bounded_server.url}/metrics", timeout=30).text
+    for name in (
+        "offload_queue_wait_seconds",
+        "offload_run_seconds",
+        "offload_queued_calls",
+        "offload_running_calls",
+        "offload_loop_lag_seconds",
+    ):
+        assert f"# TYPE {name} " in text, name
+
+
+# ---- bad request bodies: 4xx, never 5xx --------------------------------------
+
+_edge_text = st.sampled_from(
+    ["", " ", "\x00", "\ud7ff", "\U0010ffff", "e\u0301", "\u202e", "🙂" * 50, "\n\t", "a" * 5000]
+)
+_token_ids = st.lists(st.integers(min_value=-(2**40), max_value=2**40), max_size=20)
+_input = st.one_of(
+    st.none(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.text(max_size=50),
+    _edge_text,
+    st.just([]),
+    st.just([[]]),
+    st.lists(st.one_of(st.text(max_size=10), st.integers(), st.none()), max_size=5),
+    _token_ids,
+    st.lists(_token_ids, min_size=1, max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.just(["x" * 3000] * 4),
+)
+_body = st.fixed_dictionaries(
+    {"input": _input},
+    optional={
+        "model": st.one_of(st.just("minilm"), st.text(max_size=10), st.integers()),
+        "encoding_format": st.one_of(st.sampled_from(["float", "base64", "bogus"]), st.integers()),
+        "dimensions": st.one_of(st.integers(min_value=-5, max_value=10_000), st.text(max_size=3)),
+        "truncate_prompt_tokens": st.one_of(st.integers(min_value=-3, max_value=10_000), st.text(max_size=3)),
+        "user": st.one_of(st.text(max_size=5), st.integers()),
+    },
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(body=_body)
+def test_bad_bodies_get_4xx_never_5xx(bounded_server: Server, body: dict[str, Any]) -> None:
+    r = httpx.post(
+        f"{bounded_server.url}/v1/embeddings",
+        content=json.dumps(body, allow_nan=True),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 200 or 400 <= r.status_code < 500, (body, r.status_code, r.text[:300])
+
+
+def test_still_serving_after_bad_bodies(bounded_server: Server) -> None:
+    r = httpx.post(
+        f"{bounded_server.url}/v1/embeddings", json={"model": bounded_server.model, "input": ["ok", "fine"]}, timeout=60
+    )
+    assert r.status_code == 200
+    assert len(r.json()["data"]) == 2
+
+
+# ---- several API server processes (Prometheus multiprocess mode) --------------
+
+
+def test_metrics_with_two_api_servers(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    if "thread" not in AVAILABLE:
+        pytest.skip("needs the thread strategy")
+    server = start_server(
+        model_dirs["embed"], "minilm", "thread", tmp_path, workers=1,
+        extra_env={"VLLM_OFFLOAD_MAX_QUEUE": "0"}, extra_args=("--api-server-count", "2"),
+    )
+    try:
+        wait_ready(server)
+        statuses, _, missing = asyncio.run(overload(server, seconds=5))
+        values = scrape(server)
+        print(
+            f"\n[vllm --api-server-count 2] statuses={dict(statuses)}; /metrics: "
+            f"rejected={total(values, 'offload_rejected_calls_total', reason='overloaded'):.0f} "
+            f"runs={total(values, 'offload_run_seconds_count'):.0f} "
+            f"loop-lag samples={total(values, 'offload_loop_lag_seconds_count', loop='vllm-api-server'):.0f}"
+        )
+        assert set(statuses) <= {200, 503}, statuses
+        assert missing == 0
+        assert statuses[200] > 0
+        # vLLM collects every API server process's files: ours are among them.
+        assert total(values, "offload_run_seconds_count") >= statuses[200]
+        assert total(values, "offload_loop_lag_seconds_count", loop="vllm-api-server") > 0
+        assert total(values, "offload_rejected_calls_total", reason="overloaded") >= statuses[503]
+    finally:
+        server.stop()
