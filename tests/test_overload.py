@@ -312,6 +312,9 @@ async def test_aclose_timeout_fails_queued_calls_and_lets_running_ones_finish(
         pytest.skip("inline has no queue and nothing running off the loop")
     options, capacity = queued_options(strategy, 50)
     ex = offload.get_executor(strategy, **options)
+    # Workers up first (a plugin's may take seconds to start), so the calls
+    # below are running, not queued, when the shutdown begins.
+    await anyio.to_thread.run_sync(ex.start)
     outcomes: dict[str, Any] = {}
 
     async def one(tag: str, seconds: float) -> None:

@@ -8,6 +8,7 @@ for error answers. Strategies that the installed offload lacks are skipped.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib
 import os
 import warnings
@@ -33,14 +34,14 @@ with warnings.catch_warnings():
     ):
         importlib.import_module(_module)
 
-ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer")
+ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer", "ray")
 # OFFLOAD_VLLM_TEST_STRATEGIES=thread,process limits the servers started (for quick runs).
 _ONLY = [s for s in os.environ.get("OFFLOAD_VLLM_TEST_STRATEGIES", "").split(",") if s]
 AVAILABLE = tuple(
     s for s in ADAPTER_STRATEGIES if s in offload.STRATEGIES and (not _ONLY or s in _ONLY)
 )
 # 2 renderer workers: more than one (so per-worker state matters) on a 2-core machine.
-WORKERS = {"thread": 2, "process": 2}
+WORKERS = {"thread": 2, "process": 2, "ray": 2}
 
 
 def strategy_params() -> list[object]:
@@ -81,18 +82,39 @@ def servers(
     wanted: list[tuple[str | None, str]] = [(None, "embed")]
     wanted += [(s, kind) for s in AVAILABLE for kind in ("embed", "cross-encoder")]
     started: dict[tuple[str | None, str], Server] = {}
+    with contextlib.ExitStack() as stack:
+        ray_env = stack.enter_context(ray_cluster()) if "ray" in AVAILABLE else {}
+        try:
+            for strategy, kind in wanted:
+                name = "minilm" if kind == "embed" else "tiny-cross-encoder"
+                started[(strategy, kind)] = start_server(
+                    model_dirs[kind], name, strategy, log_dir, workers=WORKERS.get(strategy or ""),
+                    extra_env=ray_env if strategy == "ray" else None,
+                )
+            with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
+                list(pool.map(wait_ready, started.values()))
+            yield started
+        finally:
+            for server in started.values():
+                server.stop()
+
+
+@contextlib.contextmanager
+def ray_cluster() -> Iterator[dict[str, str]]:
+    """A one-node Ray cluster on loopback for the `ray` servers to join (as a
+    deployment joins its cluster): yields their environment."""
+    from ray.cluster_utils import Cluster
+    from ray_settings import NODE  # sets Ray's loopback switch in os.environ, which servers inherit
+
+    cluster = Cluster(
+        initialize_head=True,
+        # Two servers (embed, cross-encoder) of WORKERS["ray"] one-CPU actors each.
+        head_node_args={**NODE, "num_cpus": 2 * WORKERS["ray"], "node_ip_address": "127.0.0.1"},
+    )
     try:
-        for strategy, kind in wanted:
-            name = "minilm" if kind == "embed" else "tiny-cross-encoder"
-            started[(strategy, kind)] = start_server(
-                model_dirs[kind], name, strategy, log_dir, workers=WORKERS.get(strategy or "")
-            )
-        with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
-            list(pool.map(wait_ready, started.values()))
-        yield started
+        yield {"VLLM_OFFLOAD_RAY_ADDRESS": cluster.address}
     finally:
-        for server in started.values():
-            server.stop()
+        cluster.shutdown()
 
 
 @pytest.fixture(params=strategy_params())

@@ -41,10 +41,17 @@ def test_workers() -> None:
     assert read_settings({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": " 3 "}).workers == 3
 
 
+@pytest.mark.skipif("ray" not in offload.STRATEGIES, reason="offload-ray is not installed here")
+def test_ray_address() -> None:
+    settings = read_settings({"VLLM_OFFLOAD_STRATEGY": "ray", "VLLM_OFFLOAD_RAY_ADDRESS": " ray://head:10001 "})
+    assert (settings.strategy, settings.ray_address) == ("ray", "ray://head:10001")
+    assert read_settings({"VLLM_OFFLOAD_STRATEGY": "ray", "VLLM_OFFLOAD_WORKERS": "3"}).workers == 3
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"VLLM_OFFLOAD_STRATEGY": "threads"}, "'threads' is not a strategy the vLLM adapter supports; valid: inline, thread, process, async-renderer"),
+        ({"VLLM_OFFLOAD_STRATEGY": "threads"}, "'threads' is not a strategy the vLLM adapter supports; valid: inline, thread, process, async-renderer, ray"),
         ({"OFFLOAD_STRATEGY": "fork"}, "OFFLOAD_STRATEGY='fork'"),
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "0"}, "must be >= 1"),
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "two"}, "is not an integer"),
@@ -52,6 +59,8 @@ def test_workers() -> None:
         ({"VLLM_OFFLOAD_STRATEGY": "async-renderer", "VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with strategy 'async-renderer'"),
         ({"VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with no strategy set"),
         ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WOKRERS": "2"}, "unknown setting(s) VLLM_OFFLOAD_WOKRERS"),
+        ({"VLLM_OFFLOAD_STRATEGY": "process", "VLLM_OFFLOAD_RAY_ADDRESS": "auto"}, "has no effect with strategy 'process'; unset it, or set VLLM_OFFLOAD_STRATEGY=ray"),
+        ({"VLLM_OFFLOAD_RAY_ADDRESS": "auto"}, "VLLM_OFFLOAD_RAY_ADDRESS='auto' has no effect with no strategy set"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:

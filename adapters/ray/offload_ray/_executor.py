@@ -80,6 +80,10 @@ class _Slot:
         self.pool = pool
         self.actor: Any = None
         self.start_error: BaseException | None = None
+        #: Set once the slot's first actor started (or failed to).
+        self.ready = threading.Event()
+        #: The call this slot's actor runs now (for `aclose(timeout=...)`).
+        self.current: offload.Call[Any] | None = None
         self.thread = threading.Thread(target=self.serve, name=f"{pool._name}-{number}", daemon=True)
 
     def serve(self) -> None:
@@ -90,7 +94,10 @@ class _Slot:
             try:
                 self.actor = pool._new_actor()
             except BaseException as exc:
-                self.start_error = exc
+                with pool._lock:
+                    self.start_error = exc
+            finally:
+                self.ready.set()
             while True:
                 call = pool._queue.get()
                 if call is None:
@@ -98,7 +105,13 @@ class _Slot:
                 with pool._lock:
                     pool._queued -= 1
                 if call.claim():
-                    self.run(call)
+                    with pool._lock:
+                        self.current = call
+                    try:
+                        self.run(call)
+                    finally:
+                        with pool._lock:
+                            self.current = None
                 del call  # don't keep the last call's arguments alive while idle
         finally:
             self.retire()
@@ -106,8 +119,9 @@ class _Slot:
     def run(self, call: offload.Call[Any]) -> None:
         pool = self.pool
         if self.actor is None:
-            if self.start_error is not None:
+            with pool._lock:
                 error, self.start_error = self.start_error, None
+            if error is not None:
                 call.set_exception(error)
                 return
             try:
@@ -203,11 +217,13 @@ class RayExecutor(offload.Executor):
     task: `ray.cancel` does not reach it), which stays busy until then, and its
     result is dropped.
 
-    **Lifetime.** Nothing happens at construction. The first call connects to
-    Ray (`ray.init(address=address, **ray_init_options)`, unless this process
-    is already connected) and starts every actor. `shutdown()` kills the
-    actors; the Ray connection (and a local instance it started) stays for the
-    rest of the process, as with any other Ray user code.
+    **Lifetime.** Nothing happens at construction. `start()`, or else the
+    first call, connects to Ray (`ray.init(address=address,
+    **ray_init_options)`, unless this process is already connected) and starts
+    every actor. `shutdown()` kills the actors; the Ray connection (and a local
+    instance it started) stays for the rest of the process, as with any other
+    Ray user code. `aclose(timeout=...)` kills the actors still running a call
+    when the timeout passes (their callers get `WorkerCrashed`).
 
     Args:
         max_workers: the number of actors (and of concurrent calls). `None`:
@@ -233,6 +249,8 @@ class RayExecutor(offload.Executor):
             (no node has the resources asked for).
         ray_init_options: extra keyword arguments for `ray.init` when this
             executor starts the connection (`num_cpus`, `object_store_memory`, ...).
+        max_queue: calls that may wait for a busy actor before new ones fail
+            with `offload.Overloaded`. `None` (default): unbounded.
     """
 
     name = "ray"
@@ -251,6 +269,7 @@ class RayExecutor(offload.Executor):
         object_store_threshold: int | None = DEFAULT_OBJECT_STORE_THRESHOLD,
         actor_start_timeout: float = DEFAULT_ACTOR_START_TIMEOUT,
         ray_init_options: Mapping[str, Any] | None = None,
+        max_queue: int | None = None,
     ) -> None:
         if max_workers is None:
             max_workers = max(1, len(os.sched_getaffinity(0)))
@@ -290,12 +309,45 @@ class RayExecutor(offload.Executor):
         self._stopping = False
         self._lock = threading.Lock()
         self._actor_class: Any = None
+        self._set_max_queue(max_queue)
 
     @property
     def max_workers(self) -> int:
         return self._max_workers
 
+    def start(self) -> None:
+        """Connect to Ray and start every actor now; return once each has run
+        its initializer. Idempotent. Raises `ExecutorClosed` after shutdown,
+        and the first actor's start-up error (`OffloadError` for a failing
+        initializer or no room in the cluster within `actor_start_timeout`,
+        `WorkerCrashed` for an actor that died): the actors that did start
+        stay, and the failed ones are retried by the calls that follow.
+        Blocks: from async code, `await anyio.to_thread.run_sync(ex.start)`."""
+        with self._lock:
+            if self._stopping or self.closed:
+                raise offload.ExecutorClosed("RayExecutor is shut down")
+            self._start_slots()
+            slots = list(self._slots)
+        for slot in slots:
+            slot.ready.wait()
+        for slot in slots:
+            with self._lock:
+                error, slot.start_error = slot.start_error, None
+            if error is not None:
+                raise error
+
     # ---- the strategy's hooks ----------------------------------------------
+
+    def _capacity(self) -> int:
+        return self._max_workers
+
+    def _start_slots(self) -> None:
+        # Every actor at once: connecting to Ray and placing actors is slow,
+        # and a pool that grew call by call would pay it under load.
+        if not self._slots:
+            self._slots = [_Slot(self, n) for n in range(self._max_workers)]
+            for slot in self._slots:
+                slot.thread.start()
 
     def _schedule(self, call: offload.Call[Any]) -> None:
         with self._lock:
@@ -303,12 +355,20 @@ class RayExecutor(offload.Executor):
                 raise offload.ExecutorClosed("RayExecutor is shut down")
             self._queue.put(call)
             self._queued += 1
-            if not self._slots:
-                # Every actor at once: connecting to Ray and placing actors is slow,
-                # and a pool that grew call by call would pay it under load.
-                self._slots = [_Slot(self, n) for n in range(self._max_workers)]
-                for slot in self._slots:
-                    slot.thread.start()
+            self._start_slots()
+
+    def _terminate_running(self) -> bool:
+        # Ray cannot interrupt a synchronous actor task: kill the actors that
+        # still run one. Their callers get `WorkerCrashed`; no successor starts
+        # (the pool is stopping), so every slot's thread exits promptly.
+        with self._lock:
+            busy = [slot.actor for slot in self._slots if slot.current is not None and slot.actor is not None]
+        for actor in busy:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: S110, PERF203 (already gone; one per actor)
+                pass
+        return True
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
         dropped: list[offload.Call[Any]] = []

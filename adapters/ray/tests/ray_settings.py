@@ -12,6 +12,10 @@ from typing import Any
 # worker; with this, Ray's own choice is the loopback address (Ray uses this
 # switch for single-host setups on macOS and Windows).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# A raylet waits for its node's Python agents (metrics, runtime env) and
+# aborts when they are slow to start, as they can be on a busy two-core
+# machine. Start-up time is not what these tests measure.
+os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 
 #: Per node: enough logical CPUs for the suite's pools (one CPU per actor), the
 #: smallest object store Ray accepts comfortably, and every address on loopback.

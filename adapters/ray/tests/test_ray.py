@@ -210,3 +210,58 @@ async def test_bad_options_fail_at_construction() -> None:
         RayExecutor(1, resources={"gpu_like": -2})
     with pytest.raises(offload.ConfigError, match="takes no option"):
         offload.get_executor("ray", num_gpus=1)
+
+
+async def test_start_places_every_actor_before_the_first_call() -> None:
+    ex = RayExecutor(2)
+    try:
+        await anyio.to_thread.run_sync(ex.start)
+        actors = ex._actors()
+        assert len(actors) == 2
+        await anyio.to_thread.run_sync(ex.start)  # idempotent
+        assert ex._actors() == actors
+        pids = {await ex.run(slow_pid, 0.2) for _ in range(6)}
+        assert ex._actors() == actors  # the calls used the actors start() made
+        assert len(pids) <= 2
+    finally:
+        await ex.aclose()
+    with pytest.raises(offload.ExecutorClosed):
+        ex.start()
+
+
+async def test_start_reports_a_failing_initializer_and_the_pool_retries() -> None:
+    async with RayExecutor(1, initializer=fail_init) as ex:
+        with pytest.raises(offload.OffloadError, match="initializer"):
+            await anyio.to_thread.run_sync(ex.start)
+        # Not reported a second time to the next call: that one starts a fresh actor (which fails again).
+        with pytest.raises(offload.OffloadError, match="initializer"):
+            await ex.run(pid)
+
+
+async def test_max_queue_refuses_calls_past_the_bound_at_once() -> None:
+    async with RayExecutor(1, max_queue=2) as ex:
+        await anyio.to_thread.run_sync(ex.start)
+        assert ex.max_queue == 2
+        futures = [ex.submit(slow_pid, 1.0) for _ in range(3)]  # one runs, two wait
+        with pytest.raises(offload.Overloaded):
+            ex.submit(slow_pid, 0)
+        with pytest.raises(offload.Overloaded):
+            await ex.run(pid)
+        assert len({f.result(timeout=60) for f in futures}) == 1
+
+
+async def test_aclose_timeout_kills_actors_still_running_a_call() -> None:
+    ex = RayExecutor(1)
+    await anyio.to_thread.run_sync(ex.start)
+    (actor_pid,) = {p.pid for p in actor_processes()} & {await ex.run(pid)}
+    running = ex.submit(slow_pid, 60)
+    queued = ex.submit(pid)
+    await anyio.sleep(0.5)
+    with anyio.fail_after(30):
+        await ex.aclose(timeout=0.5)
+    with pytest.raises(offload.WorkerCrashed):
+        running.result(timeout=30)
+    assert queued.cancelled()  # a queued call's future is cancelled, as by shutdown(cancel_futures=True)
+    with anyio.fail_after(30):
+        while actor_pid in {p.pid for p in actor_processes()}:  # noqa: ASYNC110 (polling state Ray changes)
+            await anyio.sleep(0.1)

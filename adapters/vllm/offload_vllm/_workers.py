@@ -89,6 +89,14 @@ def init_process_worker(vllm_config: Any) -> ProcessWorker:
     return ProcessWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
 
 
+def init_ray_worker(vllm_config: Any) -> ProcessWorker:
+    """`init_process_worker` for a Ray actor, whose process title stays Ray's
+    (`ray::RayWorker`, which Ray's own tools show)."""
+    global IN_WORKER_PROCESS
+    IN_WORKER_PROCESS = True
+    return ProcessWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
+
+
 def render_in_process(spec: IOProcessorSpec, render_params: Any) -> Any:
     worker: ProcessWorker = offload.worker_state()
     return worker.io_processor(spec).render(render_params)
