@@ -6,8 +6,9 @@ machine's drift falls on both rows alike. For each level: accepted-request
 latency (200s only), 503s, requests/s, and `/health` latency probed from
 another process (`benchmarks.e2e.load.HealthProber`).
 
-A client refused with 503 waits a tenth of the `Retry-After` it got (a load test
-keeps the pressure on) and sends its next request.
+A client refused with 503 waits the `Retry-After` it got, times
+`--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
+more pressure on), and sends its next request.
 
     python -m benchmarks.bench_overload                 # 3 pairs x 15 s, tiny model
     python -m benchmarks.bench_overload --smoke --out DIR
@@ -48,7 +49,9 @@ WORKERS = 2
 MAX_QUEUE = 30
 
 
-async def _level(url: str, clients: int, make_payload: Any, seconds: float) -> dict[str, Any]:
+async def _level(
+    url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+) -> dict[str, Any]:
     import aiohttp
 
     accepted: list[float] = []
@@ -74,7 +77,7 @@ async def _level(url: str, clients: int, make_payload: Any, seconds: float) -> d
                 if status == 200:
                     accepted.append(time.perf_counter() - t0)
                 elif status == 503:
-                    await asyncio.sleep(retry_after / 10)
+                    await asyncio.sleep(retry_after * retry_fraction)
 
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - start
@@ -88,9 +91,13 @@ async def _level(url: str, clients: int, make_payload: Any, seconds: float) -> d
     }
 
 
-def run_level(base_url: str, clients: int, make_payload: Any, seconds: float) -> dict[str, Any]:
+def run_level(
+    base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+) -> dict[str, Any]:
     with load.HealthProber(base_url) as prober:
-        result = asyncio.run(_level(base_url + "/v1/embeddings", clients, make_payload, seconds))
+        result = asyncio.run(
+            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction)
+        )
     result["health"] = prober.summary()
     return result
 
@@ -108,7 +115,8 @@ def markdown(result: dict[str, Any]) -> str:
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks.bench_overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
-        f"{CLIENTS} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels."),
+        f"{CLIENTS} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
+        f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
         "<!-- --8<-- [end:meta] -->",
         "",
         "<!-- --8<-- [start:tables] -->",
@@ -139,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="one pair of 3 s levels at 16 clients")
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument(
+        "--retry-fraction", type=float, default=1.0,
+        help="a refused client waits Retry-After times this before its next request",
+    )
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
@@ -167,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for pair in range(pairs):
             order = names if pair % 2 == 0 else names[::-1]
             for name in order:
-                level = run_level(urls[name], clients, make_payload, seconds)
+                level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction)
                 rows[name].append(level)
                 print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
     bounded, unbounded = rows[names[1]], rows[names[0]]
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "argv": argv, "machine": f"{platform.machine()} {load_cpus()} CPUs", "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
-        "clients": clients, "rows": rows, "ratios": ratios,
+        "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
     }
     (args.out / "overload.json").write_text(json.dumps(result, indent=2))
     (args.out / "overload.md").write_text(markdown(result))
