@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-ray lint typecheck docs docs-serve bench bench-full bench-multimodal bench-gpu clean
+.PHONY: help venv serve test test-core test-vllm test-ray lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -33,7 +33,8 @@ help:
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
-	@echo "make bench   - quick end-to-end vLLM benchmark (about 15 min on 2 cores) into benchmarks/results/"
+	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
+	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
 
 venv: $(STAMP)
@@ -100,7 +101,13 @@ test-core: $(STAMP)
 
 # Results, report and plots go to benchmarks/results/; the plots are copied to
 # docs/img/ for the benchmarks page, which includes the report's tables.
+# The paired run: every row's server side by side, short blocks in a random
+# order per round, CPU per request from /proc (about 15 min on 2 cores).
 bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_paired
+
+# The concurrency sweep (1..128 clients) and the library-level image run.
+bench-sweep: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_e2e
 	$(BIN)/python -m benchmarks.bench_image
 	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/

@@ -79,6 +79,10 @@ class Executor(concurrent.futures.Executor, abc.ABC):
     `initializer(*initargs)` once, before its first call, and `fn` reads the
     result with `offload.worker_state()`; no two workers share it.
 
+    **Start-up.** Workers start on demand, at the first calls. `start()`
+    starts and warms them all now (a server calls it before it opens its
+    port, so no worker is spawned under load unless one dies).
+
     **Shutdown.** `shutdown(wait=True)` (also `with`, `async with`, `aclose()`)
     refuses new calls with `ExecutorClosed`, lets queued calls run (or, with
     `cancel_futures=True`, drops them: their callers get `ExecutorClosed`, their
@@ -244,6 +248,22 @@ class Executor(concurrent.futures.Executor, abc.ABC):
             if call.tracker is not None and not call.done:
                 tracker.unadmit(call)
             raise
+
+    def start(self) -> None:
+        """Start every worker this executor will use, now, and return once each
+        has run its initializer. Idempotent: workers already up are kept.
+
+        Blocks the calling thread (from async code: `await
+        anyio.to_thread.run_sync(executor.start)`); it is not cancellable.
+        Raises `ExecutorClosed` after shutdown. If a worker cannot start (its
+        initializer raises, a process cannot be spawned), raises the error its
+        first call would get (`OffloadError`, the cause attached); the workers
+        that did start stay up, and the executor works as it would without
+        `start()`. Strategies without workers (`inline`) have nothing to do.
+        Thread-safe.
+        """
+        if self._closed:
+            raise ExecutorClosed(f"{type(self).__name__} is shut down")
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under this strategy and return its result.

@@ -235,3 +235,52 @@ def test_shutdown_cancel_futures_drops_queued_calls(tmp_path: Path) -> None:
     assert _markers(tmp_path / "q") == 0
     with pytest.raises(concurrent.futures.CancelledError):
         queued[0].result(timeout=0)
+
+
+# ---- start(): workers up before the first call ------------------------------
+
+
+def _starts_workers(ex: offload.Executor) -> bool:
+    return type(ex).start is not offload.Executor.start
+
+
+async def test_start_warms_every_worker_before_the_first_call(strategy: str, tmp_path: Path) -> None:
+    ex = offload.get_executor(
+        strategy, **small_options(strategy, initializer=helpers.count_init, initargs=(str(tmp_path),))
+    )
+    try:
+        await anyio.to_thread.run_sync(ex.start)
+        if not _starts_workers(ex):
+            assert list(tmp_path.iterdir()) == []  # inline: nothing to start, nothing ran
+            return
+        started = sorted(p.name for p in tmp_path.iterdir())
+        # One initializer run per worker (thread workers share this pid: one file, one line each).
+        runs = sum(len(p.read_text().splitlines()) for p in tmp_path.iterdir())
+        assert runs == getattr(ex, "max_workers", 1)
+        await anyio.to_thread.run_sync(ex.start)  # idempotent
+        for _ in range(20):
+            await ex.run(helpers.add, 1, 1)
+        # The calls ran on the workers start() made: no worker was started for them.
+        assert sorted(p.name for p in tmp_path.iterdir()) == started
+        assert sum(len(p.read_text().splitlines()) for p in tmp_path.iterdir()) == runs
+    finally:
+        await ex.aclose()
+    with pytest.raises(offload.ExecutorClosed):
+        ex.start()
+
+
+async def test_start_reports_a_failing_initializer(strategy: str) -> None:
+    ex = offload.get_executor(strategy, **small_options(strategy, initializer=helpers.fail_init))
+    try:
+        if not _starts_workers(ex):
+            ex.start()  # nothing to start: the initializer's failure shows at the first call
+            return
+        with pytest.raises(offload.OffloadError) as info:
+            await anyio.to_thread.run_sync(ex.start)
+        assert "initializer broke" in repr(info.value) + repr(info.value.__cause__)
+        # The executor still works as it would without start(): calls fail the same way, and end.
+        with anyio.fail_after(60), pytest.raises(offload.OffloadError):
+            await ex.run(helpers.add, 1, 1)
+    finally:
+        with anyio.fail_after(60):
+            await ex.aclose()

@@ -111,6 +111,19 @@ def running_server(
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
 ) -> Iterator[str]:
     """Yield the base URL of a ready server; stop its whole process group on exit."""
+    with running_server_process(config, model, log_path, ready_timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def running_server_process(
+    config: ServerConfig,
+    model: Path,
+    log_path: Path,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+) -> Iterator[tuple[str, int]]:
+    """`running_server`, also yielding the API server's pid (the process started
+    here: both launchers run the API server in it)."""
     port = free_port()
     url = f"http://{HOST}:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +143,6 @@ def running_server(
                 if time.monotonic() > deadline:
                     raise ServerFailed(f"{config.name}: not ready after {ready_timeout:.0f} s; see {log_path}")
                 time.sleep(1.0)
-            yield url
+            yield url, proc.pid
         finally:
             _kill_group(proc)

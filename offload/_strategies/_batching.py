@@ -16,6 +16,7 @@ from .._config import check_initializer
 from .._errors import ConfigError, ExecutorClosed, OffloadError
 from .._executor import Executor
 from .._metrics import count_batch
+from .._startup import Startup
 from .._worker_state import _NO_STATE, _swap_state
 from ._fork import forget_in_child
 
@@ -246,22 +247,39 @@ class BatchingExecutor(Executor):
                 self._spawn()
             self._cond.notify()
 
-    def _spawn(self) -> None:
+    def _spawn(self, startup: Startup | None = None) -> None:
         # Called with the lock held.
-        thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+        thread = threading.Thread(target=self._work, args=(startup,), name=self._name, daemon=True)
         self._threads.add(thread)
         thread.start()
 
+    def start(self) -> None:
+        super().start()
+        startup = Startup()
+        with self._cond:
+            if self._stopping:
+                raise ExecutorClosed("BatchingExecutor is shut down")
+            if not self._threads:
+                self._spawn(startup)
+                startup.expect(1)
+        startup.wait()
+
     # ---- worker side ---------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, startup: Startup | None = None) -> None:
         state: Any = _NO_STATE
         if self._initializer is not None:
             try:
                 state = self._initializer(*self._initargs)
             except BaseException as exc:
+                if startup is not None:
+                    error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
+                    error.__cause__ = exc
+                    startup.finished(error)
                 self._fail_start(exc)
                 return
+        if startup is not None:
+            startup.finished()
         try:
             while True:
                 batch = self._next_batch()

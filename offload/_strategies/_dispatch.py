@@ -56,6 +56,20 @@ class Dispatcher(Generic[W]):
             elif len(self._workers) < self._max_workers:
                 self._workers.add(self._start_worker())
 
+    def fill(self, start_worker: Callable[[], W]) -> int:
+        """Start idle workers up to `max_workers` with `start_worker` (for
+        `Executor.start`); return how many were started. Raises
+        `ExecutorClosed` once `close` has begun."""
+        with self.lock:
+            if self._stopping:
+                raise ExecutorClosed(f"{self._owner} is shut down")
+            started = 0
+            while len(self._workers) < self._max_workers:
+                self._workers.add(start_worker())
+                self._idle += 1
+                started += 1
+            return started
+
     def calls(self) -> Generator[Call[Any], None, None]:
         """A worker's loop: the calls it claimed, in order, until shutdown.
 

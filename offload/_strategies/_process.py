@@ -20,6 +20,7 @@ from .._config import check_initializer, check_max_workers, usable_cpu_count
 from .._errors import ConfigError, OffloadError, WorkerCrashed
 from .._executor import Executor
 from .._metrics import count_worker_restart
+from .._startup import Startup
 from . import _process_worker, _wire
 from ._dispatch import Dispatcher
 from ._fork import forget_in_child
@@ -104,6 +105,18 @@ def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
     return error
 
 
+def _start_failure(error: BaseException, when: str) -> OffloadError:
+    """What a caller gets when its worker process could not start."""
+    if isinstance(error, WorkerCrashed):
+        # It died while starting (killed, out of memory): a crash, as if it had
+        # died under a call.
+        failure: OffloadError = WorkerCrashed(f"{error} while starting, {when}")
+    else:
+        failure = OffloadError(f"process strategy: could not start a worker: {error!r}")
+    failure.__cause__ = error
+    return failure
+
+
 def _rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
     exception, text = payload
     if exception is not None:
@@ -123,8 +136,9 @@ class _Worker:
     process at a time, sends it calls one by one and replaces it when it dies
     or is retired."""
 
-    def __init__(self, pool: ProcessExecutor, number: int) -> None:
+    def __init__(self, pool: ProcessExecutor, number: int, startup: Startup | None = None) -> None:
         self.pool = pool
+        self.startup = startup
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self.current: Call[Any] | None = None
@@ -260,6 +274,15 @@ class _Worker:
     def work(self) -> None:
         calls = self.pool._dispatch.calls()
         try:
+            startup, self.startup = self.startup, None
+            if startup is not None:
+                # Started by `ProcessExecutor.start()`: the process now, not at the first call.
+                try:
+                    error = self.start_process()
+                except BaseException as exc:
+                    startup.finished(_start_failure(exc, "during start()"))
+                    raise
+                startup.finished(None if error is None else _start_failure(error, "during start()"))
             for call in calls:
                 try:
                     self.run(call)
@@ -288,14 +311,7 @@ class _Worker:
                 count_worker_restart(pool, "crashed")
             error = self.start_process()
             if error is not None:
-                if isinstance(error, WorkerCrashed):
-                    # It died while starting (killed, out of memory): a crash,
-                    # as if it had died under the call, which never started.
-                    failure: OffloadError = WorkerCrashed(f"{error} while starting, before this call ran")
-                else:
-                    failure = OffloadError(f"process strategy: could not start a worker: {error!r}")
-                failure.__cause__ = error
-                call.set_exception(failure)
+                call.set_exception(_start_failure(error, "before this call ran"))
                 return
         try:
             data, buffers = _wire.dumps(
@@ -563,16 +579,26 @@ class ProcessExecutor(Executor):
                         pass  # it is already dead and being reaped
         return True
 
-    def _start_worker(self) -> _Worker:
-        worker = _Worker(self, next(self._spawned))
+    def _start_worker(self, startup: Startup | None = None) -> _Worker:
+        worker = _Worker(self, next(self._spawned), startup)
         worker.thread.start()
         return worker
 
-    def _schedule(self, call: Call[Any]) -> None:
+    def start(self) -> None:
+        super().start()
+        self._ensure_prepared()
+        startup = Startup()
+        startup.expect(self._dispatch.fill(lambda: self._start_worker(startup)))
+        startup.wait()
+
+    def _ensure_prepared(self) -> None:
         if self._ctx is None:
             with self._prepare_lock:
                 if self._ctx is None and not self._dispatch.stopping:
                     self._prepare()
+
+    def _schedule(self, call: Call[Any]) -> None:
+        self._ensure_prepared()
         self._dispatch.put(call)
 
     def _cancel_running(self, call: Call[Any]) -> None:

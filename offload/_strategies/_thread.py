@@ -11,6 +11,7 @@ from .._call import Call
 from .._config import check_initializer, check_max_workers, default_thread_workers
 from .._errors import OffloadError
 from .._executor import Executor
+from .._startup import Startup
 from .._worker_state import _NO_STATE
 from ._dispatch import Dispatcher
 from ._fork import forget_in_child
@@ -89,9 +90,15 @@ class ThreadExecutor(Executor):
     def _capacity(self) -> int:
         return self._max_workers
 
-    def _start_worker(self) -> threading.Thread:
+    def start(self) -> None:
+        super().start()
+        startup = Startup()
+        startup.expect(self._dispatch.fill(lambda: self._start_worker(startup)))
+        startup.wait()
+
+    def _start_worker(self, startup: Startup | None = None) -> threading.Thread:
         thread = threading.Thread(
-            target=self._work, name=f"{self._name}-{next(self._spawned)}", daemon=True
+            target=self._work, args=(startup,), name=f"{self._name}-{next(self._spawned)}", daemon=True
         )
         thread.start()
         return thread
@@ -99,7 +106,7 @@ class ThreadExecutor(Executor):
     def _schedule(self, call: Call[Any]) -> None:
         self._dispatch.put(call)
 
-    def _work(self) -> None:
+    def _work(self, startup: Startup | None = None) -> None:
         calls = self._dispatch.calls()
         try:
             state: Any = _NO_STATE
@@ -107,18 +114,25 @@ class ThreadExecutor(Executor):
                 try:
                     state = self._initializer(*self._initargs)
                 except BaseException as exc:
+                    if startup is not None:
+                        startup.finished(self._initializer_failed(exc))
                     # Report on one call, then exit: the next call starts a fresh worker.
                     for call in calls:
-                        error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-                        error.__cause__ = exc
-                        call.set_exception(error)
+                        call.set_exception(self._initializer_failed(exc))
                         break
                     return
+            if startup is not None:
+                startup.finished()
             for call in calls:
                 call.execute(state)
         finally:
             calls.close()
             self._dispatch.discard(threading.current_thread())
+
+    def _initializer_failed(self, exc: BaseException) -> OffloadError:
+        error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
+        error.__cause__ = exc
+        return error
 
     def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
         self._dispatch.close(cancel_futures)

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -47,9 +48,28 @@ class Runtime:
     def executor(self, vllm_config: Any) -> offload.Executor:
         with self._lock:
             if self._executor is None or self._executor.closed:
-                self._executor = self._build(vllm_config)
+                executor = self._build(vllm_config)
+                self._start(executor)
+                self._executor = executor
         self._sample_loop_lag()
         return self._executor
+
+    def _start(self, executor: offload.Executor) -> None:
+        """Start every worker now: this runs while vLLM builds its pooling
+        entrypoints, before the port opens, so no worker (a process importing
+        vLLM and loading the tokenizer, a Ray actor) is spawned under load. A
+        worker that cannot start stops the server here, with its error."""
+        if type(executor).start is offload.Executor.start:
+            return  # inline: no workers
+        began = time.perf_counter()
+        executor.start()
+        workers = getattr(executor, "max_workers", None)
+        logger.info(
+            "offload-vllm: %s started %s in %.2fs",
+            self.strategy,
+            "its worker" if workers is None else f"{workers} workers",
+            time.perf_counter() - began,
+        )
 
     def current_executor(self, serving: Any = None) -> offload.Executor | None:
         """The executor built so far (the admission check's), or `None`."""

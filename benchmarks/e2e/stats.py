@@ -1,0 +1,63 @@
+"""Medians with distribution-free 95% intervals, for paired benchmark blocks.
+
+The interval for a median comes from order statistics (the sign-test
+interval): with n samples, the k-th smallest and k-th largest bound the median
+with probability 1 - 2 * P(Binomial(n, 1/2) < k). Nothing is assumed about
+the distribution, which on a shared machine is anything but normal. With 5
+samples the best available is [min, max] at 93.8%.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Interval:
+    median: float
+    low: float
+    high: float
+    #: The interval's actual coverage (order statistics give discrete levels).
+    coverage: float
+    n: int
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def _binomial_cdf_below(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) < k)."""
+    return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> Interval:
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    n = len(ordered)
+    median = statistics.median(ordered)
+    # The largest k (narrowest interval) whose coverage still reaches `confidence`;
+    # with too few samples, the whole range and its (lower) coverage.
+    best_k, coverage = 1, 1 - 2 * _binomial_cdf_below(1, n)
+    for k in range(2, n // 2 + 1):
+        level = 1 - 2 * _binomial_cdf_below(k, n)
+        if level < confidence:
+            break
+        best_k, coverage = k, level
+    return Interval(median, ordered[best_k - 1], ordered[n - best_k], coverage, n)
+
+
+def verdict(ratio: Interval, *, higher: str, lower: str) -> str:
+    """`higher`/`lower` when the ratio's interval excludes 1, else "no difference"."""
+    if ratio.low > 1:
+        return higher
+    if ratio.high < 1:
+        return lower
+    return "no difference"
+
+
+def paired_ratios(rows: list[float], baseline: list[float]) -> list[float]:
+    """Per-round ratios row / baseline (rounds where the baseline is 0 are skipped)."""
+    return [r / b for r, b in zip(rows, baseline, strict=True) if b]
