@@ -39,7 +39,7 @@ def test_verdicts() -> None:
     assert stats.verdict(faster, higher="faster", lower="slower") == "faster"
     slower = stats.median_interval([0.5, 0.6, 0.4, 0.55, 0.45])
     assert stats.verdict(slower, higher="faster", lower="slower") == "slower"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no values"):
         stats.median_interval([])
 
 

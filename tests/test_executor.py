@@ -240,6 +240,12 @@ def test_shutdown_cancel_futures_drops_queued_calls(tmp_path: Path) -> None:
 # ---- start(): workers up before the first call ------------------------------
 
 
+def _init_runs(directory: Path) -> tuple[list[str], int]:
+    """The files `helpers.count_init` wrote (one per worker process) and its runs."""
+    files = sorted(directory.iterdir())
+    return [p.name for p in files], sum(len(p.read_text().splitlines()) for p in files)
+
+
 def _starts_workers(ex: offload.Executor) -> bool:
     return type(ex).start is not offload.Executor.start
 
@@ -251,18 +257,16 @@ async def test_start_warms_every_worker_before_the_first_call(strategy: str, tmp
     try:
         await anyio.to_thread.run_sync(ex.start)
         if not _starts_workers(ex):
-            assert list(tmp_path.iterdir()) == []  # inline: nothing to start, nothing ran
+            assert _init_runs(tmp_path) == ([], 0)  # inline: nothing to start, nothing ran
             return
-        started = sorted(p.name for p in tmp_path.iterdir())
         # One initializer run per worker (thread workers share this pid: one file, one line each).
-        runs = sum(len(p.read_text().splitlines()) for p in tmp_path.iterdir())
+        started, runs = _init_runs(tmp_path)
         assert runs == getattr(ex, "max_workers", 1)
         await anyio.to_thread.run_sync(ex.start)  # idempotent
         for _ in range(20):
             await ex.run(helpers.add, 1, 1)
         # The calls ran on the workers start() made: no worker was started for them.
-        assert sorted(p.name for p in tmp_path.iterdir()) == started
-        assert sum(len(p.read_text().splitlines()) for p in tmp_path.iterdir()) == runs
+        assert _init_runs(tmp_path) == (started, runs)
     finally:
         await ex.aclose()
     with pytest.raises(offload.ExecutorClosed):
