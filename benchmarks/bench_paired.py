@@ -65,7 +65,7 @@ PART_NAMES = {
 
 
 def config(row: str) -> ServerConfig:
-    args = ("--gpu-memory-utilization", MEMORY_FRACTION, "--max-model-len", "512")
+    args = ("--gpu-memory-utilization", MEMORY_FRACTION)
     if row == DEFAULT:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
         return ServerConfig(row, extra_args=(*args, "--renderer-num-workers", "1"))
