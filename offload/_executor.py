@@ -260,7 +260,10 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         first call would get (`OffloadError`, the cause attached); the workers
         that did start stay up, and the executor works as it would without
         `start()`. Strategies without workers (`inline`) have nothing to do.
-        Thread-safe.
+        Thread-safe, but a `start()` that finds every worker already started
+        (by a concurrent `start()`, or by calls) returns without waiting for
+        their initializers; a worker that failed to start is retried by its
+        next call, not by a second `start()`.
         """
         if self._closed:
             raise ExecutorClosed(f"{type(self).__name__} is shut down")

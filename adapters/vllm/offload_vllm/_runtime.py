@@ -62,7 +62,12 @@ class Runtime:
         if type(executor).start is offload.Executor.start:
             return  # inline: no workers
         began = time.perf_counter()
-        executor.start()
+        try:
+            executor.start()
+        except BaseException:
+            # The server will not come up: leave no worker behind.
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
         workers = getattr(executor, "max_workers", None)
         logger.info(
             "offload-vllm: %s started %s in %.2fs",
