@@ -16,6 +16,18 @@ import httpx
 READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_VLLM_READY_TIMEOUT", "420"))
 
 
+def load_client(connections: int, timeout: float = 300) -> httpx.AsyncClient:
+    """An async client for load on a loopback server.
+
+    Idle connections expire here (1 s) before uvicorn's keep-alive (5 s) closes
+    them on the server's side, so no request goes out on a connection the
+    server is closing: that race is a ReadError which says nothing about the
+    server's answers.
+    """
+    limits = httpx.Limits(max_connections=connections, keepalive_expiry=1.0)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

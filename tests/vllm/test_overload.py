@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.e2e.load import HealthProber
 from offload._lag import percentile
 
-from ._server import Server, start_server, wait_ready
+from ._server import Server, load_client, start_server, wait_ready
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -74,11 +74,7 @@ async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[f
     # what saturates, as with the tiny model of the measurements.
     text = "offload keeps the loop alive under load"
     stop = time.monotonic() + seconds
-    # Idle connections expire here before uvicorn's 5 s keep-alive closes them,
-    # so no request is sent on a connection the server is closing (a ReadError
-    # that says nothing about the server's answers).
-    limits = httpx.Limits(max_connections=CLIENTS + 4, keepalive_expiry=1.0)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    async with load_client(CLIENTS + 4, timeout=120) as client:
 
         async def worker(i: int) -> None:
             nonlocal missing_retry_after

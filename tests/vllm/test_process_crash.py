@@ -12,7 +12,7 @@ import psutil
 import pytest
 from offload_vllm._workers import PROCESS_TITLE
 
-from ._server import Server
+from ._server import Server, load_client
 from .conftest import AVAILABLE
 
 pytestmark = [
@@ -36,7 +36,7 @@ def renderer_workers(server: Server) -> list[psutil.Process]:
 
 async def _load_then_kill(server: Server) -> list[httpx.Response]:
     text = " ".join(["a renderer worker dies while rendering this"] * 20)
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as client:
+    async with load_client(64) as client:
 
         async def one(i: int) -> httpx.Response:
             return await client.post(
