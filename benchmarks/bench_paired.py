@@ -19,9 +19,13 @@ blocks of one round ran minutes apart at most); the report gives the median
 ratio with a distribution-free 95% interval (order statistics) and a verdict.
 
     python -m benchmarks.bench_paired                 # make bench: 5 rows, 6 rounds, 8 s blocks
+    python -m benchmarks.bench_paired --workload batch --rows process thread
     python -m benchmarks.bench_paired --smoke --out DIR
 
-Writes paired.json and paired.md into --out (default benchmarks/results/).
+Workloads: `tiny` (issue 11's: one 160-word text per request) and `batch` (32
+texts of 24 words per request: what a request's several prompts cost).
+Writes paired.json and paired.md (paired-batch.* for `batch`) into --out
+(default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer")
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
 MEMORY_FRACTION = "0.04"
+#: name -> (what the report says, payload factory of the model path)
+WORKLOADS: dict[str, tuple[str, Any]] = {
+    "tiny": ("160-word inputs, one per request", lambda model: workloads.long_text_factory(model)),
+    "batch": (
+        "32 inputs of 24 words per request",
+        lambda model: workloads.many_texts_factory(model, per_request=32, words=24),
+    ),
+}
 PART_NAMES = {
     "loop": "loop thread",
     "api": "API-server process",
@@ -173,7 +185,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks.bench_paired {' '.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}: tiny BERT embedding (random weights), 160-word inputs, "
+        f"{result['started']}: tiny BERT embedding (random weights), {WORKLOADS[result.get('workload', 'tiny')][0]}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -223,7 +235,7 @@ def markdown(result: dict[str, Any]) -> str:
         "<!-- --8<-- [end:tables] -->",
         "",
         "<!-- --8<-- [start:targets] -->",
-        *targets(summary),
+        *(targets(summary) if result.get("workload", "tiny") == "tiny" else []),
         "<!-- --8<-- [end:targets] -->",
     ]
     return "\n".join(lines) + "\n"
@@ -237,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
@@ -260,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows
         }
         startup_s = time.perf_counter() - began
-        make_payload = workloads.long_text_factory(str(model))
+        make_payload = WORKLOADS[args.workload][1](str(model))
         for url, pid in servers.values():  # warm-up, not measured
             measure_block(url, pid, min(clients, 8), make_payload, 2.0)
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
@@ -274,11 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_number} {row}: {json.dumps(block)}", flush=True)
     result = {
         "argv": argv, "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs",
-        "started": started, "rounds": rounds, "seconds": seconds, "clients": clients,
+        "started": started, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
         "startup_s": startup_s, "blocks": blocks, "summary": summarize(blocks),
     }
-    (args.out / "paired.json").write_text(json.dumps(result, indent=2))
-    (args.out / "paired.md").write_text(markdown(result))
+    stem = "paired" if args.workload == "tiny" else f"paired-{args.workload}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_VLLM_READY_TIMEOUT", "420"))
 
@@ -106,3 +107,21 @@ def wait_ready(server: Server) -> None:
         time.sleep(1)
     server.stop()
     raise RuntimeError(f"server not ready after {READY_TIMEOUT_S}s:\n{server.log_tail()}")
+
+
+MetricValues = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(server: Server) -> MetricValues:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    values: MetricValues = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return values
+
+
+def total(values: MetricValues, name: str, **labels: str) -> float:
+    return sum(
+        v for (n, ls), v in values.items() if n == name and all((k, labels[k]) in ls for k in labels)
+    )

@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from ._server import Server, load_client
+from ._server import Server, load_client, scrape
+from .conftest import AVAILABLE, WORKERS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -123,6 +124,34 @@ def test_embeddings_identical_across_strategies(servers: dict[tuple[str | None, 
         assert np.max(np.abs(vectors - first)) <= 1e-5, strategy
 
 
+@pytest.mark.parametrize("strategy", ["thread", "process", "ray"])
+def test_a_request_of_many_prompts_takes_one_call_per_worker(
+    servers: dict[tuple[str | None, str], Server], strategy: str
+) -> None:
+    """32 prompts in one request are rendered in as many offloaded calls as the
+    server has workers (counted on /metrics), not one call each."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    server = servers[(strategy, "embed")]
+    texts = [f"prompt {i}: {TEXTS[i % len(TEXTS)]}" for i in range(32)]
+
+    def render_calls() -> float:
+        return sum(
+            value
+            for (name, labels), value in scrape(server).items()
+            if name == "offload_run_seconds_count"
+            and dict(labels).get("strategy") == strategy
+            and ".render" in dict(labels).get("function", "")
+        )
+
+    before = render_calls()
+    ours = embeddings(server, texts)
+    after = render_calls()
+    assert after - before == WORKERS[strategy], after - before
+    # In prompt order, and as vLLM's own server embeds them.
+    assert np.allclose(ours, embeddings(servers[(None, "embed")], texts), atol=1e-5)
+
+
 def test_scores_identical_across_strategies(servers: dict[tuple[str | None, str], Server]) -> None:
     results = {}
     for (strategy, kind), server in servers.items():
@@ -210,12 +239,19 @@ def test_health_answers_under_64_clients(embed_server: Server) -> None:
     t0 = time.perf_counter()
     statuses, health = asyncio.run(_load_and_probe(embed_server))
     elapsed = time.perf_counter() - t0
+    slow = sum(h > 1.0 for h in health)
     print(  # noqa: T201 (figures for the closing note)
         f"\n{embed_server.log.stem}: {len(statuses)} requests in {elapsed:.1f} s; /health"
-        f" n={len(health)} median={statistics.median(health) * 1e3:.0f} ms max={max(health) * 1e3:.0f} ms"
+        f" n={len(health)} median={statistics.median(health) * 1e3:.0f} ms"
+        f" max={max(health) * 1e3:.0f} ms, {slow} over 1 s"
     )
     assert statuses == [200] * len(statuses)
     assert len(statuses) == 64 * 3
     assert len(health) >= 3
-    # Wide margin: a shared 2-core machine; the point is /health is never starved.
-    assert max(health) < 10.0, max(health)
+    # /health is never starved: it answers all through the load, almost always
+    # at once. Wide margins for a shared 2-core machine, where one stall of the
+    # whole machine (16 s, seen once in CI) can hold a probe or two: a loop
+    # blocked by the requests' work holds most of them.
+    assert statistics.median(health) < 0.5, statistics.median(health)
+    assert slow <= max(2, len(health) // 20), (slow, len(health))
+    assert max(health) < 60.0, max(health)

@@ -16,12 +16,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.e2e.load import HealthProber
 from offload._lag import percentile
 
-from ._server import Server, load_client, start_server, wait_ready
+from ._server import Server, load_client, scrape, start_server, total, wait_ready
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -47,21 +46,6 @@ def bounded_server(
         yield server
     finally:
         server.stop()
-
-
-def scrape(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return values
-
-
-def total(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return sum(
-        v for (n, ls), v in values.items() if n == name and all((k, labels[k]) in ls for k in labels)
-    )
 
 
 async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[float], int]:

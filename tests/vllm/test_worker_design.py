@@ -14,6 +14,8 @@ import warnings
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from offload_vllm import _workers
 
 import offload
@@ -87,3 +89,14 @@ def test_thread_worker_has_its_own_tokenizer(served: tuple[Any, Any, Any]) -> No
     assert [g["prompts"]["prompt_token_ids"] for g in got] == [
         io.render(p)["prompts"]["prompt_token_ids"] for p in params
     ]
+
+
+@given(st.lists(st.integers(), max_size=70), st.integers(min_value=1, max_value=9))
+def test_split_evenly_keeps_order_and_balances(items: list[int], parts: int) -> None:
+    from offload_vllm._runtime import split_evenly
+
+    chunks = split_evenly(items, parts)
+    assert [x for chunk in chunks for x in chunk] == items
+    assert len(chunks) == max(1, min(parts, len(items)))
+    sizes = [len(c) for c in chunks]
+    assert max(sizes) - min(sizes) <= 1

@@ -75,8 +75,9 @@ def register() -> None:
         from ._seams import admission
 
         admission.install(runtime.current_executor, RETRY_AFTER_SECONDS)
-    io_processor.install(runtime.make_render_async)
+    io_processor.install(runtime.make_render_async, runtime.make_render_all)
     serving.install(runtime.make_postprocess_async)
+    serving.install_preprocessing()
     offline.install(runtime.make_offline_executor)
     _active = settings
     logger.info(

@@ -155,6 +155,42 @@ class Runtime:
 
         return render_async_offloaded
 
+    def make_render_all(
+        self, io_processor: Any, vllm_config: Any, chat_template_config: Any
+    ) -> Callable[[list[Any]], Coroutine[Any, Any, list[Any]]] | None:
+        """Render a request's prompts in as few calls as the pool has workers
+        (thread, process, ray): one hand-off for several prompts, while a large
+        request still spreads over every worker. Inline has no hand-off, and
+        async-renderer batches the tokenization of every prompt already."""
+        if _workers.IN_WORKER_PROCESS or self.strategy not in ("thread", *SPEC_STRATEGIES):
+            return None
+        executor = self.executor(vllm_config)
+        if self.strategy == "thread":
+            fn: Callable[..., list[Any]] = _workers.render_all_in_thread
+            lead: tuple[Any, ...] = (io_processor,)
+        else:
+            fn = _workers.render_all_in_process
+            lead = (_workers.IOProcessorSpec(type(io_processor), chat_template_config),)
+        workers = max(1, int(getattr(executor, "max_workers", 1) or 1))
+
+        async def render_all(render_params: list[Any]) -> list[Any]:
+            chunks = split_evenly(render_params, workers)
+            if len(chunks) == 1:
+                return await executor.run(fn, *lead, chunks[0])
+            # Every chunk ends before the first error (in prompt order, as
+            # vLLM's single renderer thread reports it) is raised.
+            outcomes = await asyncio.gather(
+                *(executor.run(fn, *lead, chunk) for chunk in chunks), return_exceptions=True
+            )
+            rendered: list[Any] = []
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                rendered.extend(outcome)
+            return rendered
+
+        return render_all
+
     def _batch_tokenization(self, renderer: Any, executor: offload.Executor) -> None:
         def tokenize(prompt: Any, /, *, params: Any) -> Any:
             return renderer_seam.tokenize_one(renderer, prompt, params)
@@ -206,6 +242,18 @@ class Runtime:
             return None
         _announce(self._announced, "LLM offline render map", self.strategy)
         return _OfflineRenderExecutor(self, self.executor(vllm_config))
+
+
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """`items` in at most `parts` contiguous chunks whose sizes differ by one at most."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        chunks.append(items[start:end])
+        start = end
+    return chunks
 
 
 class _OfflineRenderExecutor(concurrent.futures.Executor):

@@ -46,6 +46,12 @@ def render_in_thread(io_processor: Any, render_params: Any) -> Any:
     return worker.io_processor(io_processor).render(render_params)
 
 
+def render_all_in_thread(io_processor: Any, render_params: list[Any]) -> list[Any]:
+    """Several of one request's prompts in one call: one hand-off instead of one each."""
+    own = offload.worker_state().io_processor(io_processor)
+    return [own.render(params) for params in render_params]
+
+
 @dataclass(frozen=True)
 class IOProcessorSpec:
     """How a worker process rebuilds an IO processor: its class and chat-template config."""
@@ -100,6 +106,12 @@ def init_ray_worker(vllm_config: Any) -> ProcessWorker:
 def render_in_process(spec: IOProcessorSpec, render_params: Any) -> Any:
     worker: ProcessWorker = offload.worker_state()
     return worker.io_processor(spec).render(render_params)
+
+
+def render_all_in_process(spec: IOProcessorSpec, render_params: list[Any]) -> list[Any]:
+    """Several of one request's prompts in one round trip: one message each way."""
+    io = offload.worker_state().io_processor(spec)
+    return [io.render(params) for params in render_params]
 
 
 @dataclass(frozen=True)

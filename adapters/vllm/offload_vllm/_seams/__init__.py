@@ -15,8 +15,10 @@ TESTED_VLLM_VERSIONS = ("0.32.0",)
 REQUIRED = (
     ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "__init__"),
     ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "render"),
+    ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "get_request_factory_online"),
     ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__init__"),
     ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "_postprocessing"),
+    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "_preprocessing"),
     ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__call__"),
     ("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "__init__"),
     ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),

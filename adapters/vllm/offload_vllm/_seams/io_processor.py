@@ -3,7 +3,9 @@
 vLLM sets `self.render_async = make_async(self.render, executor=renderer._executor)`
 there; pre-processing of every online pooling request goes through it
 (`PoolingBaseServing._preprocessing`). We let vLLM build the processor, then
-replace `render_async` with the strategy's.
+replace `render_async` with the strategy's. Strategies with a pool of workers
+also give the processor a `render_all` (`RENDER_ALL`), which renders several
+of one request's prompts per call (see `serving.install_preprocessing`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from vllm.entrypoints.pooling.base.io_processor import (
 )
 
 RenderAsync = Callable[[Any], Coroutine[Any, Any, Any]]
+RenderAll = Callable[[list[Any]], Coroutine[Any, Any, list[Any]]]
+
+#: The attribute holding an IO processor's `render_all`, where its strategy has one.
+RENDER_ALL = "__offload_vllm_render_all__"
 
 _ORIGINAL_INIT: Callable[..., None] = PoolingIOProcessor.__init__
 _SIGNATURE = inspect.signature(_ORIGINAL_INIT)
@@ -31,8 +37,12 @@ def construction_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
     ]
 
 
-def install(make_render_async: Callable[[Any, Any, Any], RenderAsync | None]) -> None:
-    """`make_render_async(io_processor, vllm_config, chat_template_config)` gives its `render_async`."""
+def install(
+    make_render_async: Callable[[Any, Any, Any], RenderAsync | None],
+    make_render_all: Callable[[Any, Any, Any], RenderAll | None],
+) -> None:
+    """`make_render_async(io_processor, vllm_config, chat_template_config)` gives its
+    `render_async`; `make_render_all(...)` its `render_all`, or `None`."""
     if getattr(PoolingIOProcessor.__init__, "__offload_vllm__", False):
         return
 
@@ -45,6 +55,9 @@ def install(make_render_async: Callable[[Any, Any, Any], RenderAsync | None]) ->
         replacement = make_render_async(self, vllm_config, chat_template_config)
         if replacement is not None:
             self.render_async = replacement
+        render_all = make_render_all(self, vllm_config, chat_template_config)
+        if render_all is not None:
+            setattr(self, RENDER_ALL, render_all)
 
     __init__.__offload_vllm__ = True  # type: ignore[attr-defined]
     PoolingIOProcessor.__init__ = __init__  # type: ignore[method-assign]
