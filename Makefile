@@ -94,7 +94,7 @@ test-ray: $(RAY_STAMP)
 		tests/test_overload.py $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
 	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_VLLM_TEST_STRATEGIES=ray $(BIN)/python -m pytest \
-		tests/vllm/test_config.py tests/vllm/test_e2e.py $(PYTEST_ARGS)
+		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)

@@ -225,6 +225,14 @@ class Executor(concurrent.futures.Executor, abc.ABC):
             _admitted.reset(token)
             admission.release()
 
+    def _after_fork_in_child(self) -> None:
+        """In a child made by `os.fork()`: the parent's calls in flight are not
+        this child's, so they must not count against its `max_queue` (a child
+        forked while calls ran would otherwise refuse every call). Strategies
+        that forget their workers here call this too."""
+        self._tracker = None
+        self._tracker_made = False
+
     def _make_tracker(self) -> CallTracker | None:
         metrics = metrics_enabled()
         if self._max_queue is not None or metrics:

@@ -80,11 +80,24 @@ async def test_worker_out_of_fds_fails_one_call_and_never_shifts_replies(process
     assert [await process_ex.run(helpers.identity, tag) for tag in "ABC"] == ["A", "B", "C"]
 
 
-def test_parent_out_of_memory_for_a_reply_never_shifts_replies() -> None:
+@pytest.mark.parametrize(
+    ("threshold", "headroom_mib", "expected"),
+    [
+        # Through shared memory: the frame arrives whole, only the copy fails.
+        ("262144", 96, "could not be unpickled"),
+        # Through the pipe, with no room to read the frame itself: the stream
+        # is out of step, so the worker must be replaced.
+        ("None", 32, "was replaced"),
+    ],
+    ids=["shared-memory", "pipe"],
+)
+def test_parent_out_of_memory_for_a_reply_never_shifts_replies(
+    threshold: str, headroom_mib: int, expected: str
+) -> None:
     # RLIMIT_AS leaves room to map a 64 MiB reply but not to copy it out.
     out = check(
         run_python(
-            """
+            f"""
             import resource
             import offload
             from tests import helpers
@@ -96,16 +109,18 @@ def test_parent_out_of_memory_for_a_reply_never_shifts_replies() -> None:
                             return int(line.split()[1]) * 1024
 
             if __name__ == "__main__":
-                ex = offload.get_executor("process", max_workers=1)
+                ex = offload.get_executor(
+                    "process", max_workers=1, shared_memory_threshold={threshold}
+                )
                 assert ex.submit(helpers.make_bytes, 1 << 20).result(timeout=60)
                 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-                resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (96 << 20), hard))
+                resource.setrlimit(resource.RLIMIT_AS, (vm_size() + ({headroom_mib} << 20), hard))
                 try:
                     ex.submit(helpers.make_bytes, 64 << 20).result(timeout=60)
                 except MemoryError:
                     print("raw MemoryError")
                 except Exception as exc:
-                    print("failed:", type(exc).__name__)
+                    print("failed:", type(exc).__name__, exc)
                 else:
                     print("no failure")
                 resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
@@ -114,6 +129,10 @@ def test_parent_out_of_memory_for_a_reply_never_shifts_replies() -> None:
             """
         )
     )
+    # The limit must have bitten (else this tests nothing), as an OffloadError
+    # of that call alone, and later calls get their own replies.
+    assert "failed: OffloadError" in out, out
+    assert expected in out, out
     assert "['A', 'B', 'C']" in out, out
 
 
@@ -292,6 +311,42 @@ def test_an_executor_used_before_fork_works_in_the_child() -> None:
     )
     for strategy in offload.STRATEGIES:
         assert f"{strategy} child 0 parent 10" in out, out
+
+
+def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> None:
+    # The parent's one worker is busy and its queue bound is 0 when it forks:
+    # the child must not inherit that count and refuse every call.
+    out = check(
+        run_python(
+            """
+            import os, time
+            import offload
+            from tests import helpers
+
+            if __name__ == "__main__":
+                for strategy in ("thread", "process", "async-renderer"):
+                    options = {"max_workers": 1} if strategy != "async-renderer" else {"max_batch_size": 1}
+                    ex = offload.get_executor(strategy, max_queue=0, **options)
+                    busy = ex.submit(helpers.sleep_and_return, 1.5, "parent")
+                    time.sleep(0.3)
+                    assert ex.overloaded
+                    child = os.fork()
+                    if child == 0:
+                        try:
+                            code = 0 if ex.submit(helpers.add, 1, 2).result(timeout=30) == 3 else 1
+                        except BaseException as exc:
+                            print(strategy, "child failed:", repr(exc), flush=True)
+                            code = 2
+                        os._exit(code)
+                    _, status = os.waitpid(child, 0)
+                    print(strategy, "child", os.waitstatus_to_exitcode(status), busy.result(timeout=30))
+                    ex.shutdown()
+            """,
+            timeout=4 * TIMEOUT,
+        )
+    )
+    for strategy in ("thread", "process", "async-renderer"):
+        assert f"{strategy} child 0 parent" in out, out
 
 
 # ---- 5. an already-cancelled caller never starts the call -----------------------

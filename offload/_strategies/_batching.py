@@ -217,6 +217,7 @@ class BatchingExecutor(Executor):
 
     def _after_fork_in_child(self) -> None:
         # The parent's worker does not exist here; its queued calls are its own.
+        super()._after_fork_in_child()
         self._pending = deque()
         self._collecting = []
         self._cond = threading.Condition(threading.Lock())

@@ -517,6 +517,7 @@ class ProcessExecutor(Executor):
         return Dispatcher("ProcessExecutor", self._max_workers, self._start_worker)
 
     def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
         # The worker processes are the parent's: close this child's copies of
         # their pipes (the parent's death must still reach them as end of
         # file), and keep multiprocessing from joining them at this child's exit.

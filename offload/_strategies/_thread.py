@@ -78,6 +78,7 @@ class ThreadExecutor(Executor):
 
     def _after_fork_in_child(self) -> None:
         # The parent's threads do not exist here; its queued calls are its own.
+        super()._after_fork_in_child()
         stopping = self._dispatch.stopping
         self._dispatch = self._new_dispatcher()
         if stopping:

@@ -5,6 +5,7 @@ bodies. One real server at a time (per strategy), real HTTP on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -21,11 +22,11 @@ from benchmarks.e2e.load import HealthProber
 from offload._lag import percentile
 
 from ._server import Server, load_client, scrape, start_server, total, wait_ready
-from .conftest import AVAILABLE
+from .conftest import AVAILABLE, ray_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-QUEUED = tuple(s for s in ("thread", "process", "async-renderer") if s in AVAILABLE)
+QUEUED = tuple(s for s in ("thread", "process", "async-renderer", "ray") if s in AVAILABLE)
 MAX_QUEUE = 1
 CLIENTS = 64
 
@@ -35,17 +36,21 @@ def bounded_server(
     request: pytest.FixtureRequest, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     strategy = str(request.param)
-    server = start_server(
-        model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),
-        # One worker: the queue bound is reached at a load the 2-core machine can offer.
-        workers=1 if strategy in ("thread", "process") else None,
-        extra_env={"VLLM_OFFLOAD_MAX_QUEUE": str(MAX_QUEUE)},
-    )
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        server.stop()
+    with contextlib.ExitStack() as stack:
+        env = {"VLLM_OFFLOAD_MAX_QUEUE": str(MAX_QUEUE)}
+        if strategy == "ray":
+            env.update(stack.enter_context(ray_cluster()))
+        server = start_server(
+            model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),
+            # One worker: the queue bound is reached at a load the 2-core machine can offer.
+            workers=1 if strategy in ("thread", "process", "ray") else None,
+            extra_env=env,
+        )
+        try:
+            wait_ready(server)
+            yield server
+        finally:
+            server.stop()
 
 
 async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[float], int]:

@@ -143,6 +143,9 @@ class _Slot:
         try:
             status, value = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
+            # Dropped before the caller hears of it, so nothing that runs on that
+            # news (a retry, `_actors()`) still sees the dead actor as live.
+            self.retire()
             call.set_exception(
                 offload.WorkerCrashed(f"ray actor died while running {_call_name(call)}(): {exc}")
             )

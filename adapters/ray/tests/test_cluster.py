@@ -6,9 +6,14 @@ joining an existing cluster would."""
 from __future__ import annotations
 
 import collections
+import os
+import socket
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +25,16 @@ from ray_settings import NODE
 
 import offload
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+    # Starting the module's two-node cluster counts against its first test.
+    pytest.mark.timeout(600),
+    # Ray's head node opens the Ray Client server's log file and never closes it.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in.*ray_client_server:pytest.PytestUnraisableExceptionWarning"
+    ),
+]
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -38,6 +52,12 @@ def anyio_backend() -> Any:
     return ("asyncio", {})
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     if ray.is_initialized():
@@ -48,6 +68,8 @@ def cluster() -> Iterator[Cluster]:
             **NODE,
             "num_cpus": 2,
             "node_ip_address": "127.0.0.1",
+            # For `address="ray://..."`: Ray Client's server on the head node.
+            "ray_client_server_port": _free_port(),
             "_system_config": FAST_HEALTH_CHECKS,
         },
     )
@@ -131,3 +153,49 @@ async def test_calls_land_on_both_nodes_and_survive_losing_one(cluster: Cluster)
         assert set(after) == {head_id}
     finally:
         await ex.aclose()
+
+
+#: A fresh process (not this one, which is already connected) that joins the
+#: cluster by `address=` and reports the node its call ran on.
+JOIN = textwrap.dedent(
+    """
+    import sys
+    import ray_settings  # loopback settings, before ray
+    import ray
+    from offload_ray import RayExecutor
+
+    def node_id() -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    ex = RayExecutor(1, num_cpus=0.5, address=sys.argv[1])
+    try:
+        print("ran on", ex.submit(node_id).result(timeout=120))
+    finally:
+        ex.shutdown()
+    print("actors left", len(ex._actors()))
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["auto", "ray-client"])
+def test_joins_an_existing_cluster_by_address(cluster: Cluster, how: str) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    if how == "auto":
+        # "auto" finds the running cluster, here through RAY_ADDRESS as `ray start` users set it.
+        env["RAY_ADDRESS"], address = cluster.address, "auto"
+    else:
+        env.pop("RAY_ADDRESS", None)
+        port = cluster.head_node._ray_params.ray_client_server_port
+        address = f"ray://127.0.0.1:{port}"
+    result = subprocess.run(
+        [sys.executable, "-c", JOIN, address], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    print(f"\n[{how}] address={address!r}: {result.stdout.strip()}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    if not ray.is_initialized():
+        ray.init(address=cluster.address)
+    nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    ran_on = result.stdout.split("ran on ", 1)[1].split()[0]
+    assert ran_on in nodes
+    assert "actors left 0" in result.stdout

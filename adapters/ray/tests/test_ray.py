@@ -125,6 +125,9 @@ async def test_killed_actor_fails_its_call_and_is_replaced(tmp_path: Path) -> No
         assert len(outcome) == 1
         assert isinstance(outcome[0], offload.WorkerCrashed), outcome
         assert "died" in str(outcome[0])
+        # By the time its caller hears of it, the dead actor has left the pool.
+        for actor in ex._actors():
+            ray.get(actor.where.remote(), timeout=60)
         # The pool is back to two actors, one of them new, and both serve calls.
         with anyio.fail_after(120):
             while len(ex._actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)

@@ -75,6 +75,7 @@ def register() -> None:
         from ._seams import admission
 
         admission.install(runtime.current_executor, RETRY_AFTER_SECONDS)
+        admission.install_early_refusal(runtime.current_executor, RETRY_AFTER_SECONDS)
     io_processor.install(runtime.make_render_async, runtime.make_render_all)
     serving.install(runtime.make_postprocess_async)
     serving.install_preprocessing()

@@ -26,6 +26,7 @@ REQUIRED = (
     ("vllm.renderers.base", "BaseRenderer", "_tokenize_prompt"),
     ("vllm.renderers.base", "BaseRenderer", "_build_tokens_prompt"),
     ("vllm.renderers.registry", None, "renderer_from_config"),
+    ("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware"),
 )
 
 

@@ -62,3 +62,70 @@ def install(executor_of: Callable[[Any], offload.Executor | None], retry_after: 
 
     __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
     PoolingBaseServing.__call__ = __call__  # type: ignore[method-assign]
+
+
+# ---- refusing before the body is read: vllm/entrypoints/launchers/app.py -------
+
+#: vLLM's pooling routes (vllm/entrypoints/pooling/*/api_router.py): where a full
+#: queue refuses a request before its body is read.
+POOLING_PATHS = frozenset(
+    {
+        "/classify",
+        "/pooling",
+        "/rerank",
+        "/score",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/score",
+        "/v2/embed",
+        "/v2/rerank",
+    }
+)
+
+
+class RefuseWhenFull:
+    """ASGI middleware: a POST to a pooling route that finds the queue full is
+    answered 503 (vLLM's queue-overflow body, `Retry-After`) before its body is
+    read, so a refusal costs the event loop no JSON parsing and no pydantic
+    validation. The check is `Executor.admission` entered and left at once: it
+    counts the refusal in `offload_rejected_calls_total` and reserves nothing,
+    so a request that passes here is admitted for real (and may still be
+    refused) at the serving seam, as before."""
+
+    def __init__(
+        self, app: Any, executor_of: Callable[[], offload.Executor | None], retry_after: int
+    ) -> None:
+        self.app = app
+        self._executor_of = executor_of
+        self._refusal = overflow_response(retry_after)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in POOLING_PATHS:
+            executor = self._executor_of()
+            if executor is not None:
+                try:
+                    with executor.admission(REQUEST_LABEL):
+                        pass
+                except offload.Overloaded:
+                    await self._refusal(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def install_early_refusal(executor_of: Callable[[], offload.Executor | None], retry_after: int) -> None:
+    """Add `RefuseWhenFull` outside vLLM's own middleware, where vLLM builds its app."""
+    from vllm.entrypoints.launchers import app as app_module
+
+    original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
+    if getattr(original, "__offload_vllm__", False):
+        return
+
+    @functools.wraps(original)
+    def init_entrypoints_middleware(args: Any, app: Any, supported_tasks: Any) -> None:
+        original(args, app, supported_tasks)
+        # Added last, so outermost: it runs before CORS, authentication and the
+        # HTTP metrics (a refusal here is counted by offload's metrics only).
+        app.add_middleware(RefuseWhenFull, executor_of=executor_of, retry_after=retry_after)
+
+    init_entrypoints_middleware.__offload_vllm__ = True  # type: ignore[attr-defined]
+    setattr(app_module, "init_entrypoints_middleware", init_entrypoints_middleware)  # noqa: B010

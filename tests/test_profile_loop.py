@@ -1,0 +1,36 @@
+"""`benchmarks.profile_loop` files each event-loop sample under the innermost frame that names a category."""
+
+from __future__ import annotations
+
+from benchmarks.profile_loop import LOOP_ITSELF, OTHER, categorize, loop_thread_shares
+
+MAIN = "thread (1): MainThread"
+RUN = "<module> (offload_vllm/__main__.py:72);run (uvloop/__init__.py:92)"
+
+
+def test_the_innermost_named_frame_decides() -> None:
+    # Starlette around offload: offload's frame is deeper, so it wins.
+    frames = [*RUN.split(";"), "Starlette.__call__ (starlette/applications.py:1)", "Executor.run (offload/_executor.py:9)"]
+    assert categorize(frames) == "offload: executor and adapter"
+    # The launcher's own module is not offload's code.
+    assert categorize(RUN.split(";")) == LOOP_ITSELF
+    assert categorize(["f (mine.py:1)"]) == OTHER
+
+
+def test_only_the_loop_thread_is_counted() -> None:
+    raw = "\n".join(
+        [
+            f"{MAIN};{RUN};solve_dependencies (fastapi/dependencies/utils.py:1) 3",
+            f"{MAIN};{RUN};Socket.send (zmq/sugar/socket.py:1);AsyncMPClient._send_input (vllm/v1/engine/core_client.py:1) 2",
+            f"{MAIN};{RUN} 1",
+            "thread (2): offload-process-0-1;_Worker.work (offload/_strategies/_process.py:1) 7",
+            "not a sample line",
+        ]
+    )
+    total, counts = loop_thread_shares(raw)
+    assert total == 6
+    assert counts == {
+        "FastAPI: body parsing and pydantic validation": 3,
+        "vLLM engine client: send to engine (msgspec, zmq)": 2,
+        LOOP_ITSELF: 1,
+    }
