@@ -69,10 +69,16 @@ WORKLOADS: dict[str, tuple[str, Any]] = {
 }
 PART_NAMES = {
     "loop": "loop thread",
+    "loop_kernel": "of which in the kernel",
     "api": "API-server process",
     "workers": "offload workers",
     "engine": "engine + model worker",
     "total": "total",
+}
+
+SWITCH_NAMES = {
+    "sleeps": "went to sleep (voluntary)",
+    "preempted": "preempted (involuntary)",
 }
 
 
@@ -100,6 +106,9 @@ def measure_block(url: str, pid: int, clients: int, make_payload: Any, seconds: 
         "p99_ms": level.p99_ms,
         "health_p99_ms": level.health.get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
+        "loop_switches_per_request": {
+            kind: count / done for kind, count in procstat.loop_switches(before, after).items()
+        },
         "new_workers": procstat.new_workers(before, after),
     }
 
@@ -107,6 +116,9 @@ def measure_block(url: str, pid: int, clients: int, make_payload: Any, seconds: 
 def _metric(block: dict[str, Any], name: str) -> float:
     if name.startswith("cpu:"):
         return float(block["cpu_ms_per_request"][name[4:]])
+    if name.startswith("switches:"):
+        # Older results have no switch counts.
+        return float(block.get("loop_switches_per_request", {}).get(name[9:], 0.0))
     if name == "ceiling":
         loop_ms = block["cpu_ms_per_request"]["loop"]
         return 1e3 / loop_ms if loop_ms > 0 else 0.0
@@ -114,7 +126,10 @@ def _metric(block: dict[str, Any], name: str) -> float:
 
 
 def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    metrics = ["requests_per_s", "p99_ms", "health_p99_ms", "ceiling", *(f"cpu:{p}" for p in PART_NAMES)]
+    metrics = [
+        "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
+        *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
+    ]
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
         summary[row] = {"values": {}, "ratio": {}}
@@ -225,6 +240,21 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         cells = [_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES]
         cells.append(_ratio_cell(summary[row], "ceiling", higher="higher", lower="lower"))
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        (
+            "The loop thread's context switches per completed request, from `/proc` (the loop "
+            "sleeps when it waits for I/O or for the GIL; it is preempted when more threads "
+            "want to run than there are cores):"
+        ),
+        "",
+        "| row | " + " | ".join(SWITCH_NAMES.values()) + " |",
+        "|---|" + "---|" * len(SWITCH_NAMES),
+    ]
+    for row in rows:
+        v = summary[row]["values"]
+        cells = [_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}

@@ -34,3 +34,21 @@ def test_only_the_loop_thread_is_counted() -> None:
         "vLLM engine client: send to engine (msgspec, zmq)": 2,
         LOOP_ITSELF: 1,
     }
+
+
+def test_native_frames_never_decide_and_io_waits_are_idle() -> None:
+    import collections
+
+    raw = "\n".join(
+        [
+            f"{MAIN};{RUN};_PyEval_EvalFrameDefault (python3.11);epoll_wait (libc.so.6) 5",
+            f"{MAIN};{RUN};_PyEval_EvalFrameDefault (python3.11);Handle__run (uvloop/loop.so) 4",
+            f"{MAIN};{RUN};solve_dependencies (fastapi/dependencies/utils.py:1);PyObject_Malloc (python3.11) 2",
+        ]
+    )
+    natives: collections.Counter[str] = collections.Counter()
+    total, counts = loop_thread_shares(raw, natives)
+    assert total == 6
+    assert counts == {LOOP_ITSELF: 4, "FastAPI: body parsing and pydantic validation": 2}
+    # Waiting in epoll is idle: not a sample of the loop's work.
+    assert natives == {"Handle__run": 4}

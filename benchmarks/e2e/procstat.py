@@ -7,6 +7,11 @@ worker processes (their title starts with `offload-vllm::renderer`), and
 everything else below the API server (vLLM's engine core and model worker,
 multiprocessing's helpers). The difference of two snapshots over a block of
 load, divided by the requests it completed, is CPU per request.
+
+For the event-loop thread it also keeps the kernel's share of its CPU
+(`stime`) and its context switches: voluntary ones (it went to sleep: the loop
+waited for I/O or for the GIL) and involuntary ones (the scheduler took the
+core away: more runnable threads than cores).
 """
 
 from __future__ import annotations
@@ -21,21 +26,43 @@ WORKER_TITLE = "offload-vllm::renderer"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_cpu(path: str) -> float:
-    """utime + stime (seconds) from a `/proc/.../stat` file; 0 if it is gone."""
+def _stat_times(path: str) -> tuple[float, float]:
+    """(utime, stime) in seconds from a `/proc/.../stat` file; zeros if it is gone."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError:
-        return 0.0
+        return 0.0, 0.0
     # The command name (field 2) may hold spaces: count fields after its ")".
     fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def _stat_cpu(path: str) -> float:
+    """utime + stime (seconds) from a `/proc/.../stat` file; 0 if it is gone."""
+    return sum(_stat_times(path))
+
+
+def _switches(path: str) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches from a `/proc/.../status` file."""
+    counts = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in counts:
+                    counts[key] = int(value)
+    except OSError:
+        pass
+    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
 
 
 @dataclass(frozen=True)
 class Snapshot:
     loop: float
+    loop_kernel: float
+    loop_sleeps: int
+    loop_preempted: int
     api: float
     workers: dict[int, float]
     engine: dict[int, float]
@@ -55,8 +82,13 @@ def snapshot(api_pid: int) -> Snapshot:
             continue
         cpu = _stat_cpu(f"/proc/{child.pid}/stat")
         (workers if title.startswith(WORKER_TITLE) else engine)[child.pid] = cpu
+    loop_user, loop_kernel = _stat_times(f"/proc/{api_pid}/task/{api_pid}/stat")
+    sleeps, preempted = _switches(f"/proc/{api_pid}/task/{api_pid}/status")
     return Snapshot(
-        loop=_stat_cpu(f"/proc/{api_pid}/task/{api_pid}/stat"),
+        loop=loop_user + loop_kernel,
+        loop_kernel=loop_kernel,
+        loop_sleeps=sleeps,
+        loop_preempted=preempted,
         api=_stat_cpu(f"/proc/{api_pid}/stat"),
         workers=workers,
         engine=engine,
@@ -78,7 +110,16 @@ def cpu_used(before: Snapshot, after: Snapshot) -> dict[str, float]:
         "engine": _grown(before.engine, after.engine),
     }
     used["total"] = used["api"] + used["workers"] + used["engine"]
+    used["loop_kernel"] = after.loop_kernel - before.loop_kernel
     return used
+
+
+def loop_switches(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    """The loop thread's context switches between the snapshots."""
+    return {
+        "sleeps": after.loop_sleeps - before.loop_sleeps,
+        "preempted": after.loop_preempted - before.loop_preempted,
+    }
 
 
 def new_workers(before: Snapshot, after: Snapshot) -> int:

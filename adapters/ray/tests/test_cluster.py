@@ -177,6 +177,15 @@ JOIN = textwrap.dedent(
 )
 
 
+#: Ray Client's proxy starts one server process per client; in about one run
+#: in four on this machine that process exits before it prints anything (its
+#: log files are empty; the proxy logs "fork() handlers skipped" for it), and
+#: `ray.init` fails with this. Nothing of offload runs by then; a second
+#: connection gets a fresh server process.
+RAY_CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+RAY_CLIENT_ATTEMPTS = 3
+
+
 @pytest.mark.parametrize("how", ["auto", "ray-client"])
 def test_joins_an_existing_cluster_by_address(cluster: Cluster, how: str) -> None:
     env = dict(os.environ)
@@ -188,10 +197,15 @@ def test_joins_an_existing_cluster_by_address(cluster: Cluster, how: str) -> Non
         env.pop("RAY_ADDRESS", None)
         port = cluster.head_node._ray_params.ray_client_server_port
         address = f"ray://127.0.0.1:{port}"
-    result = subprocess.run(
-        [sys.executable, "-c", JOIN, address], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    print(f"\n[{how}] address={address!r}: {result.stdout.strip()}")
+    for attempt in range(1, RAY_CLIENT_ATTEMPTS + 1):
+        result = subprocess.run(
+            [sys.executable, "-c", JOIN, address], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        print(f"\n[{how}] address={address!r}, attempt {attempt}: {result.stdout.strip()}")
+        if result.returncode == 0 or RAY_CLIENT_SERVER_FAILED not in result.stderr:
+            break
+        # Ray's own flake, not offload's (see RAY_CLIENT_SERVER_FAILED): say so and try again.
+        print(f"[{how}] Ray Client's proxy could not start this client's server; retrying")
     assert result.returncode == 0, result.stdout + result.stderr
     if not ray.is_initialized():
         ray.init(address=cluster.address)
