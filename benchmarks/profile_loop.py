@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import platform
 import re
 import shutil
@@ -67,6 +68,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("HTTP and ASGI (uvicorn, Starlette middleware, routing)", r"httptools|uvicorn/|starlette/|fastapi/|prometheus_fastapi_instrumentator"),
 )
 LOOP_ITSELF = "event loop's own C code (I/O polling, callbacks)"
+#: Where the samples of a loop waiting in an I/O poll are counted (not a share of its work).
+IDLE = "waiting for I/O (idle)"
 #: Native functions in which the loop thread waits, not runs.
 IDLE_NATIVE = frozenset({"epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect"})
 OTHER = "other Python"
@@ -104,6 +107,7 @@ def loop_thread_shares(
         if "MainThread" not in thread:
             continue
         if frames and frames[-1].split(" (")[0] in IDLE_NATIVE:
+            counts[IDLE] += int(n)
             continue
         total += int(n)
         category = categorize(frames)
@@ -173,6 +177,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"{r.get('loop_switches_per_request', {}).get('preempted', 0.0):.1f}"
         for r in rows.values()
     )
+    idle = " | ".join(
+        f"{100 * r['loop_samples_by_category'].get(IDLE, 0) / max(r['loop_samples'] + r['loop_samples_by_category'].get(IDLE, 0), 1):.0f}%"
+        for r in rows.values()
+    )
     natives = ""
     if any(r.get("loop_c_code_by_native_function") for r in rows.values()):
         natives = (
@@ -197,6 +205,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"| **loop-thread CPU per request (ms)** | {cpu} |\n"
         f"| API-server process CPU per request (ms) | {api} |\n"
         f"| of which in the kernel (ms) | {kernel} |\n"
+        f"| loop-thread samples waiting in epoll (left out of the shares) | {idle} |\n"
         f"| loop-thread sleeps / preemptions per request | {sleeps} |\n"
         f"| requests/s | {rps} |\n"
         + natives
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     result: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,
-        "machine": f"{platform.machine()} {__import__('os').cpu_count()} CPUs",
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit,
         "clients": args.clients,

@@ -75,5 +75,4 @@ def test_procstat_sees_the_loop_thread_sleep_and_enter_the_kernel() -> None:
     used = procstat.cpu_used(before, after)
     switches = procstat.loop_switches(before, after)
     assert switches["sleeps"] >= 50
-    assert switches["preempted"] >= 0
     assert 0 < used["loop_kernel"] <= used["loop"]
