@@ -14,9 +14,10 @@ py-spy unwinds native frames too (`--native`, the default), for one reason:
 without them it cannot tell a loop that waits in `epoll_wait` from one that
 runs, and files the waiting under "the event loop's own C code" (in a run
 without native frames that category was 11% of the loop's samples under
-vLLM's default and 34% under `process`; with them, 76% and 92% of that
-category were `epoll_pwait`). Samples whose innermost frame is an I/O wait
-are counted as idle and left out of the shares. Unwinding native frames
+vLLM's default and 34% under `process`, commit f746fe3; with native frames,
+most of that is waits in `epoll_pwait`). Samples whose innermost frame is an
+I/O wait are counted as idle, reported as their own share, and left out of
+the shares of the loop's work. Unwinding native frames
 means pausing the server for each sample, which slows it: read the shares;
 the CPU per request of a native run is lower than an unpaused run's (the
 paired benchmark is the measurement of CPU per request).
