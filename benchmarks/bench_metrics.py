@@ -31,7 +31,7 @@ def _identity(x: int) -> int:
 
 
 def per_call_us(metrics: bool, n: int) -> float:
-    tracker = CallTracker("thread", 2, None, metrics)
+    tracker = CallTracker("thread", 2, None, None, metrics)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})

@@ -2,9 +2,10 @@
 
 Run blocking pre- and post-processing under a strategy you choose
 (`inline`, `thread`, `process`, `async-renderer`), the same way on asyncio,
-uvloop and trio.
+uvloop and trio. Writing a strategy: `offload.strategy`.
 """
 
+from . import strategy as strategy
 from ._call import Call as Call
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
@@ -14,6 +15,7 @@ from ._errors import OffloadError as OffloadError
 from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
 from ._executor import Admission as Admission
+from ._executor import CallOptions as CallOptions
 from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
 from ._metrics import sample_loop_lag as sample_loop_lag
@@ -27,6 +29,7 @@ __all__ = [
     "STRATEGIES",
     "Admission",
     "Call",
+    "CallOptions",
     "ConfigError",
     "Executor",
     "ExecutorClosed",

@@ -14,9 +14,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._worker_state import _NO_STATE, _swap_state
+
+if TYPE_CHECKING:
+    from ._queue import Flow, Lane
 
 T = TypeVar("T")
 
@@ -65,15 +68,19 @@ class Call(Generic[T]):
         "_state",
         "args",
         "context",
+        "cost",
         "deadline",
         "finished_at",
+        "flow",
         "fn",
         "kwargs",
+        "lane",
         "metrics",
         "on_claim",
         "on_done",
         "queued_at",
         "started_at",
+        "stopped_by",
         "tracker",
     )
 
@@ -104,6 +111,18 @@ class Call(Generic[T]):
         self.tracker: Tracker | None = None
         #: The tracker's per-function metric handles, looked up once per call.
         self.metrics: Any = None
+        #: What the call costs to run, in the unit its executor's callers chose
+        #: (1 unless given): queues serve flows fairly by cost, admission bounds it.
+        self.cost: float = 1.0
+        #: The lane the call is counted in (`None`: the default lane).
+        self.lane: Lane | None = None
+        #: The flow it shares a fair share with (`None`: a flow of its own).
+        self.flow: Flow | None = None
+        #: Set when offload itself stopped the worker running this call (its
+        #: owner was cancelled, its deadline passed, `aclose(timeout=)`): the
+        #: reason (`CANCELLED`, `DEADLINE`, `SHUTDOWN`), so that its end is not
+        #: counted as a crash.
+        self.stopped_by: str | None = None
 
     @property
     def state(self) -> str:
@@ -173,6 +192,14 @@ class Call(Generic[T]):
     def _withdrawn(self, reason: str) -> None:
         if self.tracker is not None:
             self.tracker.withdrawn(self, reason)
+
+    def stop(self, reason: str) -> None:
+        """For strategies: offload is about to kill the worker running this
+        call, for `reason` (`CANCELLED`, `DEADLINE` or `SHUTDOWN`). The call
+        still ends (with `WorkerCrashed`, if anyone waits), but it is counted
+        as stopped for that reason, not as a crash."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
 
     def execute(self, state: Any = _NO_STATE) -> None:
         """Run a claimed call on this thread, with `state` as its `worker_state()`."""

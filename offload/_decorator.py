@@ -14,7 +14,8 @@ from typing_extensions import ParamSpec
 
 from ._errors import ConfigError
 from ._executor import Executor
-from ._registry import resolve
+from ._queue import check_cost
+from ._registry import build, resolve
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -41,7 +42,7 @@ def _shared_executor(strategy: str | None, options: dict[str, Any]) -> Callable[
         def private() -> Executor:
             with _shared_lock:
                 if not own or own[0].closed:
-                    own[:] = [cls(**resolved)]
+                    own[:] = [build(cls, resolved)]
                 return own[0]
 
         return private
@@ -50,7 +51,7 @@ def _shared_executor(strategy: str | None, options: dict[str, Any]) -> Callable[
         with _shared_lock:
             executor = _shared.get(key)
             if executor is None or executor.closed:
-                executor = _shared[key] = cls(**resolved)
+                executor = _shared[key] = build(cls, resolved)
             return executor
 
     return shared
@@ -119,8 +120,45 @@ class _Binding:
     def rebind(self, executor: Executor) -> tuple[Executor, Callable[..., Any]]:
         self.executor = executor
         batch = self.batch
-        self.target = self.fn if batch is None else executor._with_batch_form(self.fn, batch)
+        self.target = self.fn if batch is None else executor.strategy.batch_form(self.fn, batch)
         return executor, self.target
+
+
+def _caller(
+    func: Callable[P, T],
+    bound: Callable[[], tuple[Executor, Callable[..., Any]]],
+    timeout: float | None,
+    cost: float | Callable[..., float] | None,
+    lane: str | None,
+) -> AsyncCallable[P, T]:
+    """The `async def` that runs `func` on `bound()`'s executor, with the options."""
+    if cost is None and lane is None:
+        if timeout is None:
+
+            @functools.wraps(func)
+            async def plain(*args: P.args, **kwargs: P.kwargs) -> T:
+                runner, target = bound()
+                return await runner.run(target, *args, **kwargs)
+
+            return plain
+
+        @functools.wraps(func)
+        async def timed(*args: P.args, **kwargs: P.kwargs) -> T:
+            runner, target = bound()
+            return await runner.run_with_timeout(timeout, target, *args, **kwargs)
+
+        return timed
+
+    @functools.wraps(func)
+    async def scheduled(*args: P.args, **kwargs: P.kwargs) -> T:
+        runner, target = bound()
+        each = 1.0 if cost is None else cost(*args, **kwargs) if callable(cost) else cost
+        options = runner.options(cost=each, lane=lane)
+        if timeout is None:
+            return await options.run(target, *args, **kwargs)
+        return await options.run_with_timeout(timeout, target, *args, **kwargs)
+
+    return scheduled
 
 
 @overload
@@ -136,6 +174,8 @@ def make_async(
     executor: Executor | None = None,
     batch: Callable[..., list[Any]] | None = None,
     timeout: float | None = None,
+    cost: float | Callable[P, float] | None = None,
+    lane: str | None = None,
     **options: Any,
 ) -> AsyncCallable[P, T]: ...
 
@@ -147,6 +187,8 @@ def make_async(
     executor: Executor | None = None,
     batch: Callable[..., list[Any]] | None = None,
     timeout: float | None = None,
+    cost: float | Callable[..., float] | None = None,
+    lane: str | None = None,
     **options: Any,
 ) -> Callable[[Callable[P, T]], AsyncCallable[P, T]]: ...
 
@@ -159,6 +201,8 @@ def make_async(
     executor: Executor | None = None,
     batch: Callable[..., list[Any]] | None = None,
     timeout: float | None = None,
+    cost: float | Callable[..., float] | None = None,
+    lane: str | None = None,
     **options: Any,
 ) -> AsyncCallable[P, T] | Callable[[Callable[P, T]], AsyncCallable[P, T]]:
     """Make `fn` awaitable: `await wrapped(*args, **kwargs)` runs `fn` under a strategy.
@@ -179,7 +223,14 @@ def make_async(
         timeout: seconds each call may take, queue wait included: past it the
             caller gets `TimeoutError` and a call not yet started never runs
             (`Executor.run_with_timeout`). `None` (default): no deadline.
-        **options: the strategy's options (`max_workers`, `initializer`, ...).
+        cost: each call's cost (`Executor.options`): a number, or a function
+            called with the call's arguments that returns one (say,
+            `cost=len` for a function of one text). It orders the queue
+            fairly and counts against `max_queued_cost`. `None`: 1.
+        lane: the lane its calls go to (a name from the executor's `lanes`).
+            With `strategy=`/options, pass `lanes=` too. `None`: the default lane.
+        **options: the strategy's and the executor's options (`max_workers`,
+            `initializer`, `max_queue`, `lanes`, ...).
             Functions decorated with the same strategy and options share one
             executor (`wrapped.executor`), shut down at interpreter exit. If
             it is shut down earlier, each function's next call gets a fresh
@@ -205,6 +256,8 @@ def make_async(
         raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if batch is not None and not callable(batch):
         raise ConfigError(f"batch must be callable, got {batch!r}")
+    if cost is not None and not callable(cost):
+        cost = check_cost(cost)
 
     def decorate(func: Callable[P, T]) -> AsyncCallable[P, T]:
         if not callable(func):
@@ -214,36 +267,24 @@ def make_async(
         if batch is not None:
             _check_batchable(func)
         if executor is not None:
-            target = executor._with_batch_form(func, batch) if batch is not None else func
-            if timeout is None:
-                run = executor.run
-
-                @functools.wraps(func)
-                async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                    return await run(target, *args, **kwargs)
-            else:
-                run_with_timeout = executor.run_with_timeout
-
-                @functools.wraps(func)
-                async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                    return await run_with_timeout(timeout, target, *args, **kwargs)
-
+            target = executor.strategy.batch_form(func, batch) if batch is not None else func
+            wrapper = _caller(func, lambda: (executor, target), timeout, cost, lane)
             wrapper.executor = executor  # type: ignore[attr-defined]
+            executor.options(lane=lane)  # an unknown lane fails here, at decoration
             return wrapper
 
         current = _shared_executor(strategy, options)
         binding = _Binding(func, batch, current())
+        binding.executor.options(lane=lane)
 
-        @functools.wraps(func)
-        async def shared_wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        def bound() -> tuple[Executor, Callable[..., Any]]:
             runner, target = binding.executor, binding.target
             if runner.closed:
                 runner, target = binding.rebind(current())
                 shared_wrapper.executor = runner  # type: ignore[attr-defined]
-            if timeout is None:
-                return await runner.run(target, *args, **kwargs)
-            return await runner.run_with_timeout(timeout, target, *args, **kwargs)
+            return runner, target
 
+        shared_wrapper = _caller(func, bound, timeout, cost, lane)
         shared_wrapper.executor = binding.executor  # type: ignore[attr-defined]
         return shared_wrapper
 

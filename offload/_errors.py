@@ -37,3 +37,15 @@ class Overloaded(OffloadError):
     (nothing is queued, pickled or run), so a server can answer "busy, retry"
     (HTTP 503 or 429) for the price of a counter check.
     """
+
+
+def executor_closed(strategy: str) -> ExecutorClosed:
+    """The one error for a call refused because its executor's shutdown has begun."""
+    return ExecutorClosed(f"the {strategy} executor is shut down: it accepts no new calls")
+
+
+def initializer_failed(initializer: object, error: BaseException) -> OffloadError:
+    """The one error for a worker whose initializer raised (`error` attached as the cause)."""
+    failure = OffloadError(f"worker initializer {initializer!r} failed: {error!r}")
+    failure.__cause__ = error
+    return failure

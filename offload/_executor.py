@@ -1,55 +1,131 @@
-"""The one strategy interface: `Executor`."""
+"""`Executor`: what users call; it holds a `Strategy` and owns everything cross-cutting."""
 
 from __future__ import annotations
 
-import abc
 import concurrent.futures
 import contextlib
 import contextvars
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar, final
+from typing import Any, TypeVar, final
 
 import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
 from ._call import CANCELLED, DEADLINE, Call
-from ._errors import ConfigError, ExecutorClosed
-from ._metrics import CallTracker, check_max_queue, function_label, metrics_enabled
+from ._errors import ConfigError, ExecutorClosed, executor_closed
+from ._fork import forget_in_child
+from ._metrics import (
+    CallTracker,
+    Hold,
+    check_max_queue,
+    check_max_queued_cost,
+    function_label,
+    metrics_enabled,
+)
+from ._queue import DEFAULT_LANE_NAME, Flow, Lane, check_cost
+from ._strategy import Strategy
 from ._waiter import checkpoint_if_cancelled, current_waiter
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
-# The executor whose `admission()` block the current task is in.
-_admitted: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+SCHEDULING = ("fair", "fifo")
+
+# The admission block the current task is in (`Executor.admission`).
+_admitted: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
     "offload_admitted", default=None
 )
 
 
+def _check_timeout(timeout: object, *, allow_zero: bool) -> None:
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or math.isnan(timeout)
+        or not (timeout >= 0 if allow_zero else timeout > 0)
+    ):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"timeout must be a number of seconds {bound} or None, got {timeout!r}")
+
+
 @final
 class Admission:
-    """The place an admitted unit of work holds (`Executor.admission`)."""
+    """An admitted unit of work (`Executor.admission`): the place it holds,
+    its cost, and the flow its calls share."""
 
-    __slots__ = ("_tracker",)
+    __slots__ = ("_executor", "_hold", "flow", "lane")
 
-    def __init__(self, tracker: CallTracker | None) -> None:
-        self._tracker = tracker
+    def __init__(self, executor: Executor, hold: Hold | None, flow: Flow) -> None:
+        self._executor = executor
+        self._hold = hold
+        #: The flow the block's calls share (one fair share of `lane`).
+        self.flow = flow
+        #: The lane it was admitted to.
+        self.lane = flow.lane.name
 
     def release(self) -> None:
-        """Give the place back (idempotent); calls made later in the block are still admitted."""
-        tracker, self._tracker = self._tracker, None
-        if tracker is not None:
-            tracker.unhold()
+        """Give the place and the unspent cost back now (idempotent); calls
+        made later in the block are still admitted, and still share its flow."""
+        hold, self._hold = self._hold, None
+        tracker = self._executor._tracker
+        if hold is not None and tracker is not None:
+            tracker.unhold(hold)
 
 
-class Executor(concurrent.futures.Executor, abc.ABC):
+@final
+class CallOptions:
+    """`Executor.options(...)`: the executor's `run`, `run_with_timeout` and
+    `submit` with a cost and a lane for each call made through it."""
+
+    __slots__ = ("_cost", "_executor", "_lane")
+
+    def __init__(self, executor: Executor, cost: float, lane: Lane | None) -> None:
+        self._executor = executor
+        self._cost = cost
+        self._lane = lane
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`Executor.run` with these options."""
+        await checkpoint_if_cancelled()
+        return await self._executor._run_call(self._call(fn, args, kwargs), None)
+
+    async def run_with_timeout(
+        self,
+        timeout: float | None,  # noqa: ASYNC109 (see Executor.run_with_timeout)
+        fn: Callable[P, T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`Executor.run_with_timeout` with these options."""
+        _check_timeout(timeout, allow_zero=True)
+        await checkpoint_if_cancelled()
+        return await self._executor._run_call(self._call(fn, args, kwargs), timeout)
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
+        """`Executor.submit` with these options."""
+        return self._executor._submit_call(self._call(fn, args, kwargs))
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call[T]:
+        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
+        call.cost = self._cost
+        call.lane = self._lane
+        return call
+
+
+@final
+class Executor(concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
-    Every strategy is an `Executor`, and every strategy follows these rules:
+    Build one with `offload.get_executor(name, **options)`, or from a
+    strategy object: `Executor(strategy, max_queue=..., lanes=...)`. Every
+    executor follows these rules, whatever its strategy:
 
     **Calling.** `await executor.run(fn, *args, **kwargs)` runs `fn(*args, **kwargs)`
     under the strategy and returns its result. It works under asyncio, uvloop and
@@ -63,17 +139,26 @@ class Executor(concurrent.futures.Executor, abc.ABC):
     derive from `OffloadError`.
 
     **Cancellation.** Cancelling the task awaiting `run` returns control at once.
-    A call that has not started never starts. A call already running is not
-    interrupted (Python cannot interrupt a thread): it finishes in the
-    background, its worker stays busy until then (so the concurrency bound
-    still holds), and its result is dropped.
+    A call that has not started never starts (nor does a `submit` whose future
+    was cancelled). A call already running is not interrupted (Python cannot
+    interrupt a thread): it finishes in the background, its worker stays busy
+    until then (so the concurrency bound still holds), and its result is dropped.
 
-    **Concurrency bound.** At most `max_workers` calls run at once; the rest wait
-    in first-in, first-out order.
+    **Concurrency bound and order.** At most `capacity` calls run at once; the
+    rest wait in the executor's queue, served fairly (`scheduling="fair"`,
+    the default): by lane, in proportion to the lanes' weights, and within a
+    lane by flow and cost, so a small call never waits for another flow's
+    backlog. With every call of cost 1 and no flows (the defaults), that
+    is first in, first out; `scheduling="fifo"` makes it so whatever the costs.
+
+    **Cost, lane, flow.** `executor.options(cost=, lane=)` gives calls a cost
+    (a number in any unit the callers agree on: characters, bytes, items;
+    default 1) and a lane (a name from `lanes`; default `"default"`). Calls
+    made inside an `admission()` block share one flow.
 
     **Context.** `fn` runs in a copy of the caller's `contextvars` context, as
-    with `asyncio.to_thread` (the `process` strategy cannot carry it across the
-    process boundary and says so).
+    with `asyncio.to_thread` (a strategy that runs calls in another process
+    cannot carry it: `carries_context` is False).
 
     **Worker state.** With `initializer=`, each worker runs
     `initializer(*initargs)` once, before its first call, and `fn` reads the
@@ -89,9 +174,12 @@ class Executor(concurrent.futures.Executor, abc.ABC):
     futures are cancelled), and with `wait=True` returns once every worker has
     exited. It is idempotent.
 
-    **Admission.** A strategy with a queue takes `max_queue` (default `None`:
-    unbounded). A call that would make more than `max_queue` calls wait for a
-    worker fails at once with `Overloaded`, before anything is done for it.
+    **Admission.** With `max_queue`, a call that would make more than
+    `max_queue` calls wait for a worker fails at once with `Overloaded`,
+    before anything is done for it. With `max_queued_cost`, so does a call (or
+    an `admission()` unit) that would bring the cost admitted and not started
+    above it, unless nothing is queued: a call costlier than the whole bound
+    then runs alone rather than being refused forever.
 
     **Deadlines.** `run_with_timeout(timeout, fn, ...)` (and
     `make_async(timeout=...)`) gives the call `timeout` seconds: when they
@@ -108,73 +196,93 @@ class Executor(concurrent.futures.Executor, abc.ABC):
     kills its workers: their callers get `WorkerCrashed`; a thread cannot be
     stopped and finishes its call in the background).
 
+    **Fork.** In a child made by `os.fork()`, the executor forgets the
+    parent's workers, queued calls and counts: the child's calls start
+    workers of its own.
+
     **Thread-safety.** All methods may be called from any thread.
 
-    Writing a strategy: subclass, set `name`, and implement `_schedule` and
-    `_shutdown`. Admission, deadlines and metrics belong here, around
-    `_schedule`, not in strategies.
+    Args:
+        strategy: the `offload.strategy.Strategy` that runs the calls. The
+            executor owns it from now on (one executor per strategy object).
+        max_queue: calls that may wait for a worker before new ones fail with
+            `Overloaded`. `None` (default): unbounded.
+        max_queued_cost: cost that may be admitted and not started before
+            new calls and units fail with `Overloaded`. `None` (default): unbounded.
+        lanes: extra lanes and their weights, `{"query": 4, "ingest": 1}`; the
+            lane `"default"` (weight 1 unless given here) always exists.
+        scheduling: `"fair"` (default) or `"fifo"`: one queue in arrival order,
+            whatever the costs, lanes and flows (lanes still count in the metrics).
     """
 
-    #: The registry name of the strategy (`offload.STRATEGIES`).
-    name: ClassVar[str]
-
-    #: Whether `fn` runs in a copy of the caller's `contextvars` context. A
-    #: strategy that runs calls in another process cannot carry it: False.
-    carries_context: ClassVar[bool] = True
-
-    _closed: bool = False
-    _max_queue: int | None = None
-    # Made at the first call (strategies need not call a base __init__); None
-    # when there is nothing to count (no max_queue, metrics off).
-    _tracker: CallTracker | None = None
-    _tracker_made: bool = False
-
-    # ---- the strategy's part ----------------------------------------------
-
-    @abc.abstractmethod
-    def _schedule(self, call: Call[Any]) -> None:
-        """Arrange for `call` to run: a worker must `call.claim()` it, then
-        `call.execute(state)` (or `set_result`/`set_exception`).
-
-        Must not block (except `inline`, which runs the call right here), must
-        raise `ExecutorClosed` if shutdown has begun, and must be race-free
-        against `_shutdown` (queue nothing a shutdown would miss).
-        """
-
-    @abc.abstractmethod
-    def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        """Stop accepting calls; drop queued calls (`call.drop()`) if
-        `cancel_futures`; with `wait`, return once all workers have exited.
-        Called again on repeated shutdowns: must be idempotent."""
-
-    def _cancel_running(self, call: Call[Any]) -> None:
-        """The owner of a running call was cancelled. Default: let it finish."""
-
-    def _capacity(self) -> int | None:
-        """How many calls the strategy runs at once (its workers, or its batch
-        size); `None` if it has no queue, which makes `max_queue` meaningless."""
-        return None
-
-    def _terminate_running(self) -> bool:
-        """`aclose(timeout=...)` ran out of time: stop the calls still running if
-        the strategy can. Return True if its workers will now exit promptly."""
-        return False
-
-    def _set_max_queue(self, max_queue: int | None) -> None:
-        """For a strategy's `__init__`: validate and keep `max_queue`."""
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        max_queue: int | None = None,
+        max_queued_cost: float | None = None,
+        lanes: Mapping[str, float] | None = None,
+        scheduling: str = "fair",
+    ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise ConfigError(f"strategy must be an offload.strategy.Strategy, got {strategy!r}")
+        if getattr(strategy, "_offload_executor", None) is not None:
+            raise ConfigError(f"{strategy!r} already belongs to an executor; build a new one")
+        capacity = strategy.capacity()
         max_queue = check_max_queue(max_queue)
-        if max_queue is not None and self._capacity() is None:
-            raise ConfigError(f"strategy {self.name!r} has no queue: max_queue does not apply")
+        max_queued_cost = check_max_queued_cost(max_queued_cost)
+        for option, value in (("max_queue", max_queue), ("max_queued_cost", max_queued_cost)):
+            if value is not None and capacity is None:
+                raise ConfigError(
+                    f"strategy {strategy.name!r} takes no option {option!r}: it has no queue"
+                )
+        if scheduling not in SCHEDULING:
+            raise ConfigError(f"scheduling must be one of {SCHEDULING}, got {scheduling!r}")
+        if lanes is not None and not isinstance(lanes, Mapping):
+            raise ConfigError(f"lanes must be a mapping of lane name to weight, got {lanes!r}")
+        weights = {DEFAULT_LANE_NAME: 1.0, **(lanes or {})}
+        self._lanes = {name: Lane(name, weight) for name, weight in weights.items()}
+        self._default_lane = self._lanes[DEFAULT_LANE_NAME]
+        self._strategy = strategy
+        strategy._offload_executor = self  # type: ignore[attr-defined]
         self._max_queue = max_queue
+        self._max_queued_cost = max_queued_cost
+        self._scheduling = scheduling
+        # FIFO: every call in one flow of the default lane.
+        self._fifo = Flow(self._default_lane) if scheduling == "fifo" else None
+        self._closed = False
+        self._tracker = self._make_tracker()
+        forget_in_child(self)
 
-    def _with_batch_form(
-        self, fn: Callable[P, T], batch: Callable[..., list[Any]]
-    ) -> Callable[P, T]:
-        """Attach a batch form to `fn` (see `make_async(batch=...)`). Strategies
-        that do not batch ignore it and run `fn` per call."""
-        return fn
+    def _make_tracker(self) -> CallTracker | None:
+        metrics = metrics_enabled()
+        if self._max_queue is None and self._max_queued_cost is None and not metrics:
+            return None  # nothing to count: the hot path stays bare
+        return CallTracker(
+            self.name, self._strategy.capacity(), self._max_queue, self._max_queued_cost, metrics
+        )
 
-    # ---- the public interface ---------------------------------------------
+    # ---- what it is ------------------------------------------------------------
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy that runs this executor's calls."""
+        return self._strategy
+
+    @property
+    def name(self) -> str:
+        """The strategy's registry name (`offload.STRATEGIES`)."""
+        return self._strategy.name
+
+    @property
+    def carries_context(self) -> bool:
+        """Whether `fn` runs in a copy of the caller's `contextvars` context."""
+        return self._strategy.carries_context
+
+    @property
+    def capacity(self) -> int | None:
+        """Calls that run at once (`None`: calls never wait, as with `inline`)."""
+        return self._strategy.capacity()
 
     @property
     def closed(self) -> bool:
@@ -187,71 +295,111 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         return self._max_queue
 
     @property
+    def max_queued_cost(self) -> float | None:
+        """Cost that may be admitted and not started before `Overloaded` (`None`: unbounded)."""
+        return self._max_queued_cost
+
+    @property
+    def lanes(self) -> dict[str, float]:
+        """The lanes and their weights."""
+        return {name: lane.weight for name, lane in self._lanes.items()}
+
+    @property
+    def scheduling(self) -> str:
+        """`"fair"` or `"fifo"`."""
+        return self._scheduling
+
+    @property
     def overloaded(self) -> bool:
-        """True when a call made now would fail with `Overloaded` (`max_queue`
-        calls already wait). A hint for refusing work early (a server answering
-        503 before it parses a request), not a reservation: another caller may
+        """True when a call of cost 1 made now would fail with `Overloaded`. A
+        hint for refusing work early, not a reservation: another caller may
         take the last place first."""
-        tracker = self._tracker if self._tracker_made else self._make_tracker()
-        return tracker is not None and tracker.full
+        tracker = self._tracker
+        return tracker is not None and tracker._refuses(1.0) is not None
+
+    # ---- admission ---------------------------------------------------------------
+
+    def _lane(self, lane: str | None) -> Lane:
+        if lane is None:
+            return self._default_lane
+        found = self._lanes.get(lane)
+        if found is None:
+            raise ConfigError(
+                f"unknown lane {lane!r}; this executor's lanes are: "
+                + ", ".join(repr(name) for name in self._lanes)
+            )
+        return found
 
     @contextlib.contextmanager
-    def admission(self, function: str) -> Iterator[Admission]:
+    def admission(
+        self, function: str, *, cost: float = 1.0, lane: str | None = None, refuse: bool = True
+    ) -> Iterator[Admission]:
         """Admission for a unit of work made of several calls (a server request).
 
-        On entry, raises `Overloaded` if a call made now would be refused,
-        counting the refusal in `offload_rejected_calls{function=function}`:
-        check it before parsing or rendering anything. Once admitted, the unit
-        holds one place in flight, as a call would, until the block ends or
-        `release()` is called on what the block yields (say, when its calls
-        that may queue are done), so a burst of requests that arrive together
-        cannot all pass the check before any of them has queued a call. Inside
-        the block (this task, and tasks it starts, which copy its
+        On entry, raises `Overloaded` if a call of `cost` made now would be
+        refused, counting the refusal in `offload_rejected_calls{function=function}`
+        (and by lane): check it before parsing or rendering anything. Once
+        admitted, the unit holds one place in flight and its `cost`, as a
+        queued call would, until the block ends or `release()` is called on
+        what the block yields, so a burst of requests that arrive together
+        cannot all pass the check before any of them has queued a call. Its
+        calls take its cost over as they are queued (a call's own cost is
+        set with `options(cost=)`), so it is never counted twice.
+
+        Inside the block (this task, and tasks it starts, which copy its
         `contextvars`), calls on this executor are admitted without a further
-        check, so an admitted request is never refused halfway.
+        check, so an admitted request is never refused halfway, and they form
+        one flow of `lane`: queued behind each other, interleaved fairly with
+        other flows. A nested `admission()` is a unit of its own (its own
+        place, cost and flow).
+
+        `refuse=False`: admit whatever the bounds (work that must not be
+        refused, such as an offline batch); it still holds its place and cost.
+        Raises `ConfigError` for an unknown lane or a bad cost.
         """
-        tracker = self._tracker if self._tracker_made else self._make_tracker()
-        if tracker is None:
-            admission = Admission(None)
-        else:
-            if not tracker.hold():
-                tracker.rejected(function, "overloaded")
-                raise tracker.overloaded_error()
-            admission = Admission(tracker)
-        token = _admitted.set(self)
+        cost = check_cost(cost)
+        chosen = self._lane(lane)
+        tracker = self._tracker
+        hold = None if tracker is None else tracker.hold(cost, chosen, function, refuse=refuse)
+        admission = Admission(self, hold, Flow(chosen))
+        token = _admitted.set(admission)
         try:
             yield admission
         finally:
             _admitted.reset(token)
             admission.release()
 
-    def _after_fork_in_child(self) -> None:
-        """In a child made by `os.fork()`: the parent's calls in flight are not
-        this child's, so they must not count against its `max_queue` (a child
-        forked while calls ran would otherwise refuse every call). Strategies
-        that forget their workers here call this too."""
-        self._tracker = None
-        self._tracker_made = False
+    # ---- calling -------------------------------------------------------------------
 
-    def _make_tracker(self) -> CallTracker | None:
-        metrics = metrics_enabled()
-        if self._max_queue is not None or metrics:
-            self._tracker = CallTracker(self.name, self._capacity(), self._max_queue, metrics)
-        self._tracker_made = True
-        return self._tracker
+    def options(self, *, cost: float = 1.0, lane: str | None = None) -> CallOptions:
+        """`run`, `run_with_timeout` and `submit` for calls of `cost` in `lane`.
+
+        `await executor.options(cost=len(text), lane="query").run(fn, text)`.
+        Raises `ConfigError` at once for a bad cost or an unknown lane. Inside
+        an `admission()` block the block's flow (and lane) wins over `lane`.
+        """
+        return CallOptions(self, check_cost(cost), None if lane is None else self._lane(lane))
 
     def _start(self, call: Call[Any]) -> None:
-        tracker = self._tracker if self._tracker_made else self._make_tracker()
+        tracker = self._tracker
+        admission = _admitted.get()
+        if admission is not None and admission._executor is not self:
+            admission = None
+        if admission is not None:
+            call.lane = admission.flow.lane
+            call.flow = admission.flow
+        if self._fifo is not None:
+            call.flow = self._fifo
         if self._closed:
             if tracker is not None:
-                tracker.rejected(function_label(call.fn), "closed")
-            raise ExecutorClosed(f"{type(self).__name__} is shut down")
+                tracker.rejected(function_label(call.fn), "closed", call.lane)
+            raise executor_closed(self.name)
         if tracker is None:
-            self._schedule(call)
+            self._strategy.schedule(call)
             return
-        tracker.admit(call, _admitted.get() is self)
+        tracker.admit(call, None if admission is None else _hold_of(admission, tracker))
         try:
-            self._schedule(call)
+            self._strategy.schedule(call)
         except BaseException:
             if call.tracker is not None and not call.done:
                 tracker.unadmit(call)
@@ -266,21 +414,22 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         Raises `ExecutorClosed` after shutdown. If a worker cannot start (its
         initializer raises, a process cannot be spawned), raises the error its
         first call would get (`OffloadError`, the cause attached); the workers
-        that did start stay up, and the executor works as it would without
-        `start()`. Strategies without workers (`inline`) have nothing to do.
-        Thread-safe, but a `start()` that finds every worker already started
-        (by a concurrent `start()`, or by calls) returns without waiting for
-        their initializers; a worker that failed to start is retried by its
-        next call, not by a second `start()`.
+        that did start stay up, and the one that failed is started again by
+        the next call that needs it (that call never sees this error).
+        Strategies without workers (`inline`) have nothing to do. Thread-safe,
+        but a `start()` that finds every worker already started (by a
+        concurrent `start()`, or by calls) returns without waiting for their
+        initializers.
         """
         if self._closed:
-            raise ExecutorClosed(f"{type(self).__name__} is shut down")
+            raise executor_closed(self.name)
+        self._strategy.start()
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under this strategy and return its result.
 
         Raises whatever `fn` raises; `ExecutorClosed` after shutdown;
-        `Overloaded` at once when `max_queue` calls already wait. See the class
+        `Overloaded` at once when the executor is full. See the class
         docstring for cancellation semantics.
         """
         # An already-cancelled caller must not start a call (as anyio.to_thread).
@@ -308,10 +457,7 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         (The timeout is a separate argument so that `fn` keeps every keyword,
         `timeout=` included.)
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout)
-        ):
-            raise ConfigError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        _check_timeout(timeout, allow_zero=True)
         await checkpoint_if_cancelled()
         call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
         return await self._run_call(call, timeout)
@@ -331,11 +477,11 @@ class Executor(concurrent.futures.Executor, abc.ABC):
                         await waiter.wait()
             except BaseException:
                 if not call.cancel() and not call.done:
-                    self._cancel_running(call)
+                    self._strategy.cancel_running(call, CANCELLED)
                 raise
             if not call.done:  # the deadline passed
                 if not call.cancel(DEADLINE) and not call.done:
-                    self._cancel_running(call)
+                    self._strategy.cancel_running(call, DEADLINE)
                 raise TimeoutError(
                     f"offloaded call {getattr(call.fn, '__qualname__', call.fn)!r} did not finish "
                     f"within its timeout of {timeout}s"
@@ -344,16 +490,19 @@ class Executor(concurrent.futures.Executor, abc.ABC):
             error = call.error
             if error is not None:  # a worker found its deadline passed
                 raise error
-            raise ExecutorClosed(f"{type(self).__name__} was shut down before this call started")
+            raise ExecutorClosed(f"the {self.name} executor was shut down before this call started")
         return call.outcome()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
         """Schedule `fn(*args, **kwargs)` and return a `concurrent.futures.Future`.
 
-        Cancelling the future before the call starts prevents it from running.
+        Cancelling the future before the call starts withdraws the call: it
+        never runs, and gives its place in the queue back at once.
         """
+        return self._submit_call(Call(fn, args, kwargs, contextvars.copy_context()))
+
+    def _submit_call(self, call: Call[T]) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
         call.on_claim = future.set_running_or_notify_cancel
 
         def settle() -> None:
@@ -374,14 +523,22 @@ class Executor(concurrent.futures.Executor, abc.ABC):
             else:
                 future.set_result(result)
 
+        def withdraw_if_cancelled(done: concurrent.futures.Future[T]) -> None:
+            # `future.cancel()` by its holder (`run_in_executor`'s task was
+            # cancelled, say): the call must not keep its place while it waits.
+            if done.cancelled() and call.cancel():
+                # `wait`/`as_completed` count a cancelled future only once notified.
+                done.set_running_or_notify_cancel()
+
         call.on_done = settle
         self._start(call)
+        future.add_done_callback(withdraw_if_cancelled)
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the executor. See the class docstring. Idempotent."""
         self._closed = True
-        self._shutdown(wait, cancel_futures)
+        self._strategy.shutdown(wait, cancel_futures)
 
     # ASYNC109: the timeout bounds the wait for running calls, then stops them:
     # more than a `fail_after` around the call could do.
@@ -398,19 +555,26 @@ class Executor(concurrent.futures.Executor, abc.ABC):
         thread cannot be stopped, so it finishes its call in the background
         and exits). Returns when every worker has exited, or, for threads
         still running a call, right after the timeout.
+
+        A bad `timeout` raises `ConfigError` before anything changes.
         """
+        _check_timeout(timeout, allow_zero=True)
         self._closed = True
         if timeout is None:
             await anyio.to_thread.run_sync(self.shutdown)
             return
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise ConfigError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
-        self._shutdown(False, True)
+        self._strategy.shutdown(False, True)
         with anyio.move_on_after(timeout):
             await anyio.to_thread.run_sync(self.shutdown, abandon_on_cancel=True)
             return
-        if self._terminate_running():
+        if self._strategy.terminate_running():
             await anyio.to_thread.run_sync(self.shutdown)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's calls in flight are not this child's: they must not
+        # count against its `max_queue` (it would refuse every call).
+        self._tracker = self._make_tracker()
+        self._strategy.after_fork_in_child()
 
     async def __aenter__(self) -> Self:
         return self
@@ -425,4 +589,12 @@ class Executor(concurrent.futures.Executor, abc.ABC):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<{type(self).__name__} strategy={self.name!r} {state}>"
+        return f"<offload.Executor strategy={self.name!r} {state}>"
+
+
+def _hold_of(admission: Admission, tracker: CallTracker) -> Hold:
+    hold = admission._hold
+    if hold is None:
+        # Released, or made with no tracker: its calls are still admitted.
+        hold = admission._hold = Hold(0.0, admission.flow.lane, place=False)
+    return hold

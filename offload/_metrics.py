@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 import anyio
 
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._errors import ConfigError, Overloaded, WorkerCrashed
-
-if TYPE_CHECKING:
-    from ._executor import Executor
+from ._queue import DEFAULT_LANE_NAME, Lane
 
 METRICS_ENV = "OFFLOAD_METRICS"
 
@@ -58,9 +56,10 @@ def metrics_enabled() -> bool:
 
 
 def function_label(fn: Callable[..., Any]) -> str:
-    """The `function` label of a call: `module.qualname` of what was offloaded."""
-    inner = getattr(fn, "fn", None)  # a batching strategy's BatchedFunction
-    if inner is not None and callable(inner) and type(fn).__name__ == "BatchedFunction":
+    """The `function` label of a call: `module.qualname` of what was offloaded
+    (of what it wraps, for a wrapper that sets `__wrapped__`, as a batch form does)."""
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is not None and callable(inner):
         fn = inner
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None)
@@ -105,7 +104,8 @@ class _Families:
         )
         self.dropped = prometheus.Counter(
             "offload_dropped_calls",
-            "Admitted calls withdrawn before they started (reason: deadline, cancelled, shutdown).",
+            "Admitted calls that offload withdrew before they started, or stopped while "
+            "they ran by killing their worker (reason: deadline, cancelled, shutdown).",
             [*call, "reason"],
         )
         self.crashed = prometheus.Counter(
@@ -115,13 +115,30 @@ class _Families:
         )
         self.restarts = prometheus.Counter(
             "offload_worker_restarts",
-            "Workers replaced after they died or were retired.",
+            "Workers replaced after they died, were retired, or were killed by offload "
+            "(reason: crashed, retired, killed).",
             ["strategy", "reason"],
         )
         self.batch_size = prometheus.Histogram(
             "offload_batch_size",
             "Calls run together as one batch by the async-renderer strategy.",
             call, buckets=BATCH_BUCKETS,
+        )
+        lane = ["strategy", "lane"]
+        self.lane_queued_cost = prometheus.Gauge(
+            "offload_lane_queued_cost",
+            "Cost admitted to a lane and not started yet (requests held, calls queued).",
+            lane, multiprocess_mode="livesum",
+        )
+        self.lane_queue_wait = prometheus.Histogram(
+            "offload_lane_queue_wait_seconds",
+            "Time a call of a lane waited in the executor's queue before a worker started it.",
+            lane, buckets=LATENCY_BUCKETS,
+        )
+        self.lane_rejected = prometheus.Counter(
+            "offload_lane_rejected",
+            "Calls and requests refused at admission, by lane (reason: overloaded, closed).",
+            [*lane, "reason"],
         )
         self.loop_lag = prometheus.Histogram(
             "offload_loop_lag_seconds",
@@ -144,6 +161,29 @@ class _Families:
         return cls._instance
 
 
+def reset_locks_in_child() -> None:
+    """In a child made by `os.fork()`: give offload's metrics fresh locks. A
+    thread of the parent may have held one (a worker counting a call) at the
+    fork; that thread does not exist here, so the lock would never be released
+    and the child's first count would hang."""
+    _Families._lock = threading.Lock()
+    families = _Families._instance
+    if families is None:
+        return
+    for family in vars(families).values():
+        _fresh_locks(family)
+        for child in list(getattr(family, "_metrics", {}).values()):
+            _fresh_locks(child)
+            for value in vars(child).values():
+                for part in value if isinstance(value, list) else (value,):
+                    _fresh_locks(part)
+
+
+def _fresh_locks(obj: object) -> None:
+    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
+        obj._lock = threading.Lock()  # type: ignore[attr-defined]
+
+
 @final
 class _Children:
     """One (strategy, function)'s metric children, looked up once."""
@@ -163,27 +203,77 @@ class _Children:
         }
 
 
+class _LaneChildren:
+    """One (strategy, lane)'s metric children, and its queued cost."""
+
+    __slots__ = ("closed", "cost", "overloaded", "queue_wait", "queued_cost")
+
+    def __init__(self, families: _Families | None, strategy: str, lane: str) -> None:
+        self.cost = 0.0
+        if families is None:
+            self.queued_cost = self.queue_wait = self.overloaded = self.closed = None
+            return
+        self.queued_cost = families.lane_queued_cost.labels(strategy, lane)
+        self.queue_wait = families.lane_queue_wait.labels(strategy, lane)
+        self.overloaded = families.lane_rejected.labels(strategy, lane, "overloaded")
+        self.closed = families.lane_rejected.labels(strategy, lane, "closed")
+
+
+@final
+class Hold:
+    """What an admitted unit of work (`Executor.admission`) holds: one place
+    in flight, and the cost it was admitted with, which its calls take over
+    as they are queued (so the same cost is never counted twice)."""
+
+    __slots__ = ("cost", "lane", "place")
+
+    def __init__(self, cost: float, lane: Lane, place: bool) -> None:
+        self.cost = cost
+        self.lane = lane
+        self.place = place
+
+
 @final
 class CallTracker:
-    """Per executor: counts calls in flight for `max_queue`, and feeds the metrics.
+    """Per executor: counts calls in flight (for `max_queue`) and the cost
+    queued (for `max_queued_cost`), and feeds the metrics.
 
     A call is in flight from admission until it finishes or is withdrawn; a
     running call whose caller went away still holds its worker, so it still
-    counts. Thread-safe: calls move on worker threads and the loop's.
+    counts. Its cost is *queued* from admission until it starts (or is
+    withdrawn). Thread-safe: calls move on worker threads and the loop's.
     """
 
-    def __init__(self, strategy: str, capacity: int | None, max_queue: int | None, metrics: bool) -> None:
+    def __init__(
+        self,
+        strategy: str,
+        capacity: int | None,
+        max_queue: int | None,
+        max_queued_cost: float | None,
+        metrics: bool,
+    ) -> None:
         self._strategy = strategy
         self._limit = None if max_queue is None or capacity is None else capacity + max_queue
         self._max_queue = max_queue
+        self._max_cost = max_queued_cost
         self._inflight = 0
+        self._queued_cost = 0.0
         self._lock = threading.Lock()
         self._families = _Families.get() if metrics else None
         self._children: dict[str, _Children] = {}
+        self._lanes: dict[str, _LaneChildren] = {}
 
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    @property
+    def queued_cost(self) -> float:
+        return self._queued_cost
+
+    def lane_queued_cost(self, lane: str) -> float:
+        children = self._lanes.get(lane)
+        return 0.0 if children is None else children.cost
 
     @property
     def full(self) -> bool:
@@ -203,55 +293,120 @@ class CallTracker:
         call.metrics = children
         return children
 
-    def admit(self, call: Call[Any], admitted: bool = False) -> None:
-        """Count `call` in, or raise `Overloaded` before anything is done for it
-        (never when `admitted`: its request was admitted as a whole)."""
+    def _lane(self, lane: Lane | None) -> _LaneChildren:
+        name = DEFAULT_LANE_NAME if lane is None else lane.name
+        children = self._lanes.get(name)
+        if children is None:
+            children = self._lanes.setdefault(name, _LaneChildren(self._families, self._strategy, name))
+        return children
+
+    def _refuses(self, cost: float) -> str | None:
+        """Why a new unit of `cost` would be refused now (with the lock held)."""
+        if self._limit is not None and self._inflight >= self._limit:
+            return "calls"
+        # A unit costlier than the whole bound is admitted when nothing is
+        # queued, so it runs alone rather than being refused forever.
+        if (
+            self._max_cost is not None
+            and self._queued_cost > 0
+            and self._queued_cost + cost > self._max_cost
+        ):
+            return "cost"
+        return None
+
+    def _add_cost(self, lane: _LaneChildren, cost: float) -> None:
+        # With the lock held.
+        self._queued_cost += cost
+        lane.cost += cost
+        if lane.queued_cost is not None:
+            lane.queued_cost.inc(cost)
+
+    def admit(self, call: Call[Any], hold: Hold | None = None) -> None:
+        """Count `call` in, or raise `Overloaded` before anything is done for
+        it (never when it belongs to an admitted unit of work, `hold`: the
+        unit was admitted as a whole, and its held cost pays for the call's)."""
+        lane = self._lane(call.lane)
         with self._lock:
-            if not admitted and self._limit is not None and self._inflight >= self._limit:
-                refused = True
-            else:
+            why = None if hold is not None else self._refuses(call.cost)
+            if why is None:
                 self._inflight += 1
-                refused = False
-        if refused:
-            self.rejected(function_label(call.fn), "overloaded")
-            raise self.overloaded_error()
+                paid = 0.0
+                if hold is not None and hold.cost > 0:
+                    paid = min(hold.cost, call.cost)
+                    hold.cost -= paid
+                    self._add_cost(self._lane(hold.lane), -paid)
+                self._add_cost(lane, call.cost)
+        if why is not None:
+            self._refused(function_label(call.fn), lane)
+            raise self.overloaded_error(why)
         call.tracker = self
         children = self._labels(call)
         if children is not None:
             children.queued.inc()
 
-    def hold(self) -> bool:
-        """Take one place for an admitted unit of work; False if full."""
+    def hold(self, cost: float, lane: Lane, function: str, *, refuse: bool = True) -> Hold:
+        """Admit a unit of work of `cost` in `lane` (one place in flight, its
+        cost queued), or raise `Overloaded`, counting the refusal (never with
+        `refuse=False`)."""
+        children = self._lane(lane)
         with self._lock:
-            if self._limit is not None and self._inflight >= self._limit:
-                return False
-            self._inflight += 1
-            return True
+            why = self._refuses(cost) if refuse else None
+            if why is None:
+                self._inflight += 1
+                self._add_cost(children, cost)
+        if why is not None:
+            self._refused(function, children)
+            raise self.overloaded_error(why)
+        return Hold(cost, lane, place=True)
 
-    def unhold(self) -> None:
+    def unhold(self, hold: Hold) -> None:
+        """The unit of work is over: give back its place and the cost its calls did not take."""
         with self._lock:
-            self._inflight -= 1
+            if hold.place:
+                self._inflight -= 1
+                hold.place = False
+            if hold.cost:
+                self._add_cost(self._lane(hold.lane), -hold.cost)
+                hold.cost = 0.0
 
     def unadmit(self, call: Call[Any]) -> None:
         """`call` was admitted but the strategy refused it (shutdown began)."""
         call.tracker = None
         with self._lock:
             self._inflight -= 1
+            self._add_cost(self._lane(call.lane), -call.cost)
         children = self._labels(call)
         if children is not None:
             children.queued.dec()
 
-    def overloaded_error(self) -> Overloaded:
+    def overloaded_error(self, why: str = "calls") -> Overloaded:
+        if why == "cost":
+            return Overloaded(
+                f"{self._strategy} executor is full: {self._queued_cost:g} cost queued, "
+                f"max_queued_cost={self._max_cost:g}; try again later"
+            )
         return Overloaded(
             f"{self._strategy} executor is full: {self._limit} calls in flight "
             f"(its workers' capacity plus max_queue={self._max_queue}); try again later"
         )
 
-    def rejected(self, function: str, reason: str) -> None:
+    def _refused(self, function: str, lane: _LaneChildren, reason: str = "overloaded") -> None:
         if self._families is not None:
             self._families.rejected.labels(self._strategy, function, reason).inc()
+            counter = lane.overloaded if reason == "overloaded" else lane.closed
+            if counter is not None:
+                counter.inc()
+
+    def rejected(self, function: str, reason: str, lane: Lane | None = None) -> None:
+        """A call or unit of work was refused for `reason` (`overloaded`, `closed`)."""
+        self._refused(function, self._lane(lane), reason)
 
     def started(self, call: Call[Any]) -> None:
+        lane = self._lane(call.lane)
+        with self._lock:
+            self._add_cost(lane, -call.cost)
+        if lane.queue_wait is not None:
+            lane.queue_wait.observe(call.started_at - call.queued_at)
         children = self._labels(call)
         if children is not None:
             children.queued.dec()
@@ -259,21 +414,28 @@ class CallTracker:
             children.queue_wait.observe(call.started_at - call.queued_at)
 
     def finished(self, call: Call[Any]) -> None:
+        started = bool(call.started_at)
         with self._lock:
             self._inflight -= 1
+            if not started:  # failed before it could start (no worker)
+                self._add_cost(self._lane(call.lane), -call.cost)
         children = self._labels(call)
         if children is not None:
-            if call.started_at:
+            if started:
                 children.running.dec()
                 children.run_time.observe(call.finished_at - call.started_at)
             else:
                 children.queued.dec()
-            if isinstance(call.error, WorkerCrashed):
+            if call.stopped_by is not None:
+                # offload killed its worker on purpose: not a crash.
+                children.dropped[call.stopped_by].inc()
+            elif isinstance(call.error, WorkerCrashed):
                 children.crashed.inc()
 
     def withdrawn(self, call: Call[Any], reason: str) -> None:
         with self._lock:
             self._inflight -= 1
+            self._add_cost(self._lane(call.lane), -call.cost)
         children = self._labels(call)
         if children is not None:
             children.queued.dec()
@@ -296,15 +458,33 @@ def check_max_queue(value: object) -> int | None:
     return value
 
 
-def count_worker_restart(executor: Executor, reason: str) -> None:
-    """A strategy replaced a worker (`reason`: `crashed` or `retired`)."""
+def check_max_queued_cost(value: object) -> float | None:
+    """Validate `max_queued_cost`: `None` (unbounded) or a number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(
+            f"max_queued_cost must be None (unbounded) or a finite number > 0, got {value!r}"
+        )
+    return float(value)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def count_worker_restart(strategy: _Named, reason: str) -> None:
+    """For strategies: a worker of `strategy` was replaced (`reason`:
+    `"crashed"`, `"retired"`, or `"killed"` when offload killed it on
+    purpose). Feeds `offload_worker_restarts_total`."""
     families = _Families.get() if metrics_enabled() else None
     if families is not None:
-        families.restarts.labels(executor.name, reason).inc()
+        families.restarts.labels(strategy.name, reason).inc()
 
 
 def count_batch(calls: list[Call[Any]]) -> None:
-    """A batching strategy ran `calls` together."""
+    """For strategies: `calls` ran together as one batch (`offload_batch_size`)."""
     if calls and calls[0].tracker is not None:
         tracker = calls[0].tracker
         if isinstance(tracker, CallTracker):

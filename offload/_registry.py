@@ -1,4 +1,4 @@
-"""Strategy names → executor classes: built-ins, then the `offload.strategies` entry points."""
+"""Strategy names → strategy classes: built-ins, then the `offload.strategies` entry points."""
 
 from __future__ import annotations
 
@@ -16,24 +16,28 @@ from ._config import (
 )
 from ._errors import ConfigError
 from ._executor import Executor
+from ._strategy import Strategy
 
 ENTRY_POINT_GROUP = "offload.strategies"
 
 # Built-ins are imported on first use, so `import offload` stays light (the
 # process strategy pulls in multiprocessing, the batching one its own machinery).
 _BUILTINS: dict[str, str] = {
-    "inline": "offload._strategies._inline:InlineExecutor",
-    "thread": "offload._strategies._thread:ThreadExecutor",
-    "process": "offload._strategies._process:ProcessExecutor",
-    "async-renderer": "offload._strategies._batching:BatchingExecutor",
+    "inline": "offload._strategies._inline:InlineStrategy",
+    "thread": "offload._strategies._thread:ThreadStrategy",
+    "process": "offload._strategies._process:ProcessStrategy",
+    "async-renderer": "offload._strategies._batching:BatchingStrategy",
 }
+
+#: Options every strategy takes, because the executor owns them.
+EXECUTOR_OPTIONS = ("max_queue", "max_queued_cost", "lanes", "scheduling")
 
 
 class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sources: dict[str, str | EntryPoint] = dict(_BUILTINS)
-        self._loaded: dict[str, type[Executor]] = {}
+        self._loaded: dict[str, type[Strategy]] = {}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             # A plugin may not shadow a built-in: the name would mean two things.
             self._sources.setdefault(ep.name, ep)
@@ -41,7 +45,7 @@ class _Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._sources)
 
-    def get(self, name: str) -> type[Executor]:
+    def get(self, name: str) -> type[Strategy]:
         with self._lock:
             cls = self._loaded.get(name)
             if cls is not None:
@@ -57,24 +61,33 @@ class _Registry:
             return cls
 
     @staticmethod
-    def _load(name: str, source: str | EntryPoint) -> type[Executor]:
+    def _load(name: str, source: str | EntryPoint) -> type[Strategy]:
         if isinstance(source, str):
             module, _, attr = source.partition(":")
-            obj: Any = getattr(importlib.import_module(module), attr)
-        else:
-            try:
-                obj = source.load()
-            except Exception as exc:
-                raise ConfigError(
-                    f"offload strategy plugin {name!r} ({source.value}) failed to load: {exc!r}"
-                ) from exc
-        if not (isinstance(obj, type) and issubclass(obj, Executor)):
-            raise ConfigError(
-                f"offload strategy plugin {name!r} ({source if isinstance(source, str) else source.value}) "
-                f"is {obj!r}, not a subclass of offload.Executor"
-            )
+            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+        plugin = f"offload strategy plugin {name!r} ({source.value})"
+        try:
+            obj: Any = source.load()
+        except Exception as exc:
+            raise ConfigError(f"{plugin} failed to load: {exc!r}") from exc
+        if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+            raise ConfigError(f"{plugin} is {obj!r}, not a subclass of offload.strategy.Strategy")
         if inspect.isabstract(obj):
-            raise ConfigError(f"offload strategy plugin {name!r} is abstract: {obj!r}")
+            missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+            raise ConfigError(f"{plugin} is abstract: {obj.__qualname__} does not implement {missing}")
+        declared = getattr(obj, "name", None)
+        if declared != name:
+            # The name labels its metrics and is what users write: one name only.
+            raise ConfigError(
+                f"{plugin}: {obj.__qualname__}.name is {declared!r}, but it is registered as "
+                f"{name!r}; they must be equal"
+            )
+        clash = sorted(set(option_names(obj)) & set(EXECUTOR_OPTIONS))
+        if clash:
+            raise ConfigError(
+                f"{plugin}: {obj.__qualname__} takes {', '.join(map(repr, clash))}, which the "
+                "executor owns; drop it from the strategy's constructor"
+            )
         return obj
 
 
@@ -84,13 +97,13 @@ _registry = _Registry()
 STRATEGIES: tuple[str, ...] = _registry.names()
 
 
-def option_names(cls: type[Executor]) -> tuple[str, ...]:
+def option_names(cls: type[Strategy]) -> tuple[str, ...]:
     """The keyword options a strategy's constructor takes."""
     params = inspect.signature(cls).parameters.values()
     return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def resolve(strategy: str | None, options: dict[str, Any]) -> tuple[type[Executor], dict[str, Any]]:
+def resolve(strategy: str | None, options: dict[str, Any]) -> tuple[type[Strategy], dict[str, Any]]:
     """Apply argument > environment > default, and check the options against the strategy."""
     if strategy is None:
         strategy = strategy_from_env() or DEFAULT_STRATEGY
@@ -105,7 +118,7 @@ def resolve(strategy: str | None, options: dict[str, Any]) -> tuple[type[Executo
         if source == STRATEGY_ENV:
             raise ConfigError(f"{STRATEGY_ENV}: {exc}") from None
         raise
-    accepted = option_names(cls)
+    accepted = (*option_names(cls), *EXECUTOR_OPTIONS)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ConfigError(
@@ -120,6 +133,13 @@ def resolve(strategy: str | None, options: dict[str, Any]) -> tuple[type[Executo
     return cls, resolved
 
 
+def build(cls: type[Strategy], options: dict[str, Any]) -> Executor:
+    """An executor for strategy class `cls` with resolved `options` (the
+    executor's own options go to the executor, the rest to the strategy)."""
+    own = {k: v for k, v in options.items() if k in EXECUTOR_OPTIONS}
+    return Executor(cls(**{k: v for k, v in options.items() if k not in own}), **own)
+
+
 def get_executor(strategy: str | None = None, **options: Any) -> Executor:
     """Build a new executor.
 
@@ -127,11 +147,13 @@ def get_executor(strategy: str | None = None, **options: Any) -> Executor:
         strategy: a name from `offload.STRATEGIES`; `None` reads `OFFLOAD_STRATEGY`,
             else uses `"thread"`.
         **options: the strategy's options (`max_workers`, `initializer`,
-            `initargs`, ...). `max_workers=None` reads `OFFLOAD_MAX_WORKERS`
-            (ignored by strategies without a worker count), else the strategy's default.
+            `initargs`, ...), and the executor's (`max_queue`,
+            `max_queued_cost`, `lanes`, `scheduling`: see `Executor`).
+            `max_workers=None` reads `OFFLOAD_MAX_WORKERS` (ignored by
+            strategies without a worker count), else the strategy's default.
 
     Raises:
         ConfigError: unknown strategy, unknown option for that strategy, or a bad value.
     """
     cls, resolved = resolve(strategy, options)
-    return cls(**resolved)
+    return build(cls, resolved)

@@ -21,17 +21,26 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+#: The docs' example strategy (docs/examples/custom_strategy.py), registered
+#: here as a plugin's entry point would register it, so the contract suite
+#: holds it to the same rules as the built-ins: the docs cannot teach a
+#: strategy that breaks them.
+EXAMPLE_STRATEGY = "pinned-thread"
+_registry._sources.setdefault(EXAMPLE_STRATEGY, "docs.examples.custom_strategy:PinnedThreadStrategy")
+
+
 def _strategies_under_test() -> tuple[str, ...]:
-    """Every registered strategy (plugins included), or the ones named in
-    `OFFLOAD_TEST_STRATEGIES` (comma-separated): how a plugin's own suite runs
-    this contract suite against its strategy alone."""
+    """Every registered strategy (plugins included) and the docs' example, or
+    the ones named in `OFFLOAD_TEST_STRATEGIES` (comma-separated): how a
+    plugin's own suite runs this contract suite against its strategy alone."""
+    known = (*offload.STRATEGIES, EXAMPLE_STRATEGY)
     named = [s.strip() for s in os.environ.get("OFFLOAD_TEST_STRATEGIES", "").split(",") if s.strip()]
-    unknown = sorted(set(named) - set(offload.STRATEGIES))
+    unknown = sorted(set(named) - set(known))
     if unknown:
         raise pytest.UsageError(
-            f"OFFLOAD_TEST_STRATEGIES names {unknown}, not registered; registered: {offload.STRATEGIES}"
+            f"OFFLOAD_TEST_STRATEGIES names {unknown}, not registered; registered: {known}"
         )
-    return tuple(named) or offload.STRATEGIES
+    return tuple(named) or known
 
 
 @pytest.fixture(params=_strategies_under_test())

@@ -37,3 +37,13 @@ def square_after(seconds: float, i: int) -> int:
 def pid_after(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+def hold_until(gate: str, started: str) -> str:
+    """Leave the file `started`, then wait (up to 30 s) until the file `gate` exists."""
+    with open(started, "w"):
+        pass
+    deadline = time.monotonic() + 30
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return "held"

@@ -321,3 +321,51 @@ def tagged_payload(tag: int, fail: bool, delay: float, payload: bytes) -> bytes:
         raise AssertionError(f"call {tag} received another call's payload")
     tagged(tag, fail, delay)
     return payload
+
+
+def fail_first_time(directory: str) -> str:
+    """An initializer that raises the first time it runs (across processes:
+    the first run leaves a file in `directory`), then succeeds."""
+    marker = os.path.join(directory, "initialized-once")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return "state"
+    os.close(fd)
+    raise CustomError("the first start fails")
+
+
+def slow_after_first(directory: str, seconds: float) -> int:
+    """An initializer that is quick the first time and takes `seconds` every
+    later time (runs counted in `directory`, across processes)."""
+    runs = len(os.listdir(directory))
+    with open(os.path.join(directory, f"run-{os.getpid()}-{runs}"), "w"):
+        pass
+    if runs:
+        time.sleep(seconds)
+    return runs
+
+
+def vm_size() -> int:
+    """This process's virtual memory size, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+def limit_address_space(headroom: int) -> int:
+    """In this worker, allow only `headroom` more bytes of address space
+    (soft `RLIMIT_AS`); returns the old soft limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + headroom, hard))
+    return soft
+
+
+def restore_address_space(soft: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))

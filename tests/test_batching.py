@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import offload
-from offload._strategies._batching import BatchedFunction, BatchingExecutor
+from offload._strategies._batching import BatchedFunction, BatchingStrategy
 
 BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),
@@ -84,8 +84,8 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def batching() -> Iterator[BatchingExecutor]:
-    ex = BatchingExecutor()
+def batching() -> Iterator[offload.Executor]:
+    ex = offload.get_executor("async-renderer")
     yield ex
     ex.shutdown(wait=True, cancel_futures=True)
 
@@ -104,9 +104,9 @@ def test_defaults_and_registration() -> None:
     assert "async-renderer" in offload.STRATEGIES
     ex = offload.get_executor("async-renderer")
     try:
-        assert isinstance(ex, BatchingExecutor)
-        assert ex.max_batch_size == 64
-        assert ex.max_wait == 0.0
+        assert isinstance(ex.strategy, BatchingStrategy)
+        assert ex.strategy.max_batch_size == 64
+        assert ex.strategy.max_wait == 0.0
     finally:
         ex.shutdown()
 
@@ -165,8 +165,8 @@ class RecordingCondition(threading.Condition):
 
 
 def test_idle_call_starts_alone_without_any_timer(recorder: Recorder) -> None:
-    ex = BatchingExecutor()
-    cond = ex._cond = RecordingCondition()
+    ex = offload.get_executor("async-renderer")
+    cond = ex.strategy._cond = RecordingCondition()  # type: ignore[attr-defined]
     started = threading.Event()
     release = threading.Event()
 
@@ -175,7 +175,7 @@ def test_idle_call_starts_alone_without_any_timer(recorder: Recorder) -> None:
         release.wait(PATIENCE)
         return x
 
-    form = ex._with_batch_form(first, recorder.many)
+    form = ex.strategy.batch_form(first, recorder.many)
     try:
         future = ex.submit(form, 1)
         # It starts with nobody else queued, so nobody could have been waited for.
@@ -191,9 +191,9 @@ def test_idle_call_starts_alone_without_any_timer(recorder: Recorder) -> None:
 
 
 def test_max_wait_is_a_window_and_full_batches_skip_it(recorder: Recorder) -> None:
-    ex = BatchingExecutor(max_batch_size=3, max_wait=3600)
-    cond = ex._cond = RecordingCondition()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer", max_batch_size=3, max_wait=3600)
+    cond = ex.strategy._cond = RecordingCondition()  # type: ignore[attr-defined]
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         futures = [ex.submit(form, i) for i in range(3)]
         # The batch is full, so it runs at once, without waiting out the hour.
@@ -210,9 +210,9 @@ def test_max_wait_is_a_window_and_full_batches_skip_it(recorder: Recorder) -> No
 
 
 def test_shutdown_cancel_futures_drops_a_batch_held_by_max_wait(recorder: Recorder) -> None:
-    ex = BatchingExecutor(max_batch_size=8, max_wait=3600)
-    cond = ex._cond = RecordingCondition()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer", max_batch_size=8, max_wait=3600)
+    cond = ex.strategy._cond = RecordingCondition()  # type: ignore[attr-defined]
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     held = ex.submit(form, 1)
     for _ in range(3000):  # until the worker holds the batch back (at most PATIENCE)
         if cond.timeouts:
@@ -228,8 +228,8 @@ def test_shutdown_cancel_futures_drops_a_batch_held_by_max_wait(recorder: Record
 
 
 def test_calls_queued_behind_a_busy_worker_form_batches(recorder: Recorder) -> None:
-    ex = BatchingExecutor(max_batch_size=3)
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer", max_batch_size=3)
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         gate = occupy(ex)
         calls = [(0, 0), (1, 1), (2, 0), (3, 0), (4, 1), (5, 0), (6, 0), (7, 2)]
@@ -248,8 +248,8 @@ def test_calls_queued_behind_a_busy_worker_form_batches(recorder: Recorder) -> N
 
 
 def test_calls_that_cannot_be_batched_run_one_by_one_in_order(recorder: Recorder) -> None:
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         gate = occupy(ex)
         futures = [
@@ -266,8 +266,8 @@ def test_calls_that_cannot_be_batched_run_one_by_one_in_order(recorder: Recorder
 
 
 def test_kwargs_of_different_types_never_share_a_batch(recorder: Recorder) -> None:
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         gate = occupy(ex)
         futures = [ex.submit(form, i, tag=tag) for i, tag in enumerate([1, True, 1, True])]
@@ -281,8 +281,8 @@ def test_kwargs_of_different_types_never_share_a_batch(recorder: Recorder) -> No
 
 def test_a_failing_item_fails_alone_with_its_own_exception(recorder: Recorder) -> None:
     recorder.bad = {2}
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         gate = occupy(ex)
         futures = [ex.submit(form, i) for i in range(5)]
@@ -302,8 +302,8 @@ def test_a_failing_item_fails_alone_with_its_own_exception(recorder: Recorder) -
 
 @pytest.mark.parametrize("returned", [None, "ab", [1], (1, 2, 3), {"input_ids": [1, 2]}])
 def test_a_batch_result_of_the_wrong_shape_is_an_offload_error(returned: Any) -> None:
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(lambda x: x, lambda items: returned)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(lambda x: x, lambda items: returned)
     try:
         gate = occupy(ex)
         futures = [ex.submit(form, i) for i in range(2)]
@@ -316,8 +316,8 @@ def test_a_batch_result_of_the_wrong_shape_is_an_offload_error(returned: Any) ->
 
 
 def test_cancelled_futures_leave_their_batch_and_never_run(recorder: Recorder) -> None:
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     try:
         gate = occupy(ex)
         futures = [ex.submit(form, i) for i in range(6)]
@@ -331,8 +331,8 @@ def test_cancelled_futures_leave_their_batch_and_never_run(recorder: Recorder) -
 
 
 def test_shutdown_cancel_futures_drops_queued_calls(recorder: Recorder) -> None:
-    ex = BatchingExecutor()
-    form = ex._with_batch_form(recorder.one, recorder.many)
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
     gate = occupy(ex)
     futures = [ex.submit(form, i) for i in range(4)]
     ex.shutdown(wait=False, cancel_futures=True)
@@ -354,8 +354,8 @@ def test_a_batch_sees_worker_state_and_its_oldest_callers_context() -> None:
         seen.append((offload.worker_state(), var.get()))
         return items
 
-    ex = BatchingExecutor(initializer=lambda: "state")
-    form = ex._with_batch_form(lambda x: x, many)
+    ex = offload.get_executor("async-renderer", initializer=lambda: "state")
+    form = ex.strategy.batch_form(lambda x: x, many)
     try:
         gate = occupy(ex)
         futures = []
@@ -379,7 +379,7 @@ def test_a_failing_initializer_fails_one_call_and_the_next_worker_starts() -> No
             raise RuntimeError("no tokenizer")
         return "ok"
 
-    ex = BatchingExecutor(initializer=init)
+    ex = offload.get_executor("async-renderer", initializer=init)
     try:
         with pytest.raises(offload.OffloadError, match="initializer") as info:
             ex.submit(offload.worker_state).result(PATIENCE)
@@ -394,7 +394,7 @@ def test_a_failing_initializer_fails_one_call_and_the_next_worker_starts() -> No
 
 @pytest.mark.anyio
 async def test_make_async_batches_concurrent_callers(recorder: Recorder) -> None:
-    ex = BatchingExecutor(max_batch_size=16)
+    ex = offload.get_executor("async-renderer", max_batch_size=16)
     one = offload.make_async(recorder.one, executor=ex, batch=recorder.many)
     try:
         gate = occupy(ex)
@@ -467,7 +467,7 @@ def test_every_caller_gets_exactly_its_own_outcome(
     recorder = Recorder()
     recorder.bad = {i for i, (_, fails, _, _) in enumerate(ops) if fails}
     tags = {i: tag for i, (tag, _, _, _) in enumerate(ops)}
-    ex = BatchingExecutor(max_batch_size=max_batch_size)
+    ex = offload.get_executor("async-renderer", max_batch_size=max_batch_size)
     one = offload.make_async(recorder.one, executor=ex, batch=recorder.many)
     outcomes: dict[int, Any] = {}
     cancelled: set[int] = set()
@@ -560,7 +560,7 @@ async def test_minilm_batches_give_the_same_ids_as_single_calls(example: Any) ->
         batch_sizes.append(len(texts))
         return example.tokenize_batch(texts, **kwargs)  # type: ignore[no-any-return]
 
-    ex = BatchingExecutor(initializer=example.load_tokenizer)
+    ex = offload.get_executor("async-renderer", initializer=example.load_tokenizer)
     encode = offload.make_async(example.tokenize, executor=ex, batch=counting_batch)
     try:
         gate = occupy(ex)

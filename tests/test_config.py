@@ -32,7 +32,7 @@ def test_environment_selects_strategy_and_workers(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OFFLOAD_STRATEGY", "thread")
     monkeypatch.setenv("OFFLOAD_MAX_WORKERS", "3")
     with offload.get_executor() as ex:
-        assert ex.max_workers == 3  # type: ignore[attr-defined]
+        assert ex.capacity == 3
 
 
 def test_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +40,7 @@ def test_arguments_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("OFFLOAD_MAX_WORKERS", "3")
     with offload.get_executor("thread", max_workers=5) as ex:
         assert ex.name == "thread"
-        assert ex.max_workers == 5  # type: ignore[attr-defined]
+        assert ex.capacity == 5
 
 
 def test_unknown_strategy_names_the_valid_ones() -> None:
@@ -87,21 +87,46 @@ def _install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
         textwrap.dedent(
             """
             from typing import final
-            from offload._strategies._thread import ThreadExecutor
-            from offload._executor import Executor
 
-            class NotAnExecutor:
+            from offload.strategy import Strategy, executor_closed
+
+            class NotAStrategy:
                 pass
 
             @final
-            class Renamed(Executor):
+            class Demo(Strategy):
                 name = "demo"
+
                 def __init__(self) -> None:
-                    self._inner = ThreadExecutor(1)
-                def _schedule(self, call):
-                    self._inner._schedule(call)
-                def _shutdown(self, wait, cancel_futures):
-                    self._inner.shutdown(wait, cancel_futures=cancel_futures)
+                    self._closed = False
+
+                def schedule(self, call):
+                    if self._closed:
+                        raise executor_closed(self.name)
+                    if call.claim():
+                        call.execute()
+
+                def shutdown(self, wait, cancel_futures):
+                    self._closed = True
+
+            class Misnamed(Strategy):
+                name = "something-else"
+                schedule = Demo.schedule
+                shutdown = Demo.shutdown
+
+            class Unfinished(Strategy):
+                name = "demo"
+
+                def shutdown(self, wait, cancel_futures):
+                    pass
+
+            class Greedy(Strategy):
+                name = "demo"
+                schedule = Demo.schedule
+                shutdown = Demo.shutdown
+
+                def __init__(self, max_queue=None):
+                    pass
             """
         )
     )
@@ -109,7 +134,7 @@ def _install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: offload-plugin-demo\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        f"[offload.strategies]\ndemo = {target}\nthread = offload_plugin_demo:Renamed\n"
+        f"[offload.strategies]\ndemo = {target}\nthread = offload_plugin_demo:Demo\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "offload_plugin_demo", raising=False)
@@ -122,11 +147,11 @@ async def _roundtrip(ex: offload.Executor) -> int:
 def test_entry_point_strategy_is_discovered_and_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import anyio
 
-    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:Renamed")
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:Demo")
     registry = _Registry()
     assert "demo" in registry.names()
     assert registry.names().count("thread") == 1  # a plugin cannot shadow a built-in
-    ex = registry.get("demo")()
+    ex = offload.Executor(registry.get("demo")())
     try:
         assert anyio.run(_roundtrip, ex) == 42
     finally:
@@ -135,8 +160,24 @@ def test_entry_point_strategy_is_discovered_and_used(tmp_path: Path, monkeypatch
 
 
 def test_bad_entry_point_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:NotAnExecutor")
-    with pytest.raises(offload.ConfigError, match=r"'demo'.*not a subclass of offload.Executor"):
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:NotAStrategy")
+    with pytest.raises(offload.ConfigError, match=r"'demo'.*not a subclass of offload.strategy.Strategy"):
+        _Registry().get("demo")
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("Misnamed", r"'demo'.*Misnamed.name is 'something-else', but it is registered as 'demo'"),
+        ("Unfinished", r"'demo'.*abstract: Unfinished does not implement schedule"),
+        ("Greedy", r"'demo'.*Greedy takes 'max_queue', which the executor owns"),
+    ],
+)
+def test_plugin_is_checked_when_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, expected: str
+) -> None:
+    _install_plugin(tmp_path, monkeypatch, f"offload_plugin_demo:{target}")
+    with pytest.raises(offload.ConfigError, match=expected):
         _Registry().get("demo")
 
 

@@ -247,7 +247,7 @@ def _init_runs(directory: Path) -> tuple[list[str], int]:
 
 
 def _starts_workers(ex: offload.Executor) -> bool:
-    return type(ex).start is not offload.Executor.start
+    return type(ex.strategy).start is not offload.strategy.Strategy.start
 
 
 async def test_start_warms_every_worker_before_the_first_call(strategy: str, tmp_path: Path) -> None:
@@ -261,7 +261,7 @@ async def test_start_warms_every_worker_before_the_first_call(strategy: str, tmp
             return
         # One initializer run per worker (thread workers share this pid: one file, one line each).
         started, runs = _init_runs(tmp_path)
-        assert runs == getattr(ex, "max_workers", 1)
+        assert runs == getattr(ex.strategy, "max_workers", 1)
         await anyio.to_thread.run_sync(ex.start)  # idempotent
         for _ in range(20):
             await ex.run(helpers.add, 1, 1)

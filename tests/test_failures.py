@@ -23,8 +23,7 @@ import pytest
 
 import offload
 from offload._config import max_workers_from_env
-from offload._strategies import _wire
-from offload._strategies._process import ProcessExecutor
+from offload._strategies import _encoding, _wire
 
 from . import helpers
 from .conftest import has_pool, small_options
@@ -64,7 +63,7 @@ def check(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture
 def process_ex() -> Any:
-    ex = ProcessExecutor(max_workers=1)
+    ex = offload.get_executor("process", max_workers=1)
     yield ex
     ex.shutdown(wait=True, cancel_futures=True)
 
@@ -72,7 +71,7 @@ def process_ex() -> Any:
 # ---- 1. a failed receive never shifts replies onto later calls ----------------
 
 
-async def test_worker_out_of_fds_fails_one_call_and_never_shifts_replies(process_ex: ProcessExecutor) -> None:
+async def test_worker_out_of_fds_fails_one_call_and_never_shifts_replies(process_ex: offload.Executor) -> None:
     await process_ex.run(helpers.limit_open_files)
     # The worker cannot open the arena of a 1 MiB argument.
     with pytest.raises(Exception, match="Too many open files"):
@@ -396,7 +395,7 @@ def _batching_with_busy_lane() -> tuple[offload.Executor, Any, concurrent.future
     helpers.GATE.clear()
     ex = offload.get_executor("async-renderer")
     # What `make_async(tag_item, batch=tag_items)` hands this executor.
-    target = ex._with_batch_form(helpers.tag_item, helpers.tag_items)
+    target = ex.strategy.batch_form(helpers.tag_item, helpers.tag_items)
     busy = ex.submit(helpers.wait_gate)  # the lane is busy: the next calls queue
     return ex, target, busy
 
@@ -577,11 +576,11 @@ def test_done_callback_may_shut_down_during_cancel_futures_shutdown() -> None:
 
 def test_large_bytearray_travels_out_of_band() -> None:
     threshold = _wire.DEFAULT_SHM_THRESHOLD
-    _, buffers = _wire.dumps(_wire.wrap_bytes(bytearray(1 << 20), threshold), threshold)
+    _, buffers = _encoding.dumps(_encoding.wrap_bytes(bytearray(1 << 20), threshold), threshold)
     assert len(buffers) == 1
 
 
-def test_large_bytearray_round_trips_as_bytearray(process_ex: ProcessExecutor) -> None:
+def test_large_bytearray_round_trips_as_bytearray(process_ex: offload.Executor) -> None:
     data = bytearray(os.urandom(1 << 20))
     back = process_ex.submit(helpers.identity, data).result(timeout=TIMEOUT)
     assert type(back) is bytearray
@@ -616,7 +615,7 @@ def test_worker_is_quiet_when_the_parent_goes_away() -> None:
 async def test_kill_on_cancel_catches_a_call_cancelled_before_it_reached_its_worker(tmp_path: Path) -> None:
     marker = str(tmp_path / "ran")
     helpers.PICKLING.clear()
-    ex = ProcessExecutor(max_workers=1, cancel="kill")
+    ex = offload.get_executor("process", max_workers=1, cancel="kill")
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run, helpers.mark, marker, helpers.SlowToPickle())

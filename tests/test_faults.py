@@ -73,7 +73,7 @@ async def test_load_with_random_worker_kills(tmp_path: Path) -> None:
             await anyio.sleep(random.uniform(0.02, 0.1))
             if stop.is_set():
                 break
-            pids = ex._worker_pids()  # type: ignore[attr-defined]
+            pids = ex.strategy.worker_pids()  # type: ignore[attr-defined]
             if pids:
                 try:
                     os.kill(random.choice(pids), signal.SIGKILL)
@@ -104,7 +104,7 @@ async def test_load_with_random_worker_kills(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(workers):
                 tg.start_soon(ex.run, helpers.hold_slot, slots, 0.5)
-        assert len(set(ex._worker_pids())) == workers  # type: ignore[attr-defined]
+        assert len(set(ex.strategy.worker_pids())) == workers  # type: ignore[attr-defined]
         print(
             f"\n[faults] {calls} calls at concurrency {concurrency}, {workers} workers: "
             f"{kills} kills, {len(crashed)} WorkerCrashed, {calls - len(crashed)} results, "
@@ -242,7 +242,7 @@ async def test_cancellation_storm(strategy: str, tmp_path: Path, anyio_backend: 
         await ex.aclose()
     assert ours() <= before_threads
     if strategy == "process":
-        assert not (set(ex._worker_pids()))  # type: ignore[attr-defined]
+        assert not (set(ex.strategy.worker_pids()))  # type: ignore[attr-defined]
 
 
 # ---- lifecycle ---------------------------------------------------------------

@@ -118,7 +118,7 @@ async def _drive(ex: offload.Executor, scenario: Scenario, steps: list[tuple[Any
         async with anyio.create_task_group() as tg:
             for step in steps:
                 if isinstance(ex, offload.Executor) and scenario.strategy == "process":
-                    scenario.worker_pids.update(ex._worker_pids())  # type: ignore[attr-defined]
+                    scenario.worker_pids.update(ex.strategy.worker_pids())  # type: ignore[attr-defined]
                 if step[0] == "call":
                     _, kind, fail, delay, size = step
                     record = Record(len(records), kind, fail, delay, size)
@@ -144,7 +144,7 @@ async def _drive(ex: offload.Executor, scenario: Scenario, steps: list[tuple[Any
                     elif record.future is not None:
                         record.future.cancel()
                 elif step[0] == "kill" and scenario.strategy == "process":
-                    pids = sorted(ex._worker_pids())  # type: ignore[attr-defined]
+                    pids = sorted(ex.strategy.worker_pids())  # type: ignore[attr-defined]
                     if pids:
                         scenario.killed = True
                         try:
@@ -245,7 +245,7 @@ def test_random_interleavings_end_every_call_once_and_leak_nothing(strategy: str
             assert not pending, f"{len(pending)} futures never ended"
         finally:
             if strategy == "process":
-                scenario.worker_pids.update(ex._worker_pids())  # type: ignore[attr-defined]
+                scenario.worker_pids.update(ex.strategy.worker_pids())  # type: ignore[attr-defined]
             stopper = threading.Thread(target=ex.shutdown, daemon=True)
             stopper.start()
             stopper.join(HANG_LIMIT)

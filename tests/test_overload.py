@@ -357,8 +357,8 @@ async def test_aclose_timeout_kills_process_workers_still_running(tmp_path: Path
     async with anyio.create_task_group() as tg:
         for _ in range(2):
             tg.start_soon(one)
-        await wait_until(lambda: len(ex._worker_pids()) == 2)
-        pids = ex._worker_pids()
+        await wait_until(lambda: len(ex.strategy.worker_pids()) == 2)
+        pids = ex.strategy.worker_pids()
         await anyio.sleep(0.2)
         started = time.perf_counter()
         await ex.aclose(timeout=0.5)

@@ -23,22 +23,22 @@ import pytest
 
 import offload
 from offload._strategies import _wire
-from offload._strategies._process import ProcessExecutor
+from offload._strategies._process import ProcessStrategy
 
 from . import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def process_executor(**options: Any) -> ProcessExecutor:
+def process_executor(**options: Any) -> offload.Executor:
     options.setdefault("max_workers", 2)
     ex = offload.get_executor("process", **options)
-    assert isinstance(ex, ProcessExecutor)
+    assert isinstance(ex.strategy, ProcessStrategy)
     return ex
 
 
 @pytest.fixture
-def ex() -> Iterator[ProcessExecutor]:
+def ex() -> Iterator[offload.Executor]:
     executor = process_executor()
     try:
         yield executor
@@ -92,7 +92,7 @@ def our_shm_files(workers: Any) -> list[str]:
 
 
 @pytest.mark.anyio
-async def test_sigkill_mid_call_fails_only_that_call(ex: ProcessExecutor, tmp_path: Path) -> None:
+async def test_sigkill_mid_call_fails_only_that_call(ex: offload.Executor, tmp_path: Path) -> None:
     outcome: dict[str, Any] = {}
 
     async def victim() -> None:
@@ -121,8 +121,8 @@ async def test_sigkill_mid_call_fails_only_that_call(ex: ProcessExecutor, tmp_pa
     assert outcome["other"] == "fine"
     assert await ex.run(helpers.add, 1, 2) == 3
     with anyio.fail_after(30):
-        await until(lambda: len(ex._worker_pids()) == 2 and pid not in ex._worker_pids())
-    assert all(not gone(p) for p in ex._worker_pids())
+        await until(lambda: len(ex.strategy.worker_pids()) == 2 and pid not in ex.strategy.worker_pids())
+    assert all(not gone(p) for p in ex.strategy.worker_pids())
 
 
 @pytest.mark.anyio
@@ -134,7 +134,7 @@ async def test_sigkill_mid_call_fails_only_that_call(ex: ProcessExecutor, tmp_pa
     ],
     ids=["os._exit", "segfault"],
 )
-async def test_other_deaths_name_the_exit(ex: ProcessExecutor, fn: Any, args: Any, expected: str) -> None:
+async def test_other_deaths_name_the_exit(ex: offload.Executor, fn: Any, args: Any, expected: str) -> None:
     with anyio.fail_after(60), pytest.raises(offload.WorkerCrashed, match=expected):
         await ex.run(fn, *args)
     assert await ex.run(helpers.add, 2, 2) == 4
@@ -150,7 +150,7 @@ def test_hundred_kills_leave_no_zombie_or_orphan(tmp_path: Path) -> None:
             with pytest.raises(offload.WorkerCrashed, match="SIGKILL"):
                 future.result(timeout=120)
         assert ex.submit(helpers.add, 1, 1).result(timeout=60) == 2
-        survivors = ex._worker_pids()
+        survivors = ex.strategy.worker_pids()
     finally:
         ex.shutdown(wait=True)
     killed = pids_in(tmp_path)
@@ -175,7 +175,7 @@ def test_hundred_kills_leave_no_zombie_or_orphan(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_worker_dying_while_idle_is_replaced_quietly(ex: ProcessExecutor) -> None:
+async def test_worker_dying_while_idle_is_replaced_quietly(ex: offload.Executor) -> None:
     first = await ex.run(helpers.pid)
     os.kill(first, signal.SIGKILL)
     await anyio.to_thread.run_sync(wait_for, lambda: gone(first))
@@ -186,7 +186,7 @@ async def test_worker_dying_while_idle_is_replaced_quietly(ex: ProcessExecutor) 
 
 
 @pytest.mark.anyio
-async def test_unpicklable_function_and_argument_raise_type_error(ex: ProcessExecutor) -> None:
+async def test_unpicklable_function_and_argument_raise_type_error(ex: offload.Executor) -> None:
     def local() -> int:
         return 1
 
@@ -209,7 +209,7 @@ async def test_unpicklable_function_and_argument_raise_type_error(ex: ProcessExe
 
 
 @pytest.mark.anyio
-async def test_unpicklable_result_and_exception(ex: ProcessExecutor) -> None:
+async def test_unpicklable_result_and_exception(ex: offload.Executor) -> None:
     with pytest.raises(TypeError, match="result .*could not be pickled"):
         await ex.run(helpers.return_unpicklable)
     with pytest.raises(offload.OffloadError, match="UnpicklableError: kept"):
@@ -220,18 +220,18 @@ async def test_unpicklable_result_and_exception(ex: ProcessExecutor) -> None:
 
 
 @pytest.fixture(scope="module")
-def decorator_executor() -> Iterator[ProcessExecutor]:
+def decorator_executor() -> Iterator[offload.Executor]:
     yield helpers.DECORATOR_EXECUTOR
     helpers.DECORATOR_EXECUTOR.shutdown()
 
 
 @pytest.mark.anyio
 async def test_a_function_decorated_with_make_async_runs_in_a_worker(
-    decorator_executor: ProcessExecutor,
+    decorator_executor: offload.Executor,
 ) -> None:
     doubled, worker = await helpers.doubled_in_a_process(21)
     assert doubled == 42
-    assert worker in decorator_executor._worker_pids()
+    assert worker in decorator_executor.strategy.worker_pids()
 
 
 # ---- worker state and recycling ------------------------------------------------
@@ -262,7 +262,7 @@ async def test_initializer_runs_once_per_worker_across_1000_calls(tmp_path: Path
 
 
 @pytest.mark.anyio
-async def test_failing_initializer_fails_the_call(ex: ProcessExecutor) -> None:
+async def test_failing_initializer_fails_the_call(ex: offload.Executor) -> None:
     bad = process_executor(initializer=helpers.fail_init)
     try:
         with pytest.raises(offload.OffloadError, match="initializer broke"):
@@ -333,7 +333,7 @@ def test_bad_options_are_config_errors() -> None:
 
 
 @pytest.mark.anyio
-async def test_large_payloads_round_trip_through_shared_memory(ex: ProcessExecutor) -> None:
+async def test_large_payloads_round_trip_through_shared_memory(ex: offload.Executor) -> None:
     import torch
 
     big = np.random.default_rng(0).standard_normal((512, 1024))  # 4 MiB
@@ -361,7 +361,7 @@ async def test_large_payloads_round_trip_through_shared_memory(ex: ProcessExecut
     assert made[-1] == (1 << 20) - 1
     made[0] = 42.0  # a private, writable array
     assert made[0] == 42.0
-    assert our_shm_files(ex._worker_pids()) == []
+    assert our_shm_files(ex.strategy.worker_pids()) == []
 
 
 @pytest.mark.anyio
@@ -383,7 +383,7 @@ async def test_shutdown_leaves_no_worker_process(tmp_path: Path) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(ex.run, helpers.sleep_and_return, 0.2)
-    pids = ex._worker_pids()
+    pids = ex.strategy.worker_pids()
     assert len(pids) == 2
     await ex.aclose()
     assert all(gone(p) for p in pids)
@@ -399,7 +399,7 @@ PARENT_SCRIPT = textwrap.dedent(
         ex = offload.get_executor("process", max_workers=2)
         busy = ex.submit(helpers.sleep_and_return, 120)  # one worker mid-call
         ex.submit(helpers.add, 1).result(timeout=60)
-        print(" ".join(map(str, ex._worker_pids())), flush=True)
+        print(" ".join(map(str, ex.strategy.worker_pids())), flush=True)
         time.sleep(120)
     """
 )

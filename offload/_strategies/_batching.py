@@ -5,20 +5,19 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar, final
 
 from typing_extensions import ParamSpec
 
-from .._call import PENDING, Call
+from .._call import Call
 from .._config import check_initializer
-from .._errors import ConfigError, ExecutorClosed, OffloadError
-from .._executor import Executor
+from .._errors import ConfigError, OffloadError, executor_closed, initializer_failed
 from .._metrics import count_batch
+from .._queue import CallQueue
 from .._startup import Startup
+from .._strategy import Strategy
 from .._worker_state import _NO_STATE, _swap_state
-from ._fork import forget_in_child
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -33,6 +32,7 @@ DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_WAIT = 0.0
 
 _lane_ids = itertools.count()
+_UNSTARTED: Any = object()
 
 
 @final
@@ -45,11 +45,13 @@ class BatchedFunction(Generic[P, T]):
     It pickles when `fn` and `batch` do.
     """
 
-    __slots__ = ("batch", "fn")
+    __slots__ = ("__wrapped__", "batch", "fn")
 
     def __init__(self, fn: Callable[P, T], batch: Callable[..., list[Any]]) -> None:
         self.fn = fn
         self.batch = batch
+        # What metrics label it by (`offload_*{function=...}`), as for any wrapper.
+        self.__wrapped__ = fn
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
         return self.fn(*args, **kwargs)
@@ -117,9 +119,13 @@ def _batch_key(call: Call[Any]) -> Hashable | None:
 
 
 @final
-class BatchingExecutor(Executor):
+class BatchingStrategy(Strategy):
     """Micro-batching: one worker thread drains a queue, running pending calls of a
     function that has a batch form as one `batch([...], **kwargs)` call.
+
+    **Order.** The lane takes the next call as every queue does (fairly by
+    lane, flow and cost; see `Executor`), then the queued calls that may join
+    its batch.
 
     **No idle cost.** A call that arrives while the worker is idle starts at
     once, alone, as with `thread`: there is no batching window by default.
@@ -166,13 +172,14 @@ class BatchingExecutor(Executor):
             behaved like `max_wait=0.002`).
         initializer: run once in the worker thread; its return value is that
             thread's `worker_state()`, e.g. the worker's own tokenizer. If it
-            raises, the oldest queued call fails with `OffloadError` (the
-            cause attached) and a fresh worker takes the rest; once shutdown
-            has begun, every queued call fails that way instead.
+            raises, the next queued call fails with `OffloadError` (the
+            cause attached), and the one after it tries the initializer
+            again; so every queued call ends, shutdown or not.
         initargs: positional arguments for `initializer`.
         thread_name_prefix: names the worker `{prefix}-{lane}`.
-        max_queue: calls that may wait beyond one full batch before new ones
-            fail with `Overloaded`. `None` (default): unbounded.
+
+    With `max_queue` on the executor, calls that may wait beyond one full
+    batch before new ones fail with `Overloaded`.
     """
 
     name = "async-renderer"
@@ -185,7 +192,6 @@ class BatchingExecutor(Executor):
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-batch",
-        max_queue: int | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
@@ -201,27 +207,25 @@ class BatchingExecutor(Executor):
         self._initializer = initializer
         self._initargs = initargs
         self._name = f"{thread_name_prefix}-{next(_lane_ids)}"
-        # (batch key, call) in arrival order; the key is computed once, by the caller.
-        self._pending: deque[tuple[Hashable | None, Call[Any]]] = deque()
+        self._reset()
+        self._stopping = False
+
+    def _reset(self) -> None:
+        self._pending = CallQueue()
+        # Each queued call's batch key, computed once, by its caller.
+        self._keys: dict[Call[Any], Hashable | None] = {}
         # A batch the worker holds back while `max_wait` lets it fill (shutdown may drop it).
         self._collecting: list[Call[Any]] = []
         self._cond = threading.Condition(threading.Lock())
         self._threads: set[threading.Thread] = set()
-        self._stopping = False
-        forget_in_child(self)
-        self._set_max_queue(max_queue)
 
-    def _capacity(self) -> int:
+    def capacity(self) -> int:
         # One batch runs at a time; a call that waits joins the next one.
         return self._max_batch_size
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         # The parent's worker does not exist here; its queued calls are its own.
-        super()._after_fork_in_child()
-        self._pending = deque()
-        self._collecting = []
-        self._cond = threading.Condition(threading.Lock())
-        self._threads = set()
+        self._reset()
 
     @property
     def max_batch_size(self) -> int:
@@ -231,35 +235,38 @@ class BatchingExecutor(Executor):
     def max_wait(self) -> float:
         return self._max_wait
 
-    def _with_batch_form(
-        self, fn: Callable[P, T], batch: Callable[..., list[Any]]
-    ) -> Callable[P, T]:
+    def batch_form(self, fn: Callable[P, T], batch: Callable[..., list[Any]]) -> Callable[P, T]:
         return BatchedFunction(fn, batch)
 
     # ---- caller side ---------------------------------------------------------
 
-    def _schedule(self, call: Call[Any]) -> None:
+    def schedule(self, call: Call[Any]) -> None:
         key = _batch_key(call)
         with self._cond:
             if self._stopping:
-                raise ExecutorClosed("BatchingExecutor is shut down")
-            self._pending.append((key, call))
+                raise executor_closed(self.name)
             if not self._threads:
-                self._spawn()
+                # Before queuing: a thread that cannot start fails this call only.
+                try:
+                    self._spawn()
+                except RuntimeError as exc:  # can't start new thread
+                    raise OffloadError(f"{self.name}: could not start its lane thread: {exc}") from exc
+            self._pending.push(call)
+            self._keys[call] = key
             self._cond.notify()
 
     def _spawn(self, startup: Startup | None = None) -> None:
-        # Called with the lock held.
+        # Called with the lock held. Registered only once it runs: a thread
+        # that could not start must not stand for a lane that does not exist.
         thread = threading.Thread(target=self._work, args=(startup,), name=self._name, daemon=True)
-        self._threads.add(thread)
         thread.start()
+        self._threads.add(thread)
 
     def start(self) -> None:
-        super().start()
         startup = Startup()
         with self._cond:
             if self._stopping:
-                raise ExecutorClosed("BatchingExecutor is shut down")
+                raise executor_closed(self.name)
             if not self._threads:
                 self._spawn(startup)
                 startup.expect(1)
@@ -269,20 +276,23 @@ class BatchingExecutor(Executor):
 
     def _work(self, startup: Startup | None = None) -> None:
         state: Any = _NO_STATE
+        error: BaseException | None = None
         if self._initializer is not None:
-            try:
-                state = self._initializer(*self._initargs)
-            except BaseException as exc:
-                if startup is not None:
-                    error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-                    error.__cause__ = exc
-                    startup.finished(error)
-                self._fail_start(exc)
-                return
+            state, error = self._initialize()
         if startup is not None:
-            startup.finished()
+            startup.finished(error)
+            error = None  # start()'s caller has it: no call sees it
         try:
-            while True:
+            while self._wait_for_work():
+                if state is _UNSTARTED:
+                    if error is None:
+                        state, error = self._initialize()  # tried again, for this call
+                    if error is not None:
+                        # One call fails with it; the one after tries again.
+                        if not self._fail_next(error):
+                            break
+                        error = None
+                        continue
                 batch = self._next_batch()
                 if batch is None:
                     break
@@ -292,17 +302,49 @@ class BatchingExecutor(Executor):
             with self._cond:
                 self._threads.discard(threading.current_thread())
 
-    def _next_batch(self) -> list[Call[Any]] | None:
-        """Wait for work; take the oldest pending call and the calls that may join it."""
+    def _wait_for_work(self) -> bool:
+        """Wait until a call is queued; False once shut down with none left."""
+        with self._cond:
+            while not len(self._pending):
+                if self._stopping:
+                    return False
+                self._cond.wait()  # no timeout: an idle worker waits only for a call
+            return True
+
+    def _initialize(self) -> tuple[Any, BaseException | None]:
+        assert self._initializer is not None
+        try:
+            return self._initializer(*self._initargs), None
+        except BaseException as exc:
+            return _UNSTARTED, initializer_failed(self._initializer, exc)
+
+    def _fail_next(self, error: BaseException) -> bool:
+        """Fail the next queued call with `error`; False once shut down with none left."""
         with self._cond:
             while True:
-                while not self._pending:
-                    if self._stopping:
-                        return None
-                    self._cond.wait()  # no timeout: an idle worker waits only for a call
-                key, head = self._pending.popleft()
-                if head.state is PENDING:
+                call = self._pending.pop()
+                if call is not None:
+                    self._keys.pop(call, None)
                     break
+                if self._stopping:
+                    return False
+                self._cond.wait()
+        if call.claim():
+            call.set_exception(error)
+        return True
+
+    def _next_batch(self) -> list[Call[Any]] | None:
+        """Wait for work; take the next call and the calls that may join it."""
+        with self._cond:
+            while True:
+                head = self._pending.pop()
+                if head is not None:
+                    break
+                if self._stopping:
+                    return None
+                self._cond.wait()  # no timeout: an idle worker waits only for a call
+            key = self._keys.pop(head, None)
+            self._forget_withdrawn()
             group = [head]
             if key is None or self._max_batch_size == 1:
                 return group
@@ -319,23 +361,23 @@ class BatchingExecutor(Executor):
                 self._collecting = []
             return group
 
+    def _forget_withdrawn(self) -> None:
+        # The queue drops withdrawn calls as it reaches them; their keys go
+        # when they outnumber the queued calls (with the lock held).
+        if len(self._keys) > 2 * len(self._pending) + 64:
+            queued = set(self._pending)
+            self._keys = {call: key for call, key in self._keys.items() if call in queued}
+
     def _gather(self, key: Hashable, group: list[Call[Any]]) -> None:
-        """Move queued calls with `key` into `group`, oldest first, up to the size limit.
-        Also forgets cancelled calls on the way. Called with the lock held."""
-        room = self._max_batch_size - len(group)
-        if room <= 0:
-            return
-        rest: deque[tuple[Hashable | None, Call[Any]]] = deque()
-        for entry in self._pending:
-            call = entry[1]
-            if call.state is not PENDING:
-                continue
-            if room and entry[0] == key:
-                group.append(call)
-                room -= 1
-            else:
-                rest.append(entry)
-        self._pending = rest
+        """Move queued calls with `key` into `group`, in queue order, up to the
+        size limit. Called with the lock held."""
+        keys = self._keys
+        taken = self._pending.take(
+            lambda call: call in keys and keys[call] == key, self._max_batch_size - len(group)
+        )
+        for call in taken:
+            del keys[call]
+        group.extend(taken)
 
     def _run(self, group: list[Call[Any]], state: Any) -> None:
         # Claiming here, right before the start, is what keeps a call cancelled
@@ -388,34 +430,14 @@ class BatchingExecutor(Executor):
         for call, result in zip(claimed, results, strict=True):
             call.set_result(result)
 
-    def _fail_start(self, exc: BaseException) -> None:
-        """The initializer raised: fail the oldest call and let a fresh worker
-        take the rest, or, once shutdown has begun (nobody would start that
-        worker), fail them all: no call may be left pending."""
-        with self._cond:
-            self._threads.discard(threading.current_thread())
-            victims: list[Call[Any]] = []
-            while self._pending and (self._stopping or not victims):
-                _, call = self._pending.popleft()
-                if call.state is PENDING:
-                    victims.append(call)
-            if self._pending and not self._stopping:
-                self._spawn()
-        for victim in victims:
-            if victim.claim():
-                error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-                error.__cause__ = exc
-                victim.set_exception(error)
-
     # ---- shutdown ------------------------------------------------------------
 
-    def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
+    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         dropped: list[Call[Any]] = []
         with self._cond:
             if cancel_futures:
-                dropped = [call for _, call in self._pending]
-                dropped += self._collecting
-                self._pending.clear()
+                dropped = self._pending.drain() + self._collecting
+                self._keys.clear()
             self._stopping = True
             self._cond.notify_all()
             threads = list(self._threads)

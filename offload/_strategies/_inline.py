@@ -8,13 +8,13 @@ from typing import Any, final
 
 from .._call import Call
 from .._config import check_initializer
-from .._errors import ExecutorClosed, OffloadError
-from .._executor import Executor
+from .._errors import executor_closed, initializer_failed
+from .._strategy import Strategy
 from .._worker_state import _NO_STATE
 
 
 @final
-class InlineExecutor(Executor):
+class InlineStrategy(Strategy):
     """Runs each call synchronously on the calling thread: under `run`, on the
     event loop itself, which it blocks for the call's duration.
 
@@ -43,6 +43,7 @@ class InlineExecutor(Executor):
         self._initializer = initializer
         self._initargs = initargs
         self._states = threading.local()
+        self._closed = False
 
     def _state(self) -> Any:
         if self._initializer is None:
@@ -53,20 +54,19 @@ class InlineExecutor(Executor):
             self._states.value = self._initializer(*self._initargs)
             return self._states.value
 
-    def _schedule(self, call: Call[Any]) -> None:
+    def schedule(self, call: Call[Any]) -> None:
         if self._closed:
-            raise ExecutorClosed("InlineExecutor is shut down")
+            raise executor_closed(self.name)
         if call.claim():
             try:
                 state = self._state()
             except BaseException as exc:
                 # Wrapped as every other strategy wraps it: the caller can tell a
                 # broken worker from a failing call.
-                error = OffloadError(f"worker initializer {self._initializer!r} failed: {exc!r}")
-                error.__cause__ = exc
-                call.set_exception(error)
+                call.set_exception(initializer_failed(self._initializer, exc))
                 return
             call.execute(state)
 
-    def _shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        pass
+    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        # Nothing queues here; a call running now finishes on its caller's thread.
+        self._closed = True

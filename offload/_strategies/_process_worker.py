@@ -22,7 +22,7 @@ from typing import Any
 from tblib import pickling_support
 
 from .._worker_state import _NO_STATE, _swap_state
-from . import _wire
+from . import _encoding, _wire
 
 
 def _watch_parent(alive: Connection) -> None:
@@ -79,7 +79,7 @@ def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshol
     cannot be made, is replaced by an error reply, so the call still ends.
     Raises `OSError` only if the pipe is broken (the parent is gone)."""
     try:
-        data, buffers = _wire.dumps(message, threshold)
+        data, buffers = _encoding.dumps(message, threshold)
     except Exception as exc:
         if message[0] != "ok":
             raise
@@ -88,7 +88,7 @@ def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshol
             f"to send it back: {exc}"
         )
         error.__cause__ = exc
-        data, buffers = _wire.dumps(("error", _describe_error(error), message[2]), threshold)
+        data, buffers = _encoding.dumps(("error", _describe_error(error), message[2]), threshold)
     try:
         tx.send(conn, data, buffers)
     except _wire.ArenaError as exc:
@@ -96,7 +96,7 @@ def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshol
             raise
         failure = OSError(f"the worker could not send the reply: {exc}")
         failure.__cause__ = exc.__cause__
-        tx.send(conn, *_wire.dumps(("error", _describe_error(failure), message[-1]), None))
+        tx.send(conn, *_encoding.dumps(("error", _describe_error(failure), message[-1]), None))
 
 
 def main(
@@ -106,11 +106,15 @@ def main(
     initargs: tuple[Any, ...],
     threshold: int | None,
     max_memory: int | None,
+    nice: int = 0,
 ) -> None:
     """The worker process's target: initialize, then run calls until told to stop."""
     # Ctrl-C in a terminal reaches the whole process group: the parent decides
     # what happens to the pool (it shuts it down), not each worker on its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        # Below the parent: its event loop gets the CPU first (`DEFAULT_NICE`).
+        os.nice(nice)
     threading.Thread(target=_watch_parent, args=(alive,), name="offload-parent-watch", daemon=True).start()
 
     try:
@@ -162,7 +166,7 @@ def _serve(
         fn, args, kwargs = message
         del message
         try:
-            result = _wire.wrap_bytes(fn(*args, **kwargs), threshold)
+            result = _encoding.wrap_bytes(fn(*args, **kwargs), threshold)
         except BaseException as exc:
             reply: tuple[Any, ...] = ("error", _describe_error(exc))
         else:

@@ -17,7 +17,7 @@ import ray
 from ray import cloudpickle
 from tblib import pickling_support
 
-import offload
+from offload.strategy import Call
 
 
 def _strip_tracebacks(exc: BaseException) -> None:
@@ -71,7 +71,7 @@ class RayWorker:
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> tuple[str, Any]:
-        call: offload.Call[Any] = offload.Call(fn, args, kwargs)
+        call: Call[Any] = Call(fn, args, kwargs)
         if self._has_state:
             call.execute(self._state)
         else:

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 import ray
-from offload_ray import RayExecutor
+from offload_ray import RayStrategy
 from ray.cluster_utils import Cluster
 from ray_settings import NODE
 
@@ -89,16 +89,16 @@ def node_of_call(seconds: float) -> str:
 
 async def test_calls_land_on_both_nodes_and_survive_losing_one(cluster: Cluster) -> None:
     # Four half-CPU actors spread over two 2-CPU nodes: the head alone can hold all four.
-    ex = RayExecutor(4, num_cpus=0.5, scheduling_strategy="SPREAD", address=cluster.address)
+    ex = offload.Executor(RayStrategy(4, num_cpus=0.5, scheduling_strategy="SPREAD", address=cluster.address))
     try:
         await ex.run(node_of_call, 0.0)  # connects and places the actors
         with anyio.fail_after(120):
-            while len(ex._actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
+            while len(ex.strategy.actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
                 await anyio.sleep(0.1)
         nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         assert len(nodes) == 2
         actor_nodes = collections.Counter(
-            node for node, _ in ray.get([a.where.remote() for a in ex._actors()])
+            node for node, _ in ray.get([a.where.remote() for a in ex.strategy.actors()])
         )
         placed: collections.Counter[str] = collections.Counter()
         async with anyio.create_task_group() as tg:
@@ -144,9 +144,9 @@ async def test_calls_land_on_both_nodes_and_survive_losing_one(cluster: Cluster)
         assert outcomes["WorkerCrashed"] >= 1  # the calls running on the lost node
         # The pool is back to four actors, all on the surviving head node.
         with anyio.fail_after(120):
-            while len(ex._actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
+            while len(ex.strategy.actors()) < 4:  # noqa: ASYNC110 (polling state Ray changes)
                 await anyio.sleep(0.2)
-        where = ray.get([a.where.remote() for a in ex._actors()])
+        where = ray.get([a.where.remote() for a in ex.strategy.actors()])
         print(f"actors after the loss: {named(collections.Counter(node for node, _ in where))}")
         assert {node for node, _ in where} == {head_id}
         after = [await ex.run(node_of_call, 0.0) for _ in range(8)]
@@ -162,17 +162,18 @@ JOIN = textwrap.dedent(
     import sys
     import ray_settings  # loopback settings, before ray
     import ray
-    from offload_ray import RayExecutor
+    import offload
+    from offload_ray import RayStrategy
 
     def node_id() -> str:
         return str(ray.get_runtime_context().get_node_id())
 
-    ex = RayExecutor(1, num_cpus=0.5, address=sys.argv[1])
+    ex = offload.Executor(RayStrategy(1, num_cpus=0.5, address=sys.argv[1]))
     try:
         print("ran on", ex.submit(node_id).result(timeout=120))
     finally:
         ex.shutdown()
-    print("actors left", len(ex._actors()))
+    print("actors left", len(ex.strategy.actors()))
     """
 )
 

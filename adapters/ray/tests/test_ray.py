@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 import ray
-from offload_ray import RayExecutor
+from offload_ray import RayStrategy
 from ray_settings import LOCAL_RAY
 
 import offload
@@ -91,7 +91,7 @@ def actor_processes() -> list[psutil.Process]:
 async def test_registered_under_its_name() -> None:
     assert "ray" in offload.STRATEGIES
     ex = offload.get_executor("ray", max_workers=1)
-    assert isinstance(ex, RayExecutor)
+    assert isinstance(ex.strategy, RayStrategy)
     wrapped = offload.make_async(pid, strategy="ray", max_workers=1)
     try:
         assert await wrapped() != os.getpid()
@@ -101,10 +101,10 @@ async def test_registered_under_its_name() -> None:
 
 
 async def test_killed_actor_fails_its_call_and_is_replaced(tmp_path: Path) -> None:
-    async with RayExecutor(2) as ex:
+    async with offload.Executor(RayStrategy(2)) as ex:
         before = {await ex.run(pid) for _ in range(2)}
         with anyio.fail_after(120):
-            while len(ex._actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
+            while len(ex.strategy.actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
                 await anyio.sleep(0.1)
         marker = tmp_path / "pid"
         outcome: list[Any] = []
@@ -126,13 +126,13 @@ async def test_killed_actor_fails_its_call_and_is_replaced(tmp_path: Path) -> No
         assert isinstance(outcome[0], offload.WorkerCrashed), outcome
         assert "died" in str(outcome[0])
         # By the time its caller hears of it, the dead actor has left the pool.
-        for actor in ex._actors():
+        for actor in ex.strategy.actors():
             ray.get(actor.where.remote(), timeout=60)
         # The pool is back to two actors, one of them new, and both serve calls.
         with anyio.fail_after(120):
-            while len(ex._actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
+            while len(ex.strategy.actors()) < 2:  # noqa: ASYNC110 (polling state Ray changes)
                 await anyio.sleep(0.1)
-        pids = {ray.get(actor.where.remote())[1] for actor in ex._actors()}
+        pids = {ray.get(actor.where.remote())[1] for actor in ex.strategy.actors()}
         assert len(pids) == 2, (before, victim_pid, pids)
         assert victim_pid not in pids, (before, victim_pid, pids)
         served: set[int] = set()
@@ -144,12 +144,12 @@ async def test_killed_actor_fails_its_call_and_is_replaced(tmp_path: Path) -> No
         assert served == pids
 
 
-async def one_into(ex: RayExecutor, pids: set[int]) -> None:
+async def one_into(ex: offload.Executor, pids: set[int]) -> None:
     pids.add(await ex.run(slow_pid, 0.5))
 
 
 async def test_large_arguments_go_through_the_object_store() -> None:
-    async with RayExecutor(1, object_store_threshold=64 << 10) as ex:
+    async with offload.Executor(RayStrategy(1, object_store_threshold=64 << 10)) as ex:
         large, small = np.ones(1 << 20, dtype=np.uint8), np.ones(1 << 10, dtype=np.uint8)
         args, kwargs, stored = ex._by_reference((large, small), {"data": b"x" * (64 << 10)})
         assert isinstance(args[0], ray.ObjectRef)
@@ -162,7 +162,7 @@ async def test_large_arguments_go_through_the_object_store() -> None:
 
 
 async def test_exceptions_keep_their_type_or_say_why_not() -> None:
-    async with RayExecutor(1) as ex:
+    async with offload.Executor(RayStrategy(1)) as ex:
         with pytest.raises(ValueError, match="deep"):
             await ex.run(recurse, 700)
         with pytest.raises(offload.OffloadError, match="cannot be pickled") as info:
@@ -171,14 +171,14 @@ async def test_exceptions_keep_their_type_or_say_why_not() -> None:
 
 
 async def test_an_unserializable_argument_fails_that_call_only() -> None:
-    async with RayExecutor(1) as ex:
+    async with offload.Executor(RayStrategy(1)) as ex:
         with pytest.raises(TypeError, match="could not be sent"):
             await ex.run(pid, threading.Lock())
         assert await ex.run(pid) != os.getpid()
 
 
 async def test_failing_initializer_fails_the_call_and_is_retried() -> None:
-    async with RayExecutor(1, initializer=fail_init) as ex:
+    async with offload.Executor(RayStrategy(1, initializer=fail_init)) as ex:
         for _ in range(2):
             with pytest.raises(offload.OffloadError, match="initializer") as info:
                 await ex.run(pid)
@@ -186,45 +186,45 @@ async def test_failing_initializer_fails_the_call_and_is_retried() -> None:
 
 
 async def test_unplaceable_actor_fails_the_call_instead_of_hanging() -> None:
-    async with RayExecutor(1, resources={"no-such-resource": 1}, actor_start_timeout=2) as ex:
+    async with offload.Executor(RayStrategy(1, resources={"no-such-resource": 1}, actor_start_timeout=2)) as ex:
         with pytest.raises(offload.OffloadError, match="no actor started"):
             await ex.run(pid)
 
 
 async def test_shutdown_leaves_no_actor_behind() -> None:
-    ex = RayExecutor(3)
+    ex = offload.Executor(RayStrategy(3))
     pids = {await ex.run(slow_pid, 0.3) for _ in range(6)}
     assert pids <= {p.pid for p in actor_processes()}
     await ex.aclose()
     with anyio.fail_after(30):
         while pids & {p.pid for p in actor_processes()}:  # noqa: ASYNC110 (polling state Ray changes)
             await anyio.sleep(0.1)
-    assert ex._actors() == []
+    assert ex.strategy.actors() == []
 
 
 async def test_bad_options_fail_at_construction() -> None:
     with pytest.raises(offload.ConfigError, match="max_workers"):
-        RayExecutor(0)
+        offload.Executor(RayStrategy(0))
     with pytest.raises(offload.ConfigError, match="num_cpus"):
-        RayExecutor(1, num_cpus=-1)
+        offload.Executor(RayStrategy(1, num_cpus=-1))
     with pytest.raises(offload.ConfigError, match="address"):
-        RayExecutor(1, address="")
+        offload.Executor(RayStrategy(1, address=""))
     with pytest.raises(offload.ConfigError, match="resources"):
-        RayExecutor(1, resources={"gpu_like": -2})
+        offload.Executor(RayStrategy(1, resources={"gpu_like": -2}))
     with pytest.raises(offload.ConfigError, match="takes no option"):
         offload.get_executor("ray", num_gpus=1)
 
 
 async def test_start_places_every_actor_before_the_first_call() -> None:
-    ex = RayExecutor(2)
+    ex = offload.Executor(RayStrategy(2))
     try:
         await anyio.to_thread.run_sync(ex.start)
-        actors = ex._actors()
+        actors = ex.strategy.actors()
         assert len(actors) == 2
         await anyio.to_thread.run_sync(ex.start)  # idempotent
-        assert ex._actors() == actors
+        assert ex.strategy.actors() == actors
         pids = {await ex.run(slow_pid, 0.2) for _ in range(6)}
-        assert ex._actors() == actors  # the calls used the actors start() made
+        assert ex.strategy.actors() == actors  # the calls used the actors start() made
         assert len(pids) <= 2
     finally:
         await ex.aclose()
@@ -233,7 +233,7 @@ async def test_start_places_every_actor_before_the_first_call() -> None:
 
 
 async def test_start_reports_a_failing_initializer_and_the_pool_retries() -> None:
-    async with RayExecutor(1, initializer=fail_init) as ex:
+    async with offload.Executor(RayStrategy(1, initializer=fail_init)) as ex:
         with pytest.raises(offload.OffloadError, match="initializer"):
             await anyio.to_thread.run_sync(ex.start)
         # Not reported a second time to the next call: that one starts a fresh actor (which fails again).
@@ -242,7 +242,7 @@ async def test_start_reports_a_failing_initializer_and_the_pool_retries() -> Non
 
 
 async def test_max_queue_refuses_calls_past_the_bound_at_once() -> None:
-    async with RayExecutor(1, max_queue=2) as ex:
+    async with offload.Executor(RayStrategy(1), max_queue=2) as ex:
         await anyio.to_thread.run_sync(ex.start)
         assert ex.max_queue == 2
         futures = [ex.submit(slow_pid, 1.0) for _ in range(3)]  # one runs, two wait
@@ -254,7 +254,7 @@ async def test_max_queue_refuses_calls_past_the_bound_at_once() -> None:
 
 
 async def test_aclose_timeout_kills_actors_still_running_a_call() -> None:
-    ex = RayExecutor(1)
+    ex = offload.Executor(RayStrategy(1))
     await anyio.to_thread.run_sync(ex.start)
     (actor_pid,) = {p.pid for p in actor_processes()} & {await ex.run(pid)}
     running = ex.submit(slow_pid, 60)

@@ -59,7 +59,7 @@ class Runtime:
         entrypoints, before the port opens, so no worker (a process importing
         vLLM and loading the tokenizer, a Ray actor) is spawned under load. A
         worker that cannot start stops the server here, with its error."""
-        if type(executor).start is offload.Executor.start:
+        if executor.capacity is None:
             return  # inline: no workers
         began = time.perf_counter()
         try:
@@ -68,7 +68,7 @@ class Runtime:
             # The server will not come up: leave no worker behind.
             executor.shutdown(wait=False, cancel_futures=True)
             raise
-        workers = getattr(executor, "max_workers", None)
+        workers = getattr(executor.strategy, "max_workers", None)
         logger.info(
             "offload-vllm: %s started %s in %.2fs",
             self.strategy,
@@ -171,7 +171,7 @@ class Runtime:
         else:
             fn = _workers.render_all_in_process
             lead = (_workers.IOProcessorSpec(type(io_processor), chat_template_config),)
-        workers = max(1, int(getattr(executor, "max_workers", 1) or 1))
+        workers = executor.capacity or 1
 
         async def render_all(render_params: list[Any]) -> list[Any]:
             chunks = split_evenly(render_params, workers)

@@ -1,0 +1,334 @@
+"""`Dispatcher`: a fair queue served by slot threads (public as `offload.strategy.Dispatcher`).
+
+What `thread`, `process` and `ray` share. Calls wait in one `CallQueue`
+(fair by lane, flow and cost); up to `max_slots` slots take them. A *slot* is a
+thread of this process; its *worker* is what runs the calls: the slot thread
+itself (`thread`), a worker process (`process`) or an actor (`ray`). Slots
+start on demand, or all at once with `start_all()`, and stay until shutdown.
+
+    schedule(call) ──put──▶ CallQueue ──pop──▶ slot thread ──run(slot, call)──▶ worker
+                      │                          ▲
+                      └── a token per call ──────┘  (a slot blocks on a C-level queue)
+
+The strategy supplies the per-slot part (`SlotWorker`): make a slot, start
+its worker, tell whether it is ready, run one claimed call on it, stop it.
+The dispatcher does the rest: claiming, the busy slots, start-up reporting,
+retrying a worker that failed to start, shutdown and joining.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Generator
+from typing import Any, Generic, Protocol, TypeVar, final
+
+from ._call import Call
+from ._errors import OffloadError, executor_closed
+from ._queue import CallQueue
+from ._startup import Startup
+
+S = TypeVar("S")
+
+
+class SlotWorker(Protocol[S]):
+    """The per-slot part of a strategy built on `Dispatcher` (`S`: whatever it
+    keeps per slot). Every method but `new_slot` runs on the slot's own thread."""
+
+    def new_slot(self, number: int) -> S:
+        """State for a new slot (nothing started yet)."""
+
+    def start_worker(self, slot: S) -> None:
+        """Start the slot's worker and wait until it is ready (its initializer
+        ran). Raise the error its calls should see if it cannot start (an
+        `OffloadError` naming the cause, say `initializer_failed(...)`)."""
+
+    def worker_ready(self, slot: S) -> bool:
+        """Whether the slot's worker can take a call now (False: started never,
+        failed to start, or died: `start_worker` is called first)."""
+
+    def run(self, slot: S, call: Call[Any]) -> None:
+        """Run a claimed call on the slot's worker; it must end the call."""
+
+    def stop_worker(self, slot: S) -> None:
+        """The slot is exiting (shutdown): stop its worker, if any."""
+
+
+@final
+class Dispatcher(Generic[S]):
+    """A `CallQueue` and up to `max_slots` slot threads that take calls from it.
+
+    `put(call)` queues a call (and starts a slot if none is free);
+    `start_all()` starts every slot's worker now; `close()` refuses new
+    calls; `join()` waits for the slots to exit. `running()` gives the busy
+    slots with their calls, and `lock` guards whatever a strategy changes
+    on a slot that another thread reads (say, the process it kills).
+
+    A worker that fails to start hands its error to the next call the slot
+    takes, which fails with it; a later call starts it again. When it was
+    started by `start_all()`, the error goes to `start_all()`'s caller instead,
+    and no call ever sees it.
+
+    Thread-safe.
+    """
+
+    def __init__(
+        self, strategy: str, max_slots: int, worker: SlotWorker[S], *, thread_name: str | None = None
+    ) -> None:
+        #: For messages: the strategy's name.
+        self._owner = strategy
+        self._thread_name = thread_name or f"offload-{strategy}"
+        self._max_slots = max_slots
+        self._worker = worker
+        self._calls = CallQueue()
+        # One token per queued call, None to stop a slot: slots block in C, not on a Condition.
+        self._tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self._slots: dict[S, threading.Thread] = {}
+        self._running: dict[S, Call[Any]] = {}
+        self._idle = 0  # slots waiting for a token with none reserved for them
+        self._queued = 0  # tokens for calls (stop tokens not counted)
+        self._numbers = itertools.count()
+        self._stopping = False
+        self.lock = threading.Lock()
+
+    # ---- state -----------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """True once `close` has begun."""
+        return self._stopping
+
+    @property
+    def max_slots(self) -> int:
+        return self._max_slots
+
+    def slots(self) -> list[S]:
+        """The live slots (a snapshot)."""
+        with self.lock:
+            return list(self._slots)
+
+    def running(self) -> list[tuple[S, Call[Any]]]:
+        """The busy slots and the call each runs (a snapshot). Hold `lock` to
+        act on one without it changing meanwhile."""
+        with self.lock:
+            return list(self._running.items())
+
+    def slot_running(self, call: Call[Any]) -> S | None:
+        """The slot running `call`, if any. Call with `lock` held."""
+        for slot, running in self._running.items():
+            if running is call:
+                return slot
+        return None
+
+    # ---- calls -------------------------------------------------------------------
+
+    def put(self, call: Call[Any]) -> None:
+        """Queue `call`. Raises `ExecutorClosed` once `close` has begun, and
+        `OffloadError` if no slot exists and none can be started (no thread
+        left): then the call was not queued."""
+        with self.lock:
+            if self._stopping:
+                raise executor_closed(self._owner)
+            # Queued before a slot starts, so that a new slot finds it at once.
+            self._calls.push(call)
+            self._queued += 1
+            self._tokens.put(True)
+            if self._idle:
+                self._idle -= 1
+            elif len(self._slots) < self._max_slots:
+                try:
+                    self._start_slot(None)
+                except RuntimeError as exc:  # can't start new thread
+                    if self._slots:
+                        return  # a busy slot takes the call when it is free
+                    # No slot at all: take the call back; it fails, and is never run.
+                    self._calls.take(lambda queued: queued is call, 1)
+                    self._tokens.get_nowait()
+                    self._queued -= 1
+                    raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
+
+    def grow(self) -> None:
+        """Start idle slots up to `max_slots` now, without waiting for their
+        workers (for a strategy whose workers are slow to start: a pool that
+        grew call by call would pay for it under load). Does nothing once
+        `close` has begun, or if a slot thread cannot start."""
+        with self.lock:
+            while not self._stopping and len(self._slots) < self._max_slots:
+                try:
+                    self._start_slot(None)
+                except RuntimeError:
+                    return
+                self._idle += 1
+
+    def start_all(self) -> None:
+        """Start every slot and its worker now; return once each reported.
+        Raises `ExecutorClosed` once `close` has begun, and the first start-up
+        error (the slots stay; see the class docstring)."""
+        startup = Startup()
+        with self.lock:
+            if self._stopping:
+                raise executor_closed(self._owner)
+            # Slots already up started their workers (or will, at their next call).
+            started = 0
+            while len(self._slots) < self._max_slots:
+                try:
+                    self._start_slot(startup)
+                except RuntimeError as exc:
+                    startup.expect(started)
+                    raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
+                self._idle += 1
+                started += 1
+            startup.expect(started)
+        startup.wait()
+
+    def _start_slot(self, startup: Startup | None) -> None:
+        # With the lock held. The slot is registered only once its thread runs.
+        number = next(self._numbers)
+        slot = self._worker.new_slot(number)
+        thread = threading.Thread(
+            target=self._main, args=(slot, startup), name=f"{self._thread_name}-{number}", daemon=True
+        )
+        thread.start()
+        self._slots[slot] = thread
+
+    def _main(self, slot: S, startup: Startup | None) -> None:
+        worker = self._worker
+        error: BaseException | None = None
+        try:
+            try:
+                worker.start_worker(slot)
+            except BaseException as exc:
+                error = exc
+            if startup is not None:
+                startup.finished(error)
+                error = None  # start()'s caller has it: no call sees it
+            for call in self._claimed(slot):
+                if error is not None:
+                    call.set_exception(error)
+                    error = None
+                    continue
+                if not worker.worker_ready(slot):
+                    try:
+                        worker.start_worker(slot)
+                    except BaseException as exc:
+                        call.set_exception(exc)
+                        continue
+                try:
+                    worker.run(slot, call)
+                except BaseException as exc:
+                    # A bug here must not leave the caller waiting forever.
+                    if not call.done:
+                        call.set_exception(OffloadError(f"{self._owner} failed: {exc!r}"))
+                    raise
+        finally:
+            try:
+                worker.stop_worker(slot)
+            finally:
+                self._discard(slot)
+
+    def _claimed(self, slot: S) -> Generator[Call[Any], None, None]:
+        """A slot's loop: the calls it claimed, until a stop token. Calls
+        withdrawn while queued are skipped (`Call.claim`), so they never run."""
+        get = self._tokens.get
+        while True:
+            if get() is None:
+                return
+            with self.lock:
+                self._queued -= 1
+                call = self._calls.pop()
+                if call is not None:
+                    self._running[slot] = call
+            if call is not None and call.claim():
+                yield call
+            with self.lock:
+                self._running.pop(slot, None)
+                self._idle += 1
+            del call  # don't keep the last call's arguments alive while idle
+
+    def _discard(self, slot: S) -> None:
+        """`slot` exited. If calls are still queued and no slot is left to take
+        them, a fresh slot starts, even during shutdown (every queued call must
+        end, and `join` waits for it); if none can start, they fail."""
+        stranded: list[Call[Any]] = []
+        failure: BaseException | None = None
+        with self.lock:
+            self._slots.pop(slot, None)
+            self._running.pop(slot, None)
+            if self._queued > self._idle and len(self._slots) < self._max_slots:
+                try:
+                    self._start_slot(None)
+                except RuntimeError as exc:
+                    if not self._slots:
+                        failure = OffloadError(f"{self._owner}: could not start a slot thread: {exc}")
+                        stranded = self._calls.drain()
+                        self._queued = 0
+        for call in stranded:
+            if call.claim():
+                call.set_exception(failure)  # type: ignore[arg-type]
+
+    # ---- shutdown ----------------------------------------------------------------
+
+    def close(self, cancel_futures: bool) -> None:
+        """Refuse new calls, drop the queued ones if `cancel_futures`, and tell
+        every slot to exit once the calls ahead of it are done. Idempotent.
+
+        Dropped calls are told outside the lock: their callbacks (a future's
+        done-callbacks) may call back into the executor, shutdown included.
+        """
+        dropped: list[Call[Any]] = []
+        with self.lock:
+            if cancel_futures:
+                stop_tokens = drained = 0
+                while True:
+                    try:
+                        token = self._tokens.get_nowait()
+                    except queue.Empty:
+                        break
+                    if token is None:
+                        stop_tokens += 1  # from an earlier close: put back
+                    else:
+                        drained += 1
+                for _ in range(stop_tokens):
+                    self._tokens.put(None)
+                # Slots that already took a token are waiting for this lock to
+                # take their call: those calls are theirs (as if taken whole);
+                # the rest are dropped.
+                in_transit = self._queued - drained
+                kept = [call for call in (self._calls.pop() for _ in range(in_transit)) if call]
+                dropped = self._calls.drain()
+                for call in kept:
+                    self._calls.push(call)
+                self._queued = in_transit
+            if not self._stopping:
+                self._stopping = True
+                for _ in self._slots:
+                    self._tokens.put(None)
+        for call in dropped:
+            call.drop()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every slot has exited (the calling thread excepted, if
+        it is a slot: a call may shut its own executor down), or `timeout`
+        seconds; return whether they all did."""
+        me = threading.current_thread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Until none is left: a slot that exits while calls are queued hands
+        # them to a fresh one (`_discard`).
+        while True:
+            with self.lock:
+                threads = [t for t in self._slots.values() if t is not me]
+            if not threads:
+                return True
+            for thread in threads:
+                if deadline is None:
+                    thread.join()
+                else:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+                    if thread.is_alive():
+                        return False
+
+    def __len__(self) -> int:
+        """Calls queued (withdrawn ones included until a slot reaches them)."""
+        return len(self._calls)

@@ -1,0 +1,89 @@
+"""Fork safety: a child made by `os.fork()` must not use its parent's workers.
+
+A server that warms its executor up before forking (gunicorn `--preload`,
+multiprocessing's `fork` start method) gives every child a copy of the pool's
+bookkeeping but none of its threads, and worker processes that belong to the
+parent: every call in the child would wait forever. Executors register here,
+and in the child each one forgets its workers, so the child's first call
+starts fresh ones. Calls that were pending in the parent at the fork belong to
+the parent's callers and are forgotten with the rest.
+
+Process-wide state that outlives any executor is reset here too, once per
+fork: multiprocessing's forkserver (the parent's child, not ours), and the
+locks of offload's metrics (a thread of the parent may have held one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Any, Protocol
+
+
+class _Forgets(Protocol):
+    def _after_fork_in_child(self) -> None: ...
+
+
+_executors: weakref.WeakSet[_Forgets] = weakref.WeakSet()
+
+
+def forget_in_child(executor: _Forgets) -> None:
+    """Call `executor._after_fork_in_child()` in every child forked from now on
+    (as long as the executor lives)."""
+    _executors.add(executor)
+
+
+def _reset_forkserver() -> None:
+    """In a child: forget the parent's forkserver, which is not our child
+    (`waitpid` on it fails here), and its lock, which a thread of the parent
+    may have held while starting it. The first worker started here starts a
+    server of its own. The standard library resets this only in children it
+    starts itself."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is None:
+        return
+    server: Any = forkserver._forkserver
+    alive_fd, preload = server._forkserver_alive_fd, server._preload_modules
+    server.__init__()
+    server._preload_modules = preload
+    if alive_fd is not None:
+        # Our copy would keep the parent's server alive after the parent.
+        try:
+            os.close(alive_fd)
+        except OSError:
+            pass
+
+
+def forget_foreign_forkserver() -> None:
+    """Reset multiprocessing's forkserver state if the server it names is not
+    this process's child (inherited through a fork whose hooks did not run
+    here: offload was imported after it)."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is None:
+        return
+    pid = forkserver._forkserver._forkserver_pid
+    if pid is None:
+        return
+    try:
+        # WNOWAIT: look without reaping it (multiprocessing reaps its own).
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        _reset_forkserver()
+
+
+def _reset_metric_locks() -> None:
+    from . import _metrics
+
+    _metrics.reset_locks_in_child()
+
+
+def _after_fork_in_child() -> None:
+    _reset_forkserver()
+    _reset_metric_locks()
+    for executor in list(_executors):
+        executor._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,57 @@
+"""Writing a strategy: the interface, and the pieces the built-in strategies are made of.
+
+A strategy is a `Strategy` subclass: a `name`, `schedule(call)` and
+`shutdown(wait, cancel_futures)`, and optional hooks (`start`, `capacity`,
+`cancel_running`, `terminate_running`, `batch_form`, `after_fork_in_child`).
+Users run it through `offload.Executor(strategy)` (or, once it is registered
+under the entry-point group `offload.strategies`, `offload.get_executor(name)`),
+which owns admission, deadlines, lanes, metrics, fork handling and the
+closed state. See `Strategy` for the contract, and docs/strategies for a
+complete example.
+
+Helpers, public for strategy authors:
+
+- `Call`: one call; workers `claim()` it, then `execute(state)` it or
+  `set_result`/`set_exception` it.
+- `CallQueue`: the fair queue (lanes by weight, flows by cost) every
+  queuing strategy shares; `Lane`, `Flow`.
+- `Dispatcher` and `SlotWorker`: a `CallQueue` served by slot threads, each
+  driving one worker (a thread, a process, an actor); what `thread`,
+  `process` and `ray` are built on.
+- `Startup`: what `start()` waits on.
+- `check_max_workers`, `check_initializer`, `check_cost`: argument checks with
+  the house's messages.
+- `initializer_failed`, `executor_closed`: the errors users see, built once.
+- `count_worker_restart`, `count_batch`: metrics only a strategy can see.
+"""
+
+from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
+from ._config import check_initializer, check_max_workers, usable_cpu_count
+from ._dispatch import Dispatcher, SlotWorker
+from ._errors import executor_closed, initializer_failed
+from ._metrics import count_batch, count_worker_restart
+from ._queue import CallQueue, Flow, Lane, check_cost
+from ._startup import Startup
+from ._strategy import Strategy
+
+__all__ = [
+    "CANCELLED",
+    "DEADLINE",
+    "SHUTDOWN",
+    "Call",
+    "CallQueue",
+    "Dispatcher",
+    "Flow",
+    "Lane",
+    "SlotWorker",
+    "Startup",
+    "Strategy",
+    "check_cost",
+    "check_initializer",
+    "check_max_workers",
+    "count_batch",
+    "count_worker_restart",
+    "executor_closed",
+    "initializer_failed",
+    "usable_cpu_count",
+]
