@@ -4,6 +4,7 @@ package and on the installed vLLM. No server."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 import textwrap
@@ -232,3 +233,36 @@ def test_cli_all_found_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixt
     not_a_wheel.write_text("no zip")
     assert main(["check-seams", str(not_a_wheel)]) == 2
     assert "is not a wheel or zip" in capsys.readouterr().err
+
+
+def test_async_renderer_leaves_an_overridden_render_alone() -> None:
+    """async-renderer mirrors only `PoolingIOProcessor.render`: a processor whose
+    class overrides it (vLLM 0.33.0's `TokenEmbedIOProcessor` prepares late
+    chunking there) is rendered by its own `render`, never by the renderer directly."""
+    from offload_vllm._seams import renderer as renderer_seam
+    from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor
+
+    calls: list[str] = []
+
+    class Renderer:
+        async def render_cmpl_async(self, prompts: list[object], *args: object, **kwargs: object) -> list[object]:
+            calls.append("render_cmpl_async")
+            return [{"prompt_token_ids": [1]}]
+
+    class OwnRender(PoolingIOProcessor):
+        def render(self, render_params: object) -> object:  # type: ignore[override]
+            raise AssertionError("not called here")
+
+    params = {
+        "prompts": {"prompt": "hi"}, "tok_params": None, "prompt_extras": None, "skip_mm_cache": False,
+        "params": "p", "lora_requests": None, "priorities": 0,
+    }
+    base = PoolingIOProcessor.__new__(PoolingIOProcessor)
+    base.renderer = Renderer()  # type: ignore[assignment]
+    own = OwnRender.__new__(OwnRender)
+    own.renderer = Renderer()  # type: ignore[assignment]
+    assert asyncio.run(renderer_seam.render_with_async_renderer(own, params)) is None
+    assert calls == []
+    rendered = asyncio.run(renderer_seam.render_with_async_renderer(base, params))
+    assert rendered == {"prompts": {"prompt_token_ids": [1]}, "params": "p", "lora_requests": None, "priorities": 0}
+    assert calls == ["render_cmpl_async"]
