@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-ray lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu clean
+.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -33,6 +33,7 @@ help:
 	@echo "make test    - set up .venv and run lint, types, docs build and the whole test suite"
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
+	@echo "make check-vllm-seams [VLLM_SPEC='vllm==0.33.0'] - look for the adapter's seams in a vLLM release's source, without installing it"
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
@@ -93,8 +94,17 @@ test-ray: $(RAY_STAMP)
 		-p ray_contract tests/test_executor.py tests/test_decorator.py tests/test_properties.py \
 		tests/test_overload.py $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
-	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_VLLM_TEST_STRATEGIES=ray $(BIN)/python -m pytest \
+	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_VLLM_STRATEGIES=ray $(BIN)/python -m pytest \
 		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)
+
+# The seams the vLLM adapter relies on, looked for in a release's source: the
+# wheel alone is downloaded (cached in $(WHEEL_CACHE)) and read with `ast`, never
+# installed or imported. The default is the CUDA build GPU users install; a path
+# to a wheel or to a directory holding the vllm package works too.
+VLLM_SPEC ?= vllm==0.33.0
+WHEEL_CACHE := .cache/vllm-wheels
+check-vllm-seams: $(STAMP)
+	$(BIN)/python -m offload_vllm check-seams '$(VLLM_SPEC)' --cache $(WHEEL_CACHE)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)

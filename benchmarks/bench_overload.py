@@ -1,6 +1,6 @@
 """Overload benchmark: a vLLM pooling server at 128 clients, with and without a queue bound.
 
-Two servers (same strategy and workers; one with `VLLM_OFFLOAD_MAX_QUEUE`) run
+Two servers (same strategy and workers; one with `OFFLOAD_VLLM_MAX_QUEUE`) run
 side by side; levels alternate between them (A B, B A, ...) so that the
 machine's drift falls on both rows alike. For each level: accepted-request
 latency (200s only), 503s, requests/s, and `/health` latency probed from
@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     clients = 16 if args.smoke else CLIENTS
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
     configs = {
-        "unbounded": ServerConfig("unbounded", STRATEGY, env={"VLLM_OFFLOAD_WORKERS": str(WORKERS)}),
+        "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
         f"max_queue={MAX_QUEUE}": ServerConfig(
             f"max_queue={MAX_QUEUE}", STRATEGY,
-            env={"VLLM_OFFLOAD_WORKERS": str(WORKERS), "VLLM_OFFLOAD_MAX_QUEUE": str(MAX_QUEUE)},
+            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
         ),
     }
     args.out.mkdir(parents=True, exist_ok=True)

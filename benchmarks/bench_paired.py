@@ -87,7 +87,7 @@ def config(row: str) -> ServerConfig:
     if row == DEFAULT:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
         return ServerConfig(row, extra_args=(*args, "--renderer-num-workers", "1"))
-    env = {"VLLM_OFFLOAD_WORKERS": WORKERS[row]} if row in WORKERS else {}
+    env = {"OFFLOAD_VLLM_WORKERS": WORKERS[row]} if row in WORKERS else {}
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 
 

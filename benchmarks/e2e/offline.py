@@ -3,7 +3,7 @@
 Run in its own process per row, because the strategy is chosen when vLLM loads
 its plugins:
 
-    VLLM_OFFLOAD_STRATEGY=thread python -m benchmarks.e2e.offline MODEL N OUT.json
+    OFFLOAD_VLLM_STRATEGY=thread python -m benchmarks.e2e.offline MODEL N OUT.json
 """
 
 from __future__ import annotations

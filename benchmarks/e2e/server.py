@@ -54,12 +54,12 @@ class ServerConfig:
         env = dict(os.environ)
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         if self.strategy is not None:
-            env["VLLM_OFFLOAD_STRATEGY"] = self.strategy
+            env["OFFLOAD_VLLM_STRATEGY"] = self.strategy
         else:
             # A plugin installed in the venv must not change the "no plugin" rows.
             env["VLLM_PLUGINS"] = ""
-            env.pop("VLLM_OFFLOAD_STRATEGY", None)
-            env.pop("OFFLOAD_STRATEGY", None)
+            for name in ("OFFLOAD_VLLM_STRATEGY", "VLLM_OFFLOAD_STRATEGY", "OFFLOAD_STRATEGY"):
+                env.pop(name, None)
         env.update(self.env)
         return env
 

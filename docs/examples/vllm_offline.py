@@ -1,6 +1,6 @@
 """Offline embedding and scoring with vLLM under an offload strategy.
 
-    VLLM_OFFLOAD_STRATEGY=thread python docs/examples/vllm_offline.py [EMBED_MODEL [CROSS_ENCODER]]
+    OFFLOAD_VLLM_STRATEGY=thread python docs/examples/vllm_offline.py [EMBED_MODEL [CROSS_ENCODER]]
 
 Prints one JSON object: the embeddings of TEXTS (by default with the packaged
 all-MiniLM-L6-v2) and, with a cross-encoder, the scores of QUERY against DOCS. The strategy is read by the offload-vllm plugin when

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_VLLM_READY_TIMEOUT", "420"))
+READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420"))
 
 
 def load_client(connections: int, timeout: float = 300) -> httpx.AsyncClient:

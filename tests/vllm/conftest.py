@@ -34,9 +34,18 @@ with warnings.catch_warnings():
     ):
         importlib.import_module(_module)
 
+# The suite's own knobs were OFFLOAD_VLLM_TEST_*: now the adapter's prefix, whose
+# unknown names it refuses. Stop, rather than run every strategy unasked.
+for _old, _new in (
+    ("OFFLOAD_VLLM_TEST_STRATEGIES", "OFFLOAD_TEST_VLLM_STRATEGIES"),
+    ("OFFLOAD_VLLM_READY_TIMEOUT", "OFFLOAD_TEST_VLLM_READY_TIMEOUT"),
+):
+    if _old in os.environ:
+        pytest.exit(f"{_old} is now {_new}", returncode=pytest.ExitCode.USAGE_ERROR)
+
 ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer", "ray")
-# OFFLOAD_VLLM_TEST_STRATEGIES=thread,process limits the servers started (for quick runs).
-_ONLY = [s for s in os.environ.get("OFFLOAD_VLLM_TEST_STRATEGIES", "").split(",") if s]
+# OFFLOAD_TEST_VLLM_STRATEGIES=thread,process limits the servers started (for quick runs).
+_ONLY = [s for s in os.environ.get("OFFLOAD_TEST_VLLM_STRATEGIES", "").split(",") if s]
 AVAILABLE = tuple(
     s for s in ADAPTER_STRATEGIES if s in offload.STRATEGIES and (not _ONLY or s in _ONLY)
 )
@@ -54,7 +63,7 @@ def strategy_params() -> list[object]:
             else pytest.mark.skip(
                 reason=f"offload has no {s!r} strategy yet"
                 if s not in offload.STRATEGIES
-                else "not in OFFLOAD_VLLM_TEST_STRATEGIES"
+                else "not in OFFLOAD_TEST_VLLM_STRATEGIES"
             ),
         )
         for s in ADAPTER_STRATEGIES
@@ -115,7 +124,7 @@ def ray_cluster() -> Iterator[dict[str, str]]:
         head_node_args={**NODE, "num_cpus": 2 * WORKERS["ray"], "node_ip_address": "127.0.0.1"},
     )
     try:
-        yield {"VLLM_OFFLOAD_RAY_ADDRESS": cluster.address}
+        yield {"OFFLOAD_VLLM_RAY_ADDRESS": cluster.address}
     finally:
         cluster.shutdown()
 

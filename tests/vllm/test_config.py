@@ -13,6 +13,8 @@ from offload_vllm import (
     _seams,
     read_settings,
 )
+from offload_vllm.__main__ import main
+from offload_vllm._config import KNOWN_ENV, LEGACY_NAMES, adopt_new_names
 
 import offload
 
@@ -27,9 +29,9 @@ def test_unset_keeps_vllm_behaviour() -> None:
 
 
 @pytest.mark.parametrize("strategy", [s for s in offload_vllm.ADAPTER_STRATEGIES if s in offload.STRATEGIES])
-def test_strategy_from_vllm_variable_first(strategy: str) -> None:
-    settings = read_settings({"VLLM_OFFLOAD_STRATEGY": strategy, "OFFLOAD_STRATEGY": "inline"})
-    assert (settings.strategy, settings.strategy_source) == (strategy, "VLLM_OFFLOAD_STRATEGY")
+def test_strategy_from_adapter_variable_first(strategy: str) -> None:
+    settings = read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_STRATEGY": "inline"})
+    assert (settings.strategy, settings.strategy_source) == (strategy, "OFFLOAD_VLLM_STRATEGY")
 
 
 def test_falls_back_to_offload_strategy() -> None:
@@ -38,29 +40,29 @@ def test_falls_back_to_offload_strategy() -> None:
 
 
 def test_workers() -> None:
-    assert read_settings({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": " 3 "}).workers == 3
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": " 3 "}).workers == 3
 
 
 @pytest.mark.skipif("ray" not in offload.STRATEGIES, reason="offload-ray is not installed here")
 def test_ray_address() -> None:
-    settings = read_settings({"VLLM_OFFLOAD_STRATEGY": "ray", "VLLM_OFFLOAD_RAY_ADDRESS": " ray://head:10001 "})
+    settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "ray", "OFFLOAD_VLLM_RAY_ADDRESS": " ray://head:10001 "})
     assert (settings.strategy, settings.ray_address) == ("ray", "ray://head:10001")
-    assert read_settings({"VLLM_OFFLOAD_STRATEGY": "ray", "VLLM_OFFLOAD_WORKERS": "3"}).workers == 3
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "ray", "OFFLOAD_VLLM_WORKERS": "3"}).workers == 3
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"VLLM_OFFLOAD_STRATEGY": "threads"}, "'threads' is not a strategy the vLLM adapter supports; valid: inline, thread, process, async-renderer, ray"),
+        ({"OFFLOAD_VLLM_STRATEGY": "threads"}, "'threads' is not a strategy the vLLM adapter supports; valid: inline, thread, process, async-renderer, ray"),
         ({"OFFLOAD_STRATEGY": "fork"}, "OFFLOAD_STRATEGY='fork'"),
-        ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "0"}, "must be >= 1"),
-        ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "two"}, "is not an integer"),
-        ({"VLLM_OFFLOAD_STRATEGY": "inline", "VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with strategy 'inline'"),
-        ({"VLLM_OFFLOAD_STRATEGY": "async-renderer", "VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with strategy 'async-renderer'"),
-        ({"VLLM_OFFLOAD_WORKERS": "2"}, "has no effect with no strategy set"),
-        ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WOKRERS": "2"}, "unknown setting(s) VLLM_OFFLOAD_WOKRERS"),
-        ({"VLLM_OFFLOAD_STRATEGY": "process", "VLLM_OFFLOAD_RAY_ADDRESS": "auto"}, "has no effect with strategy 'process'; unset it, or set VLLM_OFFLOAD_STRATEGY=ray"),
-        ({"VLLM_OFFLOAD_RAY_ADDRESS": "auto"}, "VLLM_OFFLOAD_RAY_ADDRESS='auto' has no effect with no strategy set"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "0"}, "must be >= 1"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "two"}, "is not an integer"),
+        ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_WORKERS": "2"}, "has no effect with strategy 'inline'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_WORKERS": "2"}, "has no effect with strategy 'async-renderer'"),
+        ({"OFFLOAD_VLLM_WORKERS": "2"}, "has no effect with no strategy set"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WOKRERS": "2"}, "unknown setting(s) OFFLOAD_VLLM_WOKRERS"),
+        ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "has no effect with strategy 'process'; unset it, or set OFFLOAD_VLLM_STRATEGY=ray"),
+        ({"OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "OFFLOAD_VLLM_RAY_ADDRESS='auto' has no effect with no strategy set"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
@@ -70,12 +72,174 @@ def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
     assert isinstance(info.value, offload.ConfigError)
 
 
+# ---- the settings' old names (VLLM_OFFLOAD_*) --------------------------------
+
+#: A valid value for each setting, with the strategy it needs.
+VALID = {
+    "OFFLOAD_VLLM_STRATEGY": ("thread", {}),
+    "OFFLOAD_VLLM_WORKERS": ("3", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_MAX_QUEUE": ("7", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
+}
+
+
+def _valid(name: str) -> tuple[str, dict[str, str]]:
+    value, needs = VALID[name]
+    if needs.get("OFFLOAD_VLLM_STRATEGY", value) not in offload.STRATEGIES:
+        pytest.skip("offload-ray is not installed here")
+    return value, needs
+
+
+def test_every_setting_has_a_case_and_an_old_name() -> None:
+    assert set(VALID) == set(KNOWN_ENV) == set(LEGACY_NAMES)
+    assert [LEGACY_NAMES[n] for n in KNOWN_ENV] == [
+        "VLLM_OFFLOAD_STRATEGY", "VLLM_OFFLOAD_WORKERS", "VLLM_OFFLOAD_MAX_QUEUE", "VLLM_OFFLOAD_RAY_ADDRESS",
+    ]
+
+
+@pytest.mark.parametrize("name", KNOWN_ENV)
+def test_new_names_need_no_warning(name: str) -> None:
+    value, needs = _valid(name)
+    settings = read_settings({**needs, name: value})
+    assert (settings.legacy_names, settings.legacy_warning()) == ((), None)
+
+
+@pytest.mark.parametrize("name", KNOWN_ENV)
+def test_old_name_still_works_with_a_warning_naming_the_new_one(name: str) -> None:
+    value, needs = _valid(name)
+    new = read_settings({**needs, name: value})
+    old = read_settings({**needs, LEGACY_NAMES[name]: value})
+    assert (old.strategy, old.workers, old.max_queue, old.ray_address) == (
+        new.strategy, new.workers, new.max_queue, new.ray_address,
+    )
+    assert old.legacy_names == (name,)
+    warning = old.legacy_warning()
+    assert warning is not None
+    assert f"rename {LEGACY_NAMES[name]} -> {name}:" in warning
+
+
+def test_warning_names_every_old_name_set_once() -> None:
+    settings = read_settings({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "2"})
+    assert settings.legacy_names == ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_WORKERS")
+    assert (settings.legacy_warning() or "").startswith(
+        "offload-vllm: rename VLLM_OFFLOAD_STRATEGY -> OFFLOAD_VLLM_STRATEGY, "
+        "VLLM_OFFLOAD_WORKERS -> OFFLOAD_VLLM_WORKERS: "
+    )
+
+
+def test_strategy_precedence_new_then_old_then_offload_strategy() -> None:
+    env = {"OFFLOAD_STRATEGY": "inline"}
+    assert read_settings(env).strategy_source == "OFFLOAD_STRATEGY"
+    env["VLLM_OFFLOAD_STRATEGY"] = "process"
+    assert (read_settings(env).strategy, read_settings(env).strategy_source) == ("process", "VLLM_OFFLOAD_STRATEGY")
+    env["OFFLOAD_VLLM_STRATEGY"] = "process"
+    assert (read_settings(env).strategy, read_settings(env).strategy_source) == ("process", "OFFLOAD_VLLM_STRATEGY")
+
+
+@pytest.mark.parametrize("name", KNOWN_ENV)
+def test_both_names_with_the_same_value_are_accepted(name: str) -> None:
+    value, needs = _valid(name)
+    settings = read_settings({**needs, name: value, LEGACY_NAMES[name]: f" {value} "})
+    assert settings == read_settings({**needs, name: value, LEGACY_NAMES[name]: value})
+    assert settings.legacy_names == (name,)
+
+
+@pytest.mark.parametrize("name", KNOWN_ENV)
+def test_both_names_with_different_values_are_refused(name: str) -> None:
+    value, needs = _valid(name)
+    other = {"OFFLOAD_VLLM_STRATEGY": "process"}.get(name, "5")
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        read_settings({**needs, name: value, LEGACY_NAMES[name]: other})
+    assert str(info.value) == (
+        f"{name}={value!r} and {LEGACY_NAMES[name]}={other!r} (its old name) disagree; "
+        f"unset {LEGACY_NAMES[name]}, and set {name} alone"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER": "2"}, "unknown setting(s) OFFLOAD_VLLM_WORKER;"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "VLLM_OFFLOAD_WORKER": "2"}, "unknown setting(s) VLLM_OFFLOAD_WORKER;"),
+        # Refused even with nothing else set: a typo of the one setting meant.
+        ({"OFFLOAD_VLLM_STRATGY": "thread"}, "unknown setting(s) OFFLOAD_VLLM_STRATGY;"),
+        ({"OFFLOAD_VLLM_": "x", "OFFLOAD_VLLM_strategy": "thread"}, "unknown setting(s) OFFLOAD_VLLM_, OFFLOAD_VLLM_strategy;"),
+        # An old name's bad value is named as it was given.
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "VLLM_OFFLOAD_WORKERS": "two"}, "VLLM_OFFLOAD_WORKERS='two' is not an integer"),
+        ({"VLLM_OFFLOAD_MAX_QUEUE": "4"}, "VLLM_OFFLOAD_MAX_QUEUE=4 has no effect with no strategy set; unset it, or set OFFLOAD_VLLM_STRATEGY="),
+    ],
+)
+def test_unknown_names_and_old_names_bad_values(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        read_settings(env)
+    assert message in str(info.value)
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        read_settings({"OFFLOAD_VLLM_WOKRERS": "2"})
+    assert str(info.value) == (
+        "unknown setting(s) OFFLOAD_VLLM_WOKRERS; the offload vLLM adapter reads OFFLOAD_VLLM_STRATEGY, "
+        "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_RAY_ADDRESS (and their old names "
+        "VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, VLLM_OFFLOAD_RAY_ADDRESS)"
+    )
+
+
+@pytest.fixture
+def launcher_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A clean slate for the launcher's settings, restored after the test, and
+    vLLM's server replaced by a recorder of the settings it would get."""
+    for name in (*KNOWN_ENV, *LEGACY_NAMES.values(), "OFFLOAD_STRATEGY"):
+        # set first, so that the environment main() writes is undone after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    seen: dict[str, str] = {}
+
+    def run_module(*args: object, **kwargs: object) -> None:
+        seen.update({k: os.environ[k] for k in (*KNOWN_ENV, *LEGACY_NAMES.values()) if k in os.environ})
+
+    monkeypatch.setattr("offload_vllm.__main__.runpy.run_module", run_module)
+    return seen
+
+
+def test_launcher_flags_set_the_new_names(launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "m", "--offload-strategy", "thread", "--offload-workers", "2", "--offload-max-queue", "3"]) == 0
+    assert launcher_env == {
+        "OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_MAX_QUEUE": "3",
+    }
+    assert "rename" not in capsys.readouterr().err
+
+
+def test_launcher_moves_old_names_to_new_ones_with_one_warning(
+    launcher_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM, which warns about every VLLM_* variable it does not know, never sees the old names."""
+    monkeypatch.setenv("VLLM_OFFLOAD_WORKERS", "2")
+    monkeypatch.setenv("VLLM_OFFLOAD_STRATEGY", "process")
+    # The flag wins over the environment, under either name, as it did before.
+    assert main(["serve", "m", "--offload-strategy", "thread"]) == 0
+    assert launcher_env == {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "2"}
+    err = capsys.readouterr().err
+    assert err.count("rename") == 1
+    assert "offload-vllm: rename VLLM_OFFLOAD_WORKERS -> OFFLOAD_VLLM_WORKERS:" in err
+
+
+def test_launcher_refuses_names_that_disagree(
+    launcher_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VLLM_OFFLOAD_WORKERS", "2")
+    monkeypatch.setenv("OFFLOAD_VLLM_WORKERS", "4")
+    assert main(["serve", "m", "--offload-strategy", "thread"]) == 2
+    assert "OFFLOAD_VLLM_WORKERS='4' and VLLM_OFFLOAD_WORKERS='2' (its old name) disagree" in capsys.readouterr().err
+    assert launcher_env == {}
+
+
 @pytest.mark.parametrize("strategy", offload_vllm.ADAPTER_STRATEGIES)
 def test_strategy_missing_from_offload_is_refused(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An older `offload` without one of the adapter's strategies is refused by name."""
     monkeypatch.setattr(offload, "STRATEGIES", tuple(s for s in offload.STRATEGIES if s != strategy))
     with pytest.raises(OffloadVLLMConfigError, match="does not provide this strategy"):
-        read_settings({"VLLM_OFFLOAD_STRATEGY": strategy})
+        read_settings({"OFFLOAD_VLLM_STRATEGY": strategy})
 
 
 def test_installed_vllm_has_every_seam() -> None:
@@ -85,7 +249,7 @@ def test_installed_vllm_has_every_seam() -> None:
 
 def test_missing_seam_fails_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        _seams, "REQUIRED", (*_seams.REQUIRED, ("vllm.renderers.base", "BaseRenderer", "no_such_seam"))
+        _seams, "REQUIRED", (*_seams.REQUIRED, _seams.Seam("vllm.renderers.base", "BaseRenderer", "no_such_seam"))
     )
     monkeypatch.setattr(_seams, "vllm_version", lambda: "9.9.9")
     with pytest.raises(offload_vllm.UnsupportedVLLMVersion) as info:
@@ -107,11 +271,11 @@ def test_vllm_plugin_load_stops_on_bad_value() -> None:
     """What vLLM does at start (`load_general_plugins`) raises: the server never comes up."""
     proc = _python(
         "from vllm.plugins import load_general_plugins; load_general_plugins()",
-        VLLM_OFFLOAD_STRATEGY="bogus",
+        OFFLOAD_VLLM_STRATEGY="bogus",
     )
     assert proc.returncode != 0
     assert "OffloadVLLMConfigError" in proc.stderr
-    assert "VLLM_OFFLOAD_STRATEGY='bogus'" in proc.stderr
+    assert "OFFLOAD_VLLM_STRATEGY='bogus'" in proc.stderr
 
 
 def test_vllm_plugin_load_patches_seams() -> None:
@@ -120,10 +284,35 @@ def test_vllm_plugin_load_patches_seams() -> None:
         "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
         "import offload_vllm\n"
         "print(offload_vllm.active_strategy(), PoolingIOProcessor.__init__.__offload_vllm__)",
-        VLLM_OFFLOAD_STRATEGY="thread",
+        OFFLOAD_VLLM_STRATEGY="thread",
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["thread", "True"]
+
+
+def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
+    """Once: registering again (as vLLM does in the processes it starts, which
+    inherit the environment) finds the new name only."""
+    proc = _python(
+        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+        "import os, offload_vllm\n"
+        "offload_vllm.register()\n"
+        "print(offload_vllm.active_strategy(), os.environ.get('OFFLOAD_VLLM_STRATEGY'), "
+        "os.environ.get('VLLM_OFFLOAD_STRATEGY'))",
+        VLLM_OFFLOAD_STRATEGY="thread",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-3:] == ["thread", "thread", "None"]
+    assert proc.stderr.count("offload-vllm: rename VLLM_OFFLOAD_STRATEGY -> OFFLOAD_VLLM_STRATEGY:") == 1
+
+
+def test_adopt_new_names_moves_only_what_was_read_under_an_old_name() -> None:
+    env = {"VLLM_OFFLOAD_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "2", "VLLM_OFFLOAD_WORKERS": "2"}
+    settings = read_settings(env)
+    adopt_new_names(settings, env)
+    assert env == {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "2"}
+    assert read_settings(env) == settings
+    assert read_settings(env).legacy_names == ()
 
 
 def test_launcher_refuses_bad_value_before_starting_vllm() -> None:
@@ -132,7 +321,7 @@ def test_launcher_refuses_bad_value_before_starting_vllm() -> None:
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
-    assert "offload-vllm: VLLM_OFFLOAD_STRATEGY='nope' is not a strategy" in proc.stderr
+    assert "offload-vllm: OFFLOAD_VLLM_STRATEGY='nope' is not a strategy" in proc.stderr
 
 
 def test_launcher_usage() -> None:

@@ -1,4 +1,4 @@
-"""The early-refusal middleware (`VLLM_OFFLOAD_MAX_QUEUE`): a pooling POST that
+"""The early-refusal middleware (`OFFLOAD_VLLM_MAX_QUEUE`): a pooling POST that
 finds the queue full gets vLLM's 503 before its body is read, on a real
 Starlette app in front of a real executor whose one worker is held busy."""
 

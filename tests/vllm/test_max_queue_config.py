@@ -1,4 +1,4 @@
-"""`VLLM_OFFLOAD_MAX_QUEUE` and `--offload-max-queue`: parsed and checked at plugin load."""
+"""`OFFLOAD_VLLM_MAX_QUEUE` and `--offload-max-queue`: parsed and checked at plugin load."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from offload_vllm.__main__ import main
 
 
 def test_max_queue_is_read() -> None:
-    settings = read_settings({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_MAX_QUEUE": "16"})
+    settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_MAX_QUEUE": "16"})
     assert settings.max_queue == 16
-    assert read_settings({"VLLM_OFFLOAD_STRATEGY": "thread"}).max_queue is None
-    assert read_settings({"VLLM_OFFLOAD_STRATEGY": "async-renderer", "VLLM_OFFLOAD_MAX_QUEUE": "0"}).max_queue == 0
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread"}).max_queue is None
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "0"}).max_queue == 0
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_MAX_QUEUE": "many"}, "not an integer"),
-        ({"VLLM_OFFLOAD_STRATEGY": "thread", "VLLM_OFFLOAD_MAX_QUEUE": "-1"}, ">= 0"),
-        ({"VLLM_OFFLOAD_STRATEGY": "inline", "VLLM_OFFLOAD_MAX_QUEUE": "4"}, "no queue"),
-        ({"VLLM_OFFLOAD_MAX_QUEUE": "4"}, "no strategy set"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_MAX_QUEUE": "many"}, "not an integer"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_MAX_QUEUE": "-1"}, ">= 0"),
+        ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_MAX_QUEUE": "4"}, "no queue"),
+        ({"OFFLOAD_VLLM_MAX_QUEUE": "4"}, "no strategy set"),
     ],
 )
 def test_bad_max_queue_is_refused(env: dict[str, str], message: str) -> None:
@@ -29,9 +29,9 @@ def test_bad_max_queue_is_refused(env: dict[str, str], message: str) -> None:
 
 
 def test_launcher_flag_is_checked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    for name in ("VLLM_OFFLOAD_STRATEGY", "VLLM_OFFLOAD_MAX_QUEUE", "OFFLOAD_STRATEGY"):
+    for name in ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_MAX_QUEUE", "OFFLOAD_STRATEGY"):
         # set first, so that the environment main() writes is undone after the test
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     assert main(["serve", "model", "--offload-strategy", "thread", "--offload-max-queue", "nope"]) == 2
-    assert "VLLM_OFFLOAD_MAX_QUEUE='nope'" in capsys.readouterr().err
+    assert "OFFLOAD_VLLM_MAX_QUEUE='nope'" in capsys.readouterr().err

@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "vllm_offline.py"
 
 def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_OFFLOAD_STRATEGY=strategy)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy)
     args = [sys.executable, str(EXAMPLE), str(model_dirs["embed"]), str(model_dirs["cross-encoder"])]
     proc = subprocess.run(args, env=env, check=False, capture_output=True, text=True, timeout=800, start_new_session=True)
     output = proc.stdout + proc.stderr  # vLLM logs to stdout

