@@ -36,7 +36,7 @@ help:
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
-	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (issue 18), into benchmarks/results/"
+	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (issue 18; about 12 min) into benchmarks/results/"
 
 venv: $(STAMP)
 

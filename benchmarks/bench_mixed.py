@@ -78,15 +78,15 @@ TODAYS_BEHAVIOUR = {FIFO}
 
 @dataclass(frozen=True)
 class Row:
-    """A row: its server; `needs`, adapter flags it cannot run without although its
-    arguments do not name them (fair scheduling is the default only once
-    `--offload-scheduling` exists); `fifo`, the same strategy under FIFO
-    scheduling, and `against`, further rows it is paired with (every row is
-    paired with vLLM default)."""
+    """One row of the table: its server, and the rows it is compared with."""
 
     config: ServerConfig
+    #: Adapter flags it cannot run without that its arguments do not name (fair
+    #: scheduling is the default only where `--offload-scheduling` exists).
     needs: tuple[str, ...] = ()
+    #: The same strategy under FIFO scheduling: the heavy-throughput target's baseline.
     fifo: str | None = None
+    #: Further rows it is paired with (every row is paired with vLLM default).
     against: tuple[str, ...] = ()
 
     @property
