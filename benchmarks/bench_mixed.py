@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=_common.RESULTS)
     args = p.parse_args(argv)
     variant = VARIANTS[args.variant]
-    if args.smoke:
+    if args.smoke:  # proves the whole run works in a few minutes; measures nothing
         wanted, rounds, seconds, ramp_s, warmup_s = list(SMOKE_ROWS), 1, 1.5, 0.5, 0.5
     else:
         wanted, rounds, seconds, ramp_s, warmup_s = args.rows or list(variant.rows), args.rounds, args.seconds, \
