@@ -6,6 +6,8 @@ given by `--out`). A script whose smoke run must start a real server says how
 long it may take in a module constant `SMOKE_TIMEOUT_S`, and one that needs an
 optional package names its modules in `REQUIRES` (both read without importing it):
 it is skipped where they are missing (`bench_ray` runs in the ray suite).
+A script whose smoke output is checked by a test of its own is listed in
+`OWN_SMOKE_TEST` and not run twice.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+OWN_SMOKE_TEST = {"bench_mixed": "test_mixed_traffic_smoke_run_is_sane"}
 
 
 def _constant(path: Path, name: str) -> object:
@@ -33,6 +37,8 @@ def _constant(path: Path, name: str) -> object:
 def _params() -> list[object]:
     params: list[object] = []
     for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        if path.stem in OWN_SMOKE_TEST:
+            continue
         timeout = _constant(path, "SMOKE_TIMEOUT_S")
         marks = [pytest.mark.timeout(int(timeout)), pytest.mark.e2e] if timeout else []
         missing = [m for m in _constant(path, "REQUIRES") or () if importlib.util.find_spec(m) is None]
@@ -49,3 +55,32 @@ def test_benchmark_runs_in_smoke_mode(script: str, tmp_path: Path, monkeypatch: 
     assert module.main(["--smoke", "--out", str(tmp_path)]) == 0
     written = os.listdir(tmp_path)
     assert any(name.endswith(".json") for name in written), written
+
+
+_MIXED = ROOT / "benchmarks" / "bench_mixed.py"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(int(_constant(_MIXED, "SMOKE_TIMEOUT_S")))
+def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round of both phases on vLLM default and thread: every kind of request
+    was sent and answered, none lost, and a verdict computed for each target."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from benchmarks import bench_mixed
+
+    assert bench_mixed.main(["--smoke", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "mixed-preprocess.json").read_text())
+    assert set(result["blocks"]) == set(bench_mixed.SMOKE_ROWS)
+    for row, summary in result["summary"]["rows"].items():
+        for kind, counts in summary["counts"].items():
+            assert counts["sent"] > 0, (row, kind)
+            assert counts["statuses"].get("200", 0) > 0, (row, kind)
+            assert counts["lost"] == 0, (row, kind)
+        assert summary["values"]["p50_ratio"]["median"] > 0
+        assert summary["values"]["heavy_per_s"]["median"] > 0
+    assert result["summary"]["pairs"]
+    assert result["targets"]
+    assert all(t["met"] is not None for t in result["targets"])
+    report = (tmp_path / "mixed-preprocess.md").read_text()
+    for section in ("meta", "tables", "targets"):
+        assert f"[start:{section}]" in report

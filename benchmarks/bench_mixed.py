@@ -1,0 +1,650 @@
+"""Mixed traffic (issue #18): how long a small request waits while heavy ones flood the server.
+
+All rows' servers run side by side (tiny models with random weights, built
+here). Each round visits the rows in a fresh random order, and only the row
+being measured gets traffic. Per row, two phases:
+
+1. *alone*: 2 closed-loop clients send small requests for `--seconds`;
+2. *flooded*: 8 closed-loop clients send heavy requests from another process
+   (`benchmarks/e2e/mixed.py`); after a short ramp the same 2 small clients run
+   for `--seconds` again, then the flood stops and its requests in flight are
+   answered. `/health` is probed from a third process throughout.
+
+Per row and round: small-request p50/p99 alone and flooded and their ratios
+(flooded / alone), heavy requests completed per second while the small
+clients ran, `/health` p99 during the flood, and every request by its answer
+(200, 503, other statuses, lost: sent and never answered, which must be 0).
+The report gives medians over rounds with distribution-free intervals
+(`benchmarks/e2e/stats.py`), per-round paired ratios between rows, and a
+verdict per target of issue #18, computed from the run.
+
+    python -m benchmarks.bench_mixed                          # make bench-mixed: preprocess, 5 rounds
+    python -m benchmarks.bench_mixed --variant engine --rounds 5
+    python -m benchmarks.bench_mixed --rows "vLLM default" "thread fifo" --rounds 3
+    python -m benchmarks.bench_mixed --smoke --out DIR
+
+Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
+tokens: the work is tokenization), `engine` (heavy = 16 inputs of 150 words,
+untruncated: the engine shares the work), `score` (`/score` on a tiny
+cross-encoder), `multimodal` (image embeddings on a tiny CLIP; skipped with a
+message where it cannot run). Rows (`--rows`) are the table `ROWS`; a row
+whose `--offload-*` flags the installed adapter lacks is not run, except that
+`--offload-scheduling fifo` is dropped where the adapter has no such flag (FIFO
+is then its only behaviour). Writes mixed-<variant>.json and .md into --out
+(default benchmarks/results/); server logs under --out/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `-m`
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import _common, models  # noqa: E402
+from benchmarks.e2e import load, mixed, stats  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_server_process  # noqa: E402
+
+#: Starting the smoke run's two servers is most of it (as bench_paired's).
+SMOKE_TIMEOUT_S = 900
+
+# ---- rows ------------------------------------------------------------------
+
+DEFAULT = "vLLM default"
+TWO_WORKERS = ("--offload-workers", "2")  # as many as this machine has cores
+SCHEDULING = "--offload-scheduling"
+FIFO = (SCHEDULING, "fifo")
+PRIORITY_POLICY = ("--scheduling-policy", "priority")  # vLLM's own flag
+ENGINE_PRIORITY = "--offload-engine-priority"
+#: Flag and value that ask for what an adapter without the flag does anyway:
+#: dropped where the adapter lacks the flag, so the row still runs.
+TODAYS_BEHAVIOUR = {FIFO}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: its server, and the rows it is compared with."""
+
+    config: ServerConfig
+    #: Adapter flags it cannot run without that its arguments do not name (fair
+    #: scheduling is the default only where `--offload-scheduling` exists).
+    needs: tuple[str, ...] = ()
+    #: The same strategy under FIFO scheduling: the heavy-throughput target's baseline.
+    fifo: str | None = None
+    #: Further rows it is paired with (every row is paired with vLLM default).
+    against: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+ROWS: dict[str, Row] = {row.name: row for row in (
+    Row(ServerConfig(DEFAULT)),
+    Row(ServerConfig("vLLM default + priority", extra_args=PRIORITY_POLICY)),
+    Row(ServerConfig("thread fifo", "thread", (*TWO_WORKERS, *FIFO))),
+    Row(ServerConfig("process fifo", "process", (*TWO_WORKERS, *FIFO))),
+    Row(ServerConfig("thread lanes", "thread", TWO_WORKERS), needs=(SCHEDULING,), fifo="thread fifo"),
+    Row(ServerConfig("process lanes", "process", TWO_WORKERS), needs=(SCHEDULING,), fifo="process fifo"),
+    Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
+)}
+STANDARD_ROWS = (DEFAULT, "thread fifo", "process fifo", "thread lanes", "process lanes")
+SMOKE_ROWS = (DEFAULT, "thread fifo")  # runs on every adapter, today's and later ones
+
+
+def adapter_usage() -> str:
+    """The adapter's usage line, which names every `--offload-*` flag it takes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "offload_vllm", "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    return done.stdout + done.stderr
+
+
+def _has_flag(usage: str, flag: str) -> bool:
+    return re.search(re.escape(flag) + r"(?![\w-])", usage) is not None
+
+
+def plan(row: Row, usage: str) -> tuple[ServerConfig | None, list[str]]:
+    """The row's server as the installed adapter can start it (None if it cannot), and notes."""
+    args = list(row.config.extra_args)
+    kept: list[str] = []
+    notes: list[str] = []
+    missing = [flag for flag in row.needs if not _has_flag(usage, flag)]
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+        width = 1 if value is None else 2
+        if flag.startswith("--offload-") and not _has_flag(usage, flag):
+            if (flag, value) in TODAYS_BEHAVIOUR:
+                notes.append(f"run without `{flag} {value}`: the adapter has no such flag, and that is what it does")
+            else:
+                missing.append(flag)
+        else:
+            kept += args[i : i + width]
+        i += width
+    if missing:
+        return None, [f"not run: needs {', '.join(dict.fromkeys(missing))}, which the installed adapter lacks"]
+    return dataclasses.replace(row.config, extra_args=tuple(kept)), notes
+
+
+# ---- variants --------------------------------------------------------------
+
+SMALL_POOL = 64  # distinct small bodies: no two requests in a row are the same
+HEAVY_POOL = 4  # distinct heavy bodies (each is large; the flood cycles through them)
+HEAVY_SEED = 1000  # heavy texts differ from small ones
+#: Share of RAM each server reserves for its KV cache: up to seven text servers
+#: run at once; CLIP's profile run needs more (0.04 fails at start-up here).
+TEXT_MEMORY = ("--gpu-memory-utilization", "0.04")
+CLIP_MEMORY = ("--gpu-memory-utilization", "0.1")
+
+
+@dataclass(frozen=True)
+class Variant:
+    description: str
+    path: str
+    build_model: Callable[[Path], Path]
+    small: Callable[[str], mixed.Bodies]
+    heavy: Callable[[str], mixed.Bodies]
+    rows: tuple[str, ...] = STANDARD_ROWS
+    server_args: tuple[str, ...] = TEXT_MEMORY
+
+
+def _embed_model(root: Path) -> Path:
+    return models.build_tiny_embedding_model(root / models.EMBED_NAME)
+
+
+def _cross_encoder(root: Path) -> Path:
+    return models.build_tiny_cross_encoder(root / models.CROSS_ENCODER_NAME)
+
+
+def _clip(root: Path) -> Path:
+    from benchmarks.e2e.multimodal import CLIP_NAME, build_tiny_clip
+
+    return build_tiny_clip(root / CLIP_NAME)
+
+
+def _small_texts(model: str) -> mixed.Bodies:
+    return mixed.bodies(mixed.text_bodies, model, count=SMALL_POOL, inputs=1, words=8)
+
+
+VARIANTS: dict[str, Variant] = {
+    "preprocess": Variant(
+        "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 1500 words with "
+        "`truncate_prompt_tokens: 32` (tokenization is the work, not the engine)",
+        "/v1/embeddings", _embed_model, _small_texts,
+        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=1500, truncate=32,
+                               seed=HEAVY_SEED),
+    ),
+    "engine": Variant(
+        "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 150 words, untruncated "
+        "(the engine shares the work)",
+        "/v1/embeddings", _embed_model, _small_texts,
+        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
+        rows=(DEFAULT, "vLLM default + priority", "thread fifo", "process fifo", "thread lanes", "process lanes",
+              "process lanes + priority"),
+    ),
+    "score": Variant(
+        "tiny BERT cross-encoder on `/score`; small: one 8-word query, 2 documents of 8 words; heavy: one "
+        "query, 32 documents of 750 words (as many words as the preprocess variant's heavy request), "
+        "`truncate_prompt_tokens: 32`",
+        "/score", _cross_encoder,
+        lambda m: mixed.bodies(mixed.score_bodies, m, count=SMALL_POOL, documents=2, words=8),
+        lambda m: mixed.bodies(mixed.score_bodies, m, count=HEAVY_POOL, documents=32, words=750, truncate=32,
+                               seed=HEAVY_SEED),
+    ),
+    "multimodal": Variant(
+        "tiny CLIP image embeddings (base64 JPEGs); small: one 96-pixel image; heavy: 4 images of "
+        "1024 pixels (photo-like JPEGs), one conversation each",
+        "/v1/embeddings", _clip,
+        lambda m: mixed.bodies(mixed.image_bodies, m, count=SMALL_POOL, images=1, size=96),
+        lambda m: mixed.bodies(mixed.image_bodies, m, count=HEAVY_POOL, images=4, size=1024, seed=HEAVY_SEED),
+        # The multimodal processor cache cannot be shared by several renderer
+        # workers: the adapter refuses thread/process with it (docs/benchmarks.md).
+        server_args=(*CLIP_MEMORY, "--mm-processor-cache-gb", "0"),
+    ),
+}
+
+# ---- measurement -----------------------------------------------------------
+
+# Issue 18's measurement on main: 2 small clients against 8 heavy ones.
+SMALL_CLIENTS = 2
+HEAVY_CLIENTS = 8
+#: 5 rounds: the fewest whose median interval ([min, max]) reaches 93.8% coverage.
+ROUNDS = 5
+#: 5 s phases: at the flooded p50 measured on main (0.5-1 s) each phase still
+#: times about ten small requests, and a row's round takes about 15 s.
+SECONDS = 5.0
+#: The flood runs this long before the small clients start: every heavy client
+#: has a request in the server within milliseconds, and a heavy request takes
+#: about 0.1 s alone here, so a second is several of them in a row.
+RAMP_S = 1.0
+WARMUP_S = 1.0
+
+
+def measure(
+    url: str, small: list[bytes], heavy: mixed.Bodies, small_clients: int, heavy_clients: int,
+    seconds: float, ramp_s: float,
+) -> dict[str, Any]:
+    """One row's two phases: small requests alone, then under the flood."""
+    start = time.monotonic()
+    alone = mixed.run_for(url, small, small_clients, seconds)
+    alone_window = (start, time.monotonic())
+    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
+        time.sleep(ramp_s)
+        begin = time.monotonic()
+        flooded = mixed.run_for(url, small, small_clients, seconds)
+        window = (begin, time.monotonic())
+    return {
+        "alone": alone.summary(alone_window),
+        "flooded": flooded.summary(window),
+        "heavy": flood.tally.summary(window),
+        "health": prober.summary(),
+    }
+
+
+def _base(url: str) -> str:
+    """`http://host:port` of an endpoint's URL."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+def _ratio(top: float, bottom: float) -> float | None:
+    return top / bottom if bottom > 0 else None
+
+
+#: metric -> (what the report calls it, how to read it from a block; None: not measured).
+METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
+    "alone_p50_ms": ("small p50 alone (ms)", lambda b: b["alone"]["p50_ms"] or None),
+    "flooded_p50_ms": ("small p50 flooded (ms)", lambda b: b["flooded"]["p50_ms"] or None),
+    "p50_ratio": ("p50 flooded / alone", lambda b: _ratio(b["flooded"]["p50_ms"], b["alone"]["p50_ms"])),
+    "alone_p99_ms": ("small p99 alone (ms)", lambda b: b["alone"]["p99_ms"] or None),
+    "flooded_p99_ms": ("small p99 flooded (ms)", lambda b: b["flooded"]["p99_ms"] or None),
+    "p99_ratio": ("p99 flooded / alone", lambda b: _ratio(b["flooded"]["p99_ms"], b["alone"]["p99_ms"])),
+    "heavy_per_s": ("heavy requests/s flooded", lambda b: b["heavy"]["requests_per_s"]),
+    "health_p99_ms": ("/health p99 flooded (ms)", lambda b: b["health"]["p99_ms"]),
+}
+#: Metrics compared between rows, round by round.
+PAIRED = ("flooded_p50_ms", "flooded_p99_ms", "heavy_per_s", "health_p99_ms")
+
+
+def _values(blocks: list[dict[str, Any]], metric: str) -> list[float | None]:
+    return [METRICS[metric][1](b) for b in blocks]
+
+
+def _interval(values: list[float | None]) -> dict[str, float] | None:
+    present = [v for v in values if v is not None]
+    return stats.median_interval(present).__dict__ if present else None
+
+
+def pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """(row, baseline) pairs among the rows run: each row against vLLM default, its
+    FIFO twin and the rows it names."""
+    out: list[tuple[str, str]] = []
+    for name in rows:
+        row = ROWS[name]
+        for base in (DEFAULT, row.fifo, *row.against):
+            if base is not None and base != name and base in rows and (name, base) not in out:
+                out.append((name, base))
+    return out
+
+
+def paired_ratios(blocks: dict[str, list[dict[str, Any]]], row: str, base: str, metric: str) -> list[float]:
+    """Per-round ratios row / base (rounds where either was not measured are left out)."""
+    return [
+        top / bottom
+        for top, bottom in zip(_values(blocks[row], metric), _values(blocks[base], metric), strict=True)
+        if top is not None and bottom
+    ]
+
+
+def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    rows = list(blocks)
+    summary: dict[str, Any] = {"rows": {}, "pairs": []}
+    for row, row_blocks in blocks.items():
+        counts = {}
+        for kind in ("alone", "flooded", "heavy"):
+            statuses: dict[str, int] = {}
+            for b in row_blocks:
+                for status, n in b[kind]["statuses"].items():
+                    statuses[status] = statuses.get(status, 0) + n
+            counts[kind] = {
+                "sent": sum(b[kind]["sent"] for b in row_blocks),
+                "statuses": statuses,
+                "lost": sum(b[kind]["lost"] for b in row_blocks),
+            }
+        summary["rows"][row] = {
+            "values": {m: _interval(_values(row_blocks, m)) for m in METRICS},
+            "counts": counts,
+            "health_failures": sum(int(b["health"].get("failures", 0)) for b in row_blocks),
+        }
+    for row, base in pairs(rows):
+        ratios = {}
+        for metric in PAIRED:
+            values = paired_ratios(blocks, row, base, metric)
+            ratios[metric] = stats.median_interval(values).__dict__ if values else None
+        summary["pairs"].append({"row": row, "baseline": base, "ratios": ratios})
+    return summary
+
+
+# ---- targets ---------------------------------------------------------------
+
+#: Issue #18's bounds.
+SMALL_P50_BOUND = 3.0  # small p50 flooded <= 3x alone
+SMALL_P99_BOUND = 5.0  # small p99 flooded <= 5x alone
+HEAVY_VS_FIFO_BOUND = 0.9  # heavy throughput >= 0.9x the same strategy under FIFO
+HEAVY_VS_DEFAULT_BOUND = 1.0  # ... and >= vLLM default's
+PRIORITY_P99_BOUND = 0.3  # with engine priority: small p99 flooded <= 0.3x vLLM default's
+
+
+@dataclass(frozen=True)
+class Target:
+    row: str
+    what: str
+    metric: str
+    bound: float
+    at_least: bool = False
+    #: None: the row's own per-round values (a ratio already); else paired with this row.
+    baseline: str | None = None
+
+
+def targets(rows: list[str]) -> list[Target]:
+    """Issue #18's targets that the rows run can be checked against."""
+    out: list[Target] = []
+    for name in rows:
+        row = ROWS[name]
+        out += [
+            Target(name, "small p50 flooded / alone", "p50_ratio", SMALL_P50_BOUND),
+            Target(name, "small p99 flooded / alone", "p99_ratio", SMALL_P99_BOUND),
+        ]
+        if row.fifo in rows:
+            out.append(Target(name, f"heavy requests/s vs `{row.fifo}`", "heavy_per_s", HEAVY_VS_FIFO_BOUND,
+                              at_least=True, baseline=row.fifo))
+        if row.config.strategy is not None and DEFAULT in rows:
+            out.append(Target(name, f"heavy requests/s vs `{DEFAULT}`", "heavy_per_s", HEAVY_VS_DEFAULT_BOUND,
+                              at_least=True, baseline=DEFAULT))
+        if "--scheduling-policy" in row.config.extra_args and name != DEFAULT and DEFAULT in rows:
+            out.append(Target(name, f"small p99 flooded vs `{DEFAULT}`", "flooded_p99_ms", PRIORITY_P99_BOUND,
+                              baseline=DEFAULT))
+    return out
+
+
+def evaluate(target: Target, blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    if target.baseline is None:
+        values = [v for v in _values(blocks[target.row], target.metric) if v is not None]
+    else:
+        values = paired_ratios(blocks, target.row, target.baseline, target.metric)
+    result: dict[str, Any] = {**dataclasses.asdict(target), "interval": None, "met": None, "whole_interval": None}
+    if not values:
+        return result
+    interval = stats.median_interval(values)
+
+    def within(x: float) -> bool:
+        return x >= target.bound if target.at_least else x <= target.bound
+
+    result.update(
+        interval=interval.__dict__, met=within(interval.median),
+        # Whether the interval lies on the same side of the bound as the median.
+        whole_interval=within(interval.low) == within(interval.high) == within(interval.median),
+    )
+    return result
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+    sign = ">=" if result["at_least"] else "<="
+    head = f"- `{result['row']}`: {result['what']} {sign} {result['bound']:g}x:"
+    interval = result["interval"]
+    if interval is None:
+        return f"{head} not measured"
+    word = "met" if result["met"] else "missed"
+    where = "the whole interval" if result["whole_interval"] else "the interval crosses the bound"
+    return f"{head} {_fmt(interval)}x — **{word}** (median; {where})"
+
+
+# ---- report ----------------------------------------------------------------
+
+
+def _fmt(interval: dict[str, float] | None, digits: int = 2) -> str:
+    if interval is None:
+        return "–"
+    return f"{interval['median']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _statuses(counts: dict[str, Any]) -> str:
+    statuses = counts["statuses"]
+    other = sum(n for s, n in statuses.items() if s not in ("200", "503"))
+    return f"{counts['sent']} / {statuses.get('200', 0)} / {statuses.get('503', 0)} / {other} / {counts['lost']}"
+
+
+def _server_command(config: ServerConfig, server_args: tuple[str, ...]) -> str:
+    argv = dataclasses.replace(config, extra_args=(*server_args, *config.extra_args)).command(Path("MODEL"), 8000)
+    return " ".join(["python", *argv[1:]])
+
+
+def markdown(result: dict[str, Any]) -> str:
+    if result.get("skipped"):
+        return f"# Mixed traffic, `{result['variant']}`\n\nNot run: {result['skipped']}\n"
+    summary = result["summary"]
+    rows = list(summary["rows"])
+    info = result["machine"]
+    coverage = stats.median_interval([0.0] * result["rounds"]).coverage
+    lines = [
+        f"# Mixed traffic, `{result['variant']}`",
+        "",
+        "<!-- --8<-- [start:meta] -->",
+        (f"`{result['command']}` on {info['cpus']} CPUs ({info['platform']}), {info['date']}, commit "
+         f"`{info['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`; "
+         f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
+         f"{result['loadavg_before']} before, {result['loadavg_after']} after."),
+        "",
+        (f"{VARIANTS[result['variant']].description}. {result['small_clients']} small clients alone, then with "
+         f"{result['heavy_clients']} heavy clients (after a {result['ramp_s']:g} s ramp); {result['rounds']} "
+         f"round{'s' if result['rounds'] != 1 else ''} of {result['seconds']:g} s phases, rows in a fresh random order each round. Medians over rounds, "
+         f"[intervals] from order statistics (coverage {100 * coverage:.1f}% with {result['rounds']} rounds). "
+         f"Run took {result['wall_s']:.0f} s, of which server start-up {result['startup_s']:.0f} s."),
+        "<!-- --8<-- [end:meta] -->",
+        "",
+        "<!-- --8<-- [start:tables] -->",
+        "| row | " + " | ".join(label for label, _ in METRICS.values()) + " |",
+        "|---|" + "---|" * len(METRICS),
+    ]
+    for row in rows:
+        values = summary["rows"][row]["values"]
+        cells = [_fmt(values[m], 1 if m.endswith("_ms") or m == "heavy_per_s" else 2) for m in METRICS]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Requests, all rounds (sent / 200 / 503 / other status / lost: sent, never answered):",
+        "",
+        "| row | small alone | small flooded | heavy | /health probes failed |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        counts = summary["rows"][row]["counts"]
+        lines.append(
+            f"| {row} | {_statuses(counts['alone'])} | {_statuses(counts['flooded'])} | "
+            f"{_statuses(counts['heavy'])} | {summary['rows'][row]['health_failures']} |"
+        )
+    if summary["pairs"]:
+        lines += [
+            "",
+            "Paired ratios, row / baseline per round (median [interval]):",
+            "",
+            "| row | baseline | " + " | ".join(METRICS[m][0] for m in PAIRED) + " |",
+            "|---|---|" + "---|" * len(PAIRED),
+        ]
+        for pair in summary["pairs"]:
+            cells = [f"{_fmt(pair['ratios'][m])}x" if pair["ratios"][m] else "–" for m in PAIRED]
+            lines.append(f"| {pair['row']} | {pair['baseline']} | " + " | ".join(cells) + " |")
+    errors = {
+        row: {kind: b[kind]["first_error"] for b in result["blocks"][row] for kind in ("alone", "flooded", "heavy")
+              if b[kind]["first_error"]}
+        for row in rows
+    }
+    errors = {row: e for row, e in errors.items() if e}
+    lines += ["", "Servers (model path and port vary):", ""]
+    lines += [f"- {row}: `{result['servers'][row]['command']}`" for row in rows]
+    for row, notes in result["notes"].items():
+        lines += [f"- {row}: {note}" for note in notes]
+    if errors:
+        lines += ["", f"First error of each kind: {json.dumps(errors)}"]
+    lines += [
+        "<!-- --8<-- [end:tables] -->",
+        "",
+        "<!-- --8<-- [start:targets] -->",
+        *(verdict_line(t) for t in result["targets"]),
+        "<!-- --8<-- [end:targets] -->",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---- main ------------------------------------------------------------------
+
+
+def _dirty() -> bool:
+    done = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT, check=False)
+    return bool(done.stdout.strip())
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    stem = f"mixed-{result['variant']}"
+    _common.write(out, stem, result, markdown(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true",
+                   help=f"rows {' and '.join(SMOKE_ROWS)}, one round of 1.5 s phases")
+    p.add_argument("--variant", choices=sorted(VARIANTS), default="preprocess")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), help="default: the variant's rows")
+    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument("--seconds", type=float, default=SECONDS, help="length of each phase")
+    p.add_argument("--small-clients", type=int, default=SMALL_CLIENTS)
+    p.add_argument("--heavy-clients", type=int, default=HEAVY_CLIENTS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=_common.RESULTS)
+    args = p.parse_args(argv)
+    variant = VARIANTS[args.variant]
+    if args.smoke:  # proves the whole run works in a few minutes; measures nothing
+        wanted, rounds, seconds, ramp_s, warmup_s = list(SMOKE_ROWS), 1, 1.5, 0.5, 0.5
+    else:
+        wanted, rounds, seconds, ramp_s, warmup_s = args.rows or list(variant.rows), args.rounds, args.seconds, \
+            RAMP_S, WARMUP_S
+    if DEFAULT not in wanted:
+        wanted = [DEFAULT, *wanted]
+    began = time.monotonic()
+    result: dict[str, Any] = {
+        "argv": argv, "command": " ".join(["python -m benchmarks.bench_mixed", *map(_quote, argv)]),
+        "variant": args.variant, "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(),
+        "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
+        "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
+    }
+
+    usage = adapter_usage()
+    configs: dict[str, ServerConfig] = {}
+    notes: dict[str, list[str]] = {}
+    for name in wanted:
+        config, row_notes = plan(ROWS[name], usage)
+        notes[name] = row_notes
+        for note in row_notes:
+            print(f"{name}: {note}", flush=True)
+        if config is not None:
+            configs[name] = config
+    rows = list(configs)
+    result["notes"] = {name: n for name, n in notes.items() if n}
+    result["servers"] = {
+        name: {"command": _server_command(config, variant.server_args)} for name, config in configs.items()
+    }
+
+    shuffle = random.Random(args.seed)
+    blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        try:
+            model = variant.build_model(Path(tmp))
+        except (ImportError, OSError, ValueError) as exc:
+            if args.variant != "multimodal":
+                raise
+            return _skip(args.out, result, f"the tiny CLIP could not be built here ({type(exc).__name__}: {exc})")
+        small = variant.small(str(model))()
+        heavy = variant.heavy(str(model))
+        started = time.monotonic()
+        servers: dict[str, str] = {}
+        for row in rows:
+            config = dataclasses.replace(configs[row], extra_args=(*variant.server_args, *configs[row].extra_args))
+            log = args.out / "logs" / f"mixed-{args.variant}-{row.replace(' ', '-').replace('+', 'plus')}.log"
+            try:
+                url, _ = stack.enter_context(running_server_process(config, model, log))
+            except ServerFailed as exc:
+                if args.variant != "multimodal":
+                    raise
+                return _skip(args.out, result, f"a server did not start ({exc})")
+            servers[row] = url + variant.path
+        result["startup_s"] = time.monotonic() - started
+        heavy_bodies = heavy()
+        for url in servers.values():  # warm-up, not measured
+            mixed.run_for(url, small, args.small_clients, warmup_s)
+            mixed.run_for(url, heavy_bodies, 2, warmup_s)
+        for round_number in range(rounds):
+            order = list(rows)
+            shuffle.shuffle(order)
+            for row in order:
+                t0 = time.monotonic()
+                block = measure(servers[row], small, heavy, args.small_clients, args.heavy_clients, seconds, ramp_s)
+                block["wall_s"] = time.monotonic() - t0
+                blocks[row].append(block)
+                print(
+                    f"round {round_number} {row} ({block['wall_s']:.0f} s): small p50 "
+                    f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms, p99 "
+                    f"{block['alone']['p99_ms']:.1f} -> {block['flooded']['p99_ms']:.1f} ms; heavy "
+                    f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms; "
+                    f"lost {block['alone']['lost'] + block['flooded']['lost'] + block['heavy']['lost']}",
+                    flush=True,
+                )
+    result.update(
+        loadavg_after=_loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
+        targets=[evaluate(t, blocks) for t in targets(rows)],
+    )
+    _write(args.out, result)
+    print(markdown(result))
+    lost = sum(c["lost"] for r in result["summary"]["rows"].values() for c in r["counts"].values())
+    if lost:
+        print(f"{lost} requests were sent and never answered (must be 0): see the report", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quote(arg: str) -> str:
+    return f'"{arg}"' if " " in arg else arg
+
+
+def _skip(out: Path, result: dict[str, Any], reason: str) -> int:
+    message = f"{result['variant']} variant skipped: {reason}"
+    print(message, file=sys.stderr)
+    result["skipped"] = reason
+    _write(out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

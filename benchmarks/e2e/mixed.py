@@ -1,0 +1,276 @@
+"""Mixed traffic: small requests timed here while a flood of heavy ones runs in another process.
+
+    small clients (this process)    ----\\
+    heavy clients (flood process)   -----+--> one vLLM server
+    GET /health (prober process)    ----/
+
+The flood has its own process so that the small requests' latencies are timed
+on an event loop that is not also pushing the heavy requests' bodies (up to a
+few MB each); the `/health` prober has its own for the same reason
+(`load.HealthProber`). Every request is tallied by its answer: an HTTP status,
+or *lost* (sent, never answered: connection dropped or timed out). The clocks
+are `time.monotonic()`, which Linux shares between processes, so the flood's
+completions can be counted inside the window the small clients ran in.
+
+Request bodies are JSON bytes built once (the client's own JSON encoding is not
+part of the measurement); the flood builds its own in its process from a
+picklable factory, so multi-megabyte bodies never cross a pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import io
+import json
+import multiprocessing
+import multiprocessing.connection
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from typing_extensions import Self
+
+from benchmarks.e2e import workloads
+from benchmarks.e2e.load import REQUEST_TIMEOUT_S, summarize_ms
+
+#: Builds a list of request bodies (JSON bytes); module-level functions and
+#: `functools.partial`s of them, so that the flood's can be sent to its process.
+Bodies = Callable[[], list[bytes]]
+
+FLOOD_START_TIMEOUT_S = 120.0
+# The flood's in-flight requests are answered before its results come back:
+# at most one request timeout, plus its process's start and exit.
+FLOOD_RESULT_TIMEOUT_S = REQUEST_TIMEOUT_S + 60.0
+# uvicorn closes idle keep-alive connections after 5 s; a client that reused one
+# as it closed would see a dropped connection that says nothing about the
+# server's answers (tests/vllm/_server.py), so the client lets them go first.
+KEEPALIVE_S = 1.0
+_JSON = {"Content-Type": "application/json"}
+
+
+@dataclass
+class Tally:
+    """Every request one kind of client sent, by how it ended."""
+
+    sent: int = 0
+    #: HTTP status (as a string, so the tally survives JSON) -> answers.
+    statuses: Counter[str] = field(default_factory=Counter)
+    #: Latency (s) and completion time (`time.monotonic()`) of each 200.
+    latencies_s: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
+    first_error: str = ""
+
+    @property
+    def answered(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.answered
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent, "statuses": dict(self.statuses), "latencies_s": self.latencies_s,
+            "finished_at": self.finished_at, "first_error": self.first_error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tally:
+        return cls(data["sent"], Counter(data["statuses"]), data["latencies_s"], data["finished_at"],
+                   data["first_error"])
+
+    def summary(self, window: tuple[float, float]) -> dict[str, Any]:
+        """Counts, latency percentiles of the 200s, and the 200s a second that
+        completed inside `window` (monotonic start, end)."""
+        ok = summarize_ms(self.latencies_s)
+        begin, end = window
+        done = sum(begin <= t <= end for t in self.finished_at)
+        return {
+            "sent": self.sent,
+            "statuses": dict(self.statuses),
+            "lost": self.lost,
+            "ok": len(self.latencies_s),
+            "p50_ms": ok["p50_ms"],
+            "p99_ms": ok["p99_ms"],
+            "max_ms": ok["max_ms"],
+            "requests_per_s": done / (end - begin) if end > begin else 0.0,
+            "first_error": self.first_error,
+        }
+
+
+async def closed_loop(
+    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally
+) -> None:
+    """`clients` clients, each sending its next request when the last one is
+    answered, while `keep_going()`; returns once every request sent is answered or lost."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=clients, keepalive_timeout=KEEPALIVE_S)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def client(first: int) -> None:
+            n = first
+            while keep_going():
+                body = bodies[n % len(bodies)]
+                n += clients
+                tally.sent += 1
+                t0 = time.monotonic()
+                try:
+                    async with session.post(url, data=body, headers=_JSON) as resp:
+                        await resp.read()
+                        status = resp.status
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    if not tally.first_error:
+                        tally.first_error = f"{type(exc).__name__}: {exc}"
+                    continue
+                done = time.monotonic()
+                tally.statuses[str(status)] += 1
+                if status == 200:
+                    tally.latencies_s.append(done - t0)
+                    tally.finished_at.append(done)
+                elif not tally.first_error:
+                    tally.first_error = f"HTTP {status}"
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+
+
+def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
+    """A closed loop for `seconds` (the requests in flight then are still waited for)."""
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally))
+    return tally
+
+
+def _flood(
+    url: str, build: Bodies, clients: int, started: Any, stop: Any, out: multiprocessing.connection.Connection
+) -> None:
+    bodies = build()
+    tally = Tally()
+
+    async def go() -> None:
+        # Set once the loop runs: the clients' first requests go out in this same turn.
+        asyncio.get_running_loop().call_soon(started.set)
+        await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
+
+    asyncio.run(go())
+    out.send(tally.as_dict())
+    out.close()
+
+
+class Flood:
+    """`clients` closed-loop clients sending `build()`'s bodies to `url` from another
+    process, from `__enter__` until `__exit__`; `tally` holds what they got."""
+
+    def __init__(self, url: str, build: Bodies, clients: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._started = ctx.Event()
+        self._stop = ctx.Event()
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_flood, args=(url, build, clients, self._started, self._stop, send), daemon=True
+        )
+        self.tally = Tally()
+
+    def __enter__(self) -> Self:
+        self._proc.start()
+        if not self._started.wait(FLOOD_START_TIMEOUT_S):
+            self._stop.set()
+            self._proc.kill()
+            raise RuntimeError("the flood process did not start")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        got = self._recv.poll(FLOOD_RESULT_TIMEOUT_S)
+        if got:
+            self.tally = Tally.from_dict(self._recv.recv())
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+        if not got and exc_type is None:
+            raise RuntimeError("the flood's requests were not all answered or lost in time")
+
+
+# ---- request bodies --------------------------------------------------------
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+def text_bodies(
+    model: str, *, count: int, inputs: int, words: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `inputs` texts of `words` words each."""
+    bodies = []
+    for i in range(count):
+        body: dict[str, Any] = {"model": model, "input": workloads.long_texts(inputs, words, seed=seed + i)}
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
+def score_bodies(
+    model: str, *, count: int, documents: int, words: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/score` bodies: one 8-word query against `documents` documents of `words` words."""
+    bodies = []
+    for i in range(count):
+        query = workloads.long_texts(1, 8, seed=seed + i)[0]
+        body: dict[str, Any] = {
+            "model": model, "queries": query, "documents": workloads.long_texts(documents, words, seed=seed + i + 1),
+        }
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
+def photo_jpeg_base64(size: int, seed: int = 0) -> str:
+    """A `size`-pixel square JPEG that compresses like a photo (smooth noise, upscaled):
+    decoding costs what a photo of that size costs, without noise's megabytes of body."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    coarse = Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB")
+    buf = io.BytesIO()
+    coarse.resize((size, size), Image.Resampling.BILINEAR).save(buf, format="JPEG", quality=90)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def image_bodies(model: str, *, count: int, images: int, size: int, seed: int = 0) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `images` conversations of one image each
+    (CLIP takes one image per prompt): vLLM's chat form for one, its batched chat form for more."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(count):
+        conversations = [
+            [{"role": "user", "content": [
+                {"type": "image_url",
+                 "image_url": {"url": f"data:image/jpeg;base64,{photo_jpeg_base64(size, rng.randrange(2**31))}"}},
+            ]}]
+            for _ in range(images)
+        ]
+        bodies.append(_dump({"model": model, "messages": conversations[0] if images == 1 else conversations}))
+    return bodies
+
+
+def bodies(build: Callable[..., list[bytes]], model: str, **kwargs: Any) -> Bodies:
+    """A picklable `Bodies` for `build(model, **kwargs)`."""
+    return functools.partial(build, model, **kwargs)
