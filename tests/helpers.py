@@ -369,3 +369,16 @@ def restore_address_space(soft: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def starve_address_space(seconds: float) -> None:
+    """In this worker, leave almost no address space to grow into for
+    `seconds` (a new shared-memory arena cannot be mapped, a large buffer not
+    copied), then give it back."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    timer = threading.Timer(seconds, resource.setrlimit, (resource.RLIMIT_AS, (soft, hard)))
+    timer.daemon = True
+    timer.start()
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (2 << 20), hard))

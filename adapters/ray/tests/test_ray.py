@@ -151,7 +151,7 @@ async def one_into(ex: offload.Executor, pids: set[int]) -> None:
 async def test_large_arguments_go_through_the_object_store() -> None:
     async with offload.Executor(RayStrategy(1, object_store_threshold=64 << 10)) as ex:
         large, small = np.ones(1 << 20, dtype=np.uint8), np.ones(1 << 10, dtype=np.uint8)
-        args, kwargs, stored = ex._by_reference((large, small), {"data": b"x" * (64 << 10)})
+        args, kwargs, stored = ex.strategy._by_reference((large, small), {"data": b"x" * (64 << 10)})
         assert isinstance(args[0], ray.ObjectRef)
         assert args[1] is small
         assert isinstance(kwargs["data"], ray.ObjectRef)

@@ -1,0 +1,132 @@
+"""Failure paths of the `ray` strategy (issue 19), each injected for real.
+
+These run in fresh interpreters, as a new user's program would: no fixture
+starts Ray for them, and a regression (a hang, a dead GCS) fails the test
+instead of the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+#: Starting a local Ray takes 10-40 s on a busy two-core machine; twice here.
+TIMEOUT = 420
+
+
+def run_python(code: str) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")]))
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}\n{out}"
+    return out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_an_executor_that_started_ray_itself_survives_its_own_shutdown() -> None:
+    # The path a new user takes: no ray.init of their own, several executors
+    # one after another. Ray ties the local GCS and raylet it starts to the
+    # *thread* that started them; the slot thread that used to start them
+    # exited at shutdown and took them down, and with them the program.
+    out = run_python(
+        """
+        import os
+        import ray_settings  # loopback only, before ray
+        import offload
+
+        for attempt in range(3):
+            ex = offload.get_executor("ray", max_workers=1, num_cpus=0.5,
+                                      ray_init_options={**ray_settings.LOCAL_RAY, "num_cpus": 2})
+            print("call", attempt, ex.submit(os.getpid).result(timeout=300) > 0, flush=True)
+            ex.shutdown(wait=True)
+        print("done", flush=True)
+        """
+    )
+    assert "call 2 True" in out, out
+    assert "done" in out, out
+    assert "Failed to connect to GCS" not in out, out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_aclose_timeout_stops_an_actor_still_starting() -> None:
+    out = run_python(
+        """
+        import time
+        import anyio
+        import ray_settings
+        import ray
+        import offload
+        from offload_ray import RayStrategy
+
+        def slow_init():
+            time.sleep(120)
+
+        async def main():
+            ray.init(**ray_settings.LOCAL_RAY)
+            ex = offload.Executor(RayStrategy(1, initializer=slow_init, num_cpus=0.5))
+            future = ex.submit(time.time)
+            await anyio.sleep(3)  # the actor is being created, its initializer sleeping
+            began = time.monotonic()
+            await ex.aclose(timeout=0.5)
+            print("aclose took", round(time.monotonic() - began, 1), flush=True)
+            try:
+                future.result(timeout=60)
+            except BaseException as exc:
+                print("call ended with", type(exc).__name__, flush=True)
+            ray.shutdown()
+
+        anyio.run(main)
+        """
+    )
+    took = float(out.split("aclose took ")[1].split()[0])
+    assert took < 30, out  # the initializer sleeps 120 s
+    assert "call ended with" in out, out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_a_forked_child_is_told_ray_did_not_come_with_it() -> None:
+    out = run_python(
+        """
+        import os, signal
+        import ray_settings
+        import ray
+        import offload
+
+        ray.init(**ray_settings.LOCAL_RAY)
+        ex = offload.get_executor("ray", max_workers=1, num_cpus=0.5)
+        assert ex.submit(os.getpid).result(timeout=300) > 0
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            code = 1
+            try:
+                child = offload.get_executor("ray", max_workers=1, num_cpus=0.5)
+                child.submit(os.getpid).result(timeout=30)
+                print("child ran a call", flush=True)
+            except offload.OffloadError as exc:
+                print("child told:", exc, flush=True)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        print("parent still works", ex.submit(os.getpid).result(timeout=60) > 0, flush=True)
+        ex.shutdown()
+        ray.shutdown()
+        """
+    )
+    assert "child told:" in out, out
+    assert "os.fork()" in out, out
+    assert "child exit 0" in out, out
+    assert "parent still works True" in out, out
