@@ -60,7 +60,17 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
 
 
 class Call(Generic[T]):
-    """What to run (`fn(*args, **kwargs)` inside `context`) and, later, its outcome."""
+    """What to run (`fn(*args, **kwargs)` inside `context`) and, later, its outcome.
+
+    The executor makes one per `run`/`submit` and hands it to its strategy.
+    For strategy authors: a worker calls `claim()` right before running it
+    (and skips it on `False`), then `execute(state)`, or, for a worker in
+    another process, `set_result(value)` / `set_exception(error)` on this
+    side; `drop()` withdraws a queued call at shutdown; `stop(reason)` marks a
+    running call whose worker offload is about to kill. `cost`, `lane` and
+    `flow` say how queues order it. Every method may be called from any
+    thread; a call ends exactly once.
+    """
 
     __slots__ = (
         "_exception",
