@@ -238,15 +238,16 @@ class RayStrategy(Strategy):
     """
 
     name = "ray"
+    #: Calls run in actor processes: `contextvars` do not cross.
     carries_context = False
 
     def __init__(
         self,
         max_workers: int | None = None,
         *,
+        address: str | None = None,
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
-        address: str | None = None,
         num_cpus: float = 1.0,
         resources: Mapping[str, float] | None = None,
         scheduling_strategy: Any = None,
@@ -291,16 +292,16 @@ class RayStrategy(Strategy):
         self._stopping = False
         self._terminating = False
 
-    @property
-    def max_workers(self) -> int:
-        return self._max_workers
+    def actors(self) -> list[Any]:
+        """The live actor handles (for tests and diagnostics)."""
+        return [slot.actor for slot in self._dispatch.slots() if slot.actor is not None]
 
     def capacity(self) -> int:
         return self._max_workers
 
-    def actors(self) -> list[Any]:
-        """The live actor handles (for tests and diagnostics)."""
-        return [slot.actor for slot in self._dispatch.slots() if slot.actor is not None]
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers
 
     # ---- the strategy ----------------------------------------------------------------
 
