@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import types
+from pathlib import Path
 
 import offload
 
@@ -43,3 +45,59 @@ def test_concrete_strategies_are_final() -> None:
         assert not inspect.isabstract(cls)
         assert getattr(cls, "__final__", False), f"{cls} should be @final"
         assert cls.name == name
+
+
+def _module_level_imports(path: Path, package: str) -> set[str]:
+    """The offload modules `path` imports at module level (not under
+    `TYPE_CHECKING`, not inside functions)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            if node.module:
+                found.add(f"{base}.{node.module}")
+            else:
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("offload"))
+    return found
+
+
+def test_the_core_has_no_import_circle() -> None:
+    root = Path(offload.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        graph[name] = _module_level_imports(path, package)
+    modules = set(graph)
+    graph = {name: {m for m in imported if m in modules and m != name} for name, imported in graph.items()}
+    # The package itself re-exports everything: only private modules matter.
+    graph.pop("offload", None)
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == "offload":
+                continue
+            if state.get(nxt) == "open":
+                raise AssertionError("import circle: " + " -> ".join([*trail, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def test_strategy_module_exports_what_it_lists() -> None:
+    from offload import strategy
+
+    public = {n for n, v in vars(strategy).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert set(strategy.__all__) == public - {"annotations"}
