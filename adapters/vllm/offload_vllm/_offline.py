@@ -83,18 +83,18 @@ class OfflineRenderExecutor(concurrent.futures.Executor):
         context.run(held.enter_context, self._executor.admission(OFFLINE_LABEL, cost=0.0, refuse=False))
         pending: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
 
-        def submit_next() -> None:
-            for args in items:
-                options = self._executor.options(cost=render_params_cost(args[0]) if renders else 1.0)
-                pending.append(context.run(options.submit, fn, *lead, *args))
-                return
+        def submit_next() -> bool:
+            """Submit the next item's call; False when there is none left."""
+            args = next(items, None)
+            if args is None:
+                return False
+            options = self._executor.options(cost=render_params_cost(args[0]) if renders else 1.0)
+            pending.append(context.run(options.submit, fn, *lead, *args))
+            return True
 
         try:
-            while len(pending) < window:
-                before = len(pending)
-                submit_next()
-                if len(pending) == before:
-                    break
+            while len(pending) < window and submit_next():
+                pass
             while pending:
                 result = pending.popleft().result()
                 submit_next()

@@ -81,6 +81,15 @@ _PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
 _EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
 _SCORING_PROTOCOL = "vllm.entrypoints.pooling.scoring.protocol"
 
+# Where each scoring request form keeps its two sides.
+_SCORING_SIDES: tuple[tuple[str, SeamKind, tuple[str, ...]], ...] = (
+    ("RerankRequest", "field", ("query", "documents")),
+    ("ScoreDataRequest", "field", ("data_1", "data_2")),
+    ("ScoreQueriesDocumentsRequest", "attribute", ("data_1", "data_2")),
+    ("ScoreQueriesItemsRequest", "attribute", ("data_1", "data_2")),
+    ("ScoreTextRequest", "attribute", ("data_1", "data_2")),
+)
+
 #: Every vLLM name the adapter relies on, checked at plugin load (`check_seams`)
 #: and against a release's source (`_seamcheck`). Names are given where vLLM
 #: defines them, so that a move is reported too.
@@ -135,13 +144,7 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_SCORING_PROTOCOL, None, "ScoringRequestMixin", used_by=_S_REQUESTS),
     *(
         Seam(_SCORING_PROTOCOL, cls, key, kind, used_by=_S_REQUESTS)
-        for cls, kind, keys in (
-            ("RerankRequest", "field", ("query", "documents")),
-            ("ScoreDataRequest", "field", ("data_1", "data_2")),
-            ("ScoreQueriesDocumentsRequest", "attribute", ("data_1", "data_2")),
-            ("ScoreQueriesItemsRequest", "attribute", ("data_1", "data_2")),
-            ("ScoreTextRequest", "attribute", ("data_1", "data_2")),
-        )
+        for cls, kind, keys in _SCORING_SIDES
         for key in keys
     ),
     *(Seam(_TYPING, "ScoringRenderParams", key, "field", used_by=_S_REQUESTS) for key in ("data_1", "data_2")),
