@@ -443,3 +443,12 @@ def test_usage_names_every_flag() -> None:
         assert option.usage() in USAGE
     for flag in ("--offload-scheduling", "--offload-max-queued-cost", "--offload-lanes", "--offload-engine-priority"):
         assert f"[{flag}" in USAGE
+
+
+def test_serve_help_names_every_flag_before_vllms_help(
+    launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from offload_vllm.__main__ import USAGE
+
+    assert main(["serve", "--help"]) == 0  # vLLM's help is the recorder here
+    assert capsys.readouterr().out.startswith(f"usage: {USAGE}")

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(args: list[str]) -> int:
+    if "-h" in args or "--help" in args:
+        # Ours first; vLLM's server then prints its own flags and exits.
+        print(f"usage: {USAGE}")
     # No abbreviations: `--offload-lane` is a typo, not `--offload-lanes`.
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False, allow_abbrev=False)
     for option in OPTIONS:
