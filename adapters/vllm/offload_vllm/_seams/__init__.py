@@ -81,6 +81,11 @@ _PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
 _EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
 _SCORING_PROTOCOL = "vllm.entrypoints.pooling.scoring.protocol"
 
+def _fields(module: str, owner: str, names: tuple[str, ...], used_by: str) -> tuple[Seam, ...]:
+    """Annotated fields `names` of `owner`, as seams."""
+    return tuple(Seam(module, owner, name, "field", used_by=used_by) for name in names)
+
+
 # Where each scoring request form keeps its two sides.
 _SCORING_SIDES: tuple[tuple[str, SeamKind, tuple[str, ...]], ...] = (
     ("RerankRequest", "field", ("query", "documents")),
@@ -121,11 +126,9 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.entrypoints.pooling.pooling.serving", "ServingPooling", "io_processors", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "models", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "request_logger", "instance", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "engine_inputs", "field", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "raw_request", "field", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "result_generator", "field", used_by=_S_SERVING),
-    # Post-processing's cost: the engine outputs' values.
-    Seam(_TYPING, "PoolingServeContext", "final_res_batch", "field", used_by=_S_SERVING),
+    # The serve context: rendered into, stripped for a worker process, and
+    # (its engine outputs' values) post-processing's cost.
+    *_fields(_TYPING, "PoolingServeContext", ("engine_inputs", "raw_request", "result_generator", "final_res_batch"), _S_SERVING),
     Seam("vllm.outputs", "PoolingRequestOutput", "outputs", "instance", used_by=_S_SERVING),
     Seam("vllm.outputs", "PoolingOutput", "data", "field", used_by=_S_SERVING),
     # A request's cost is read from the fields holding its inputs; its engine
@@ -133,10 +136,7 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_PROTOCOL, "CompletionRequestMixin", "input", "field", used_by=_S_REQUESTS),
     Seam(_PROTOCOL, "ChatRequestMixin", "messages", "field", used_by=_S_REQUESTS),
     Seam(_EMBED_PROTOCOL, "EmbeddingBatchChatRequest", "messages", "field", used_by=_S_REQUESTS),
-    *(
-        Seam(_EMBED_PROTOCOL, "CohereEmbedRequest", key, "field", used_by=_S_REQUESTS)
-        for key in ("texts", "images", "inputs", "priority")
-    ),
+    *_fields(_EMBED_PROTOCOL, "CohereEmbedRequest", ("texts", "images", "inputs", "priority"), _S_REQUESTS),
     Seam("vllm.entrypoints.pooling.pooling.protocol", "IOProcessorRequest", "data", "field", used_by=_S_REQUESTS),
     Seam(_PROTOCOL, "PoolingBasicRequestMixin", "priority", "field", used_by=_S_REQUESTS),
     # Scoring costs its pairs: every form of ScoreRequest names its sides
@@ -147,7 +147,7 @@ REQUIRED: tuple[Seam, ...] = (
         for cls, kind, keys in _SCORING_SIDES
         for key in keys
     ),
-    *(Seam(_TYPING, "ScoringRenderParams", key, "field", used_by=_S_REQUESTS) for key in ("data_1", "data_2")),
+    *_fields(_TYPING, "ScoringRenderParams", ("data_1", "data_2"), _S_REQUESTS),
     # Admission: vLLM's own queue-overflow answer, and where it adds its middleware.
     Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ADMISSION),
     Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ADMISSION),
@@ -175,17 +175,14 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
     Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),
     # The render parameters and engine input the async-renderer path reads and builds.
-    *(
-        Seam(_TYPING, "RenderParams", key, "field", used_by=_S_RENDERER)
-        for key in ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities")
+    *_fields(
+        _TYPING, "RenderParams",
+        ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities"), _S_RENDERER,
     ),
     Seam(_TYPING, "EncodeCMPLRenderParams", "prompts", "field", used_by=_S_RENDERER),
     Seam(_TYPING, "EncodeChatRenderParams", "conversations", "field", used_by=_S_RENDERER),
     Seam(_TYPING, "EncodeChatRenderParams", "chat_params", "field", used_by=_S_RENDERER),
-    *(
-        Seam(_TYPING, "PoolingEngineInput", key, "field", used_by=_S_RENDERER)
-        for key in ("prompts", "params", "lora_requests", "priorities")
-    ),
+    *_fields(_TYPING, "PoolingEngineInput", ("prompts", "params", "lora_requests", "priorities"), _S_RENDERER),
     # Config read at start: the multimodal cache check, the scheduling policy
     # (engine priority), worker process titles.
     Seam("vllm.config.vllm", "VllmConfig", "model_config", "field", used_by=_S_CONFIG),
