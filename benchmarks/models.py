@@ -30,6 +30,9 @@ TOKENIZER_FILES = (
 )
 EMBED_NAME = "tiny-bert-embed"
 CROSS_ENCODER_NAME = "tiny-bert-cross-encoder"
+COLBERT_NAME = "tiny-colbert"
+#: The per-token embedding width of the tiny ColBERT (colbertv2.0's is 128).
+COLBERT_DIM = 32
 
 
 def minilm_dir() -> Path:
@@ -83,10 +86,38 @@ def build_tiny_cross_encoder(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+def build_tiny_colbert(dest: Path, seed: int = 0) -> Path:
+    """A 1-layer ColBERT (`HF_ColBERT`: a BERT encoder and a `linear` projection
+    to per-token embeddings): a late-interaction model, which vLLM scores
+    (`/score`, `/rerank`) by MaxSim over its token embeddings."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, **TINY_BERT)  # type: ignore[arg-type]
+    # The layout of colbert-ir/colbertv2.0's checkpoint: `bert.*` and `linear.weight`.
+    weights = {f"bert.{name}": tensor.contiguous() for name, tensor in BertModel(config).state_dict().items()}
+    weights["linear.weight"] = torch.randn(COLBERT_DIM, TINY_BERT["hidden_size"]) * 0.02
+    save_file(weights, dest / "model.safetensors")
+    # No `colbert_dim` in the config: vLLM 0.32.0's ColBERTModel builds its
+    # projection before nn.Module.__init__ when it is there (and fails); it
+    # infers the width from `linear.weight` instead.
+    (dest / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["HF_ColBERT"]}, indent=1))
+    _copy_tokenizer(dest)
+    return dest
+
+
 def build_all(root: Path) -> dict[str, Path]:
     return {
         "embed": build_tiny_embedding_model(root / EMBED_NAME),
         "cross-encoder": build_tiny_cross_encoder(root / CROSS_ENCODER_NAME),
+        "late-interaction": build_tiny_colbert(root / COLBERT_NAME),
     }
 
 

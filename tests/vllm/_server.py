@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+K = TypeVar("K")
 
 READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420"))
 
@@ -92,6 +98,23 @@ def start_server(
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return Server(url=f"http://127.0.0.1:{port}", model=name, proc=proc, log=log)
+
+
+@contextlib.contextmanager
+def servers_started(starts: Mapping[K, Callable[[], Server]]) -> Iterator[dict[K, Server]]:
+    """Start every server of `starts` (each `start()` returns at once), wait
+    until all are ready, together; stop them all when the block ends, however
+    it ends (a server that failed to start included)."""
+    started: dict[K, Server] = {}
+    try:
+        for key, start in starts.items():
+            started[key] = start()
+        with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
+            list(pool.map(wait_ready, started.values()))
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
 
 
 def wait_ready(server: Server) -> None:

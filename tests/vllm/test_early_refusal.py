@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import anyio
 import httpx
 import pytest
-from offload_vllm._seams.admission import REQUEST_LABEL, RefuseWhenFull
+from offload_vllm._lanes import LaneRouter
+from offload_vllm._seams.admission import REQUEST_LABEL, RefuseWhenFull, RequestPolicy
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -43,10 +44,14 @@ async def echo(request: Request) -> JSONResponse:
     return JSONResponse({"read": len(await request.body())})
 
 
-def app_with(executor: offload.Executor) -> httpx.AsyncClient:
+def app_with(executor: offload.Executor, root_path: str = "") -> httpx.AsyncClient:
     app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions")])
-    app.add_middleware(RefuseWhenFull, executor_of=lambda: executor, retry_after=1)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    policy = RequestPolicy(
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=1
+    )
+    app.add_middleware(RefuseWhenFull, policy=policy)
+    transport = httpx.ASGITransport(app=app, root_path=root_path)
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
 
 
 async def test_a_full_queue_refuses_before_the_body_is_read(
@@ -73,3 +78,43 @@ async def test_a_full_queue_refuses_before_the_body_is_read(
         admitted = await client.post("/v1/embeddings", content=b"abc")
         assert admitted.json() == {"read": 3}
         assert not executor.overloaded  # the check reserved nothing
+
+
+@pytest.mark.parametrize("path", ["/api/v1/embeddings", "/v1/embeddings"])
+async def test_behind_a_root_path_the_route_is_read_without_it(
+    busy_executor: tuple[offload.Executor, threading.Event], path: str
+) -> None:
+    """As vLLM's own middleware reads it: served with `--root-path /api`, a
+    request to `/api/v1/embeddings` (or to `/v1/embeddings`, a proxy having
+    removed the prefix) is a pooling route."""
+    executor, _ = busy_executor
+    async with app_with(executor, root_path="/api") as client:
+        refused = await client.post(path, content=b"{not json")
+        assert refused.status_code == 503
+        assert (await client.post("/api/v1/chat/completions", content=b"x")).status_code != 503
+
+
+async def test_the_cost_is_the_content_length() -> None:
+    """With a cost bound, a request passes or not by its `Content-Length`, before its body is read."""
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=100)
+    try:
+        with executor.admission("held", cost=60):  # queued cost: 60 of 100
+            async with app_with(executor) as client:
+                assert (await client.post("/v1/embeddings", content=b"x" * 30)).json() == {"read": 30}
+                refused = await client.post("/v1/embeddings", content=b"x" * 50)
+                assert refused.status_code == 503
+    finally:
+        executor.shutdown()
+
+
+async def test_a_header_naming_no_lane_is_a_400_before_the_body_is_read() -> None:
+    executor = offload.get_executor("thread", max_workers=1, max_queue=4, lanes={"query": 4})
+    try:
+        async with app_with(executor) as client:
+            r = await client.post("/v1/embeddings", content=b"{not json", headers={"X-Offload-Lane": "bulk"})
+            assert r.status_code == 400
+            assert "its lanes are default, query" in r.json()["error"]["message"]
+            ok = await client.post("/v1/embeddings", content=b"abc", headers={"X-Offload-Lane": "query"})
+            assert ok.json() == {"read": 3}
+    finally:
+        executor.shutdown()

@@ -1,4 +1,9 @@
-"""`LLM(...).embed()/score()` under each strategy: runs docs/examples/vllm_offline.py."""
+"""`LLM(...).embed()/score()` under each strategy: runs docs/examples/vllm_offline.py.
+
+With a queue bound set (`OFFLOAD_VLLM_MAX_QUEUE=0`, one worker: one call in
+flight), as a server's settings would be: an offline batch is never refused
+(issue 19, item 5), whatever its size.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from offload_vllm._kinds import STRATEGIES
 
 from ._server import Server
 from .conftest import AVAILABLE
@@ -18,11 +24,17 @@ from .conftest import AVAILABLE
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "vllm_offline.py"
+QUEUED = [s for s, row in STRATEGIES.items() if row.kind.queue]
+POOLED = [s for s, row in STRATEGIES.items() if row.kind.pool]
 
 
 def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy)
+    if strategy in QUEUED:
+        env["OFFLOAD_VLLM_MAX_QUEUE"] = "0"
+    if strategy in POOLED:
+        env["OFFLOAD_VLLM_WORKERS"] = "1"
     args = [sys.executable, str(EXAMPLE), str(model_dirs["embed"]), str(model_dirs["cross-encoder"])]
     proc = subprocess.run(args, env=env, check=False, capture_output=True, text=True, timeout=800, start_new_session=True)
     output = proc.stdout + proc.stderr  # vLLM logs to stdout

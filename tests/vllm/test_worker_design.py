@@ -14,9 +14,7 @@ import warnings
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from offload_vllm import _workers
+from offload_vllm import _process_role, _workers
 
 import offload
 
@@ -62,13 +60,14 @@ def test_worker_renders_like_the_server(served: tuple[Any, Any, Any], monkeypatc
     import setproctitle
 
     monkeypatch.setattr(setproctitle, "setproctitle", lambda title: None)
-    monkeypatch.setattr(_workers, "IN_WORKER_PROCESS", False)
+    # The initializer marks its process a remote worker: this one is not.
+    monkeypatch.setattr(_process_role, "_worker", False)
     params = render_params(io, ["hello world", "offload keeps the loop alive"])
     expected = [io.render(p) for p in params]
     spec = _workers.IOProcessorSpec(type(io), chat_config)
 
     with offload.get_executor(
-        "thread", max_workers=1, initializer=_workers.init_process_worker, initargs=(roundtrip(config),)
+        "thread", max_workers=1, initializer=_workers.init_remote_worker, initargs=(roundtrip(config), True)
     ) as executor:
         got = [
             roundtrip(executor.submit(_workers.render_in_process, roundtrip(spec), roundtrip(p)).result())
@@ -89,14 +88,3 @@ def test_thread_worker_has_its_own_tokenizer(served: tuple[Any, Any, Any]) -> No
     assert [g["prompts"]["prompt_token_ids"] for g in got] == [
         io.render(p)["prompts"]["prompt_token_ids"] for p in params
     ]
-
-
-@given(st.lists(st.integers(), max_size=70), st.integers(min_value=1, max_value=9))
-def test_split_evenly_keeps_order_and_balances(items: list[int], parts: int) -> None:
-    from offload_vllm._runtime import split_evenly
-
-    chunks = split_evenly(items, parts)
-    assert [x for chunk in chunks for x in chunk] == items
-    assert len(chunks) == max(1, min(parts, len(items)))
-    sizes = [len(c) for c in chunks]
-    assert max(sizes) - min(sizes) <= 1

@@ -10,12 +10,14 @@ still work, with a warning. See docs/vllm.md.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ._config import ADAPTER_STRATEGIES as ADAPTER_STRATEGIES
 from ._config import OffloadVLLMConfigError as OffloadVLLMConfigError
 from ._config import Settings as Settings
 from ._config import adopt_new_names as _adopt_new_names
 from ._config import read_settings as read_settings
+from ._process_role import is_worker_process
 from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
 from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
 
@@ -50,6 +52,9 @@ def active_strategy() -> str | None:
 def register() -> None:
     """vLLM's plugin hook. Validates the settings and patches the seams; idempotent.
 
+    In one of the adapter's remote workers (a `process` worker, a Ray actor),
+    where vLLM may load its plugins again, it patches nothing (`_process_role`).
+
     Raises:
         OffloadVLLMConfigError: a bad `OFFLOAD_VLLM_*`/`OFFLOAD_STRATEGY` value, an
             unknown `OFFLOAD_VLLM_*` or `VLLM_OFFLOAD_*` variable, or a setting whose
@@ -57,6 +62,8 @@ def register() -> None:
         UnsupportedVLLMVersion: a strategy is set and this vLLM lacks a seam.
     """
     global _active
+    if is_worker_process():
+        return
     settings = read_settings()
     if _active is not None:
         if _active != settings:
@@ -79,24 +86,31 @@ def register() -> None:
 
     version = require_supported_vllm()
     from ._runtime import Runtime
-    from ._seams import io_processor, offline, serving
+    from ._seams import admission, io_processor, offline, serving
 
     runtime = Runtime(settings)
-    if settings.max_queue is not None:
-        from ._seams import admission
+    policy = admission.RequestPolicy(
+        executor_of=runtime.current_executor,
+        router=settings.lane_router(),
+        engine_priority=settings.engine_priority,
+        retry_after=RETRY_AFTER_SECONDS,
+    )
+    admission.install(policy)
+    if settings.max_queue is not None or settings.max_queued_cost is not None:
+        admission.install_early_refusal(policy)
 
-        admission.install(runtime.current_executor, RETRY_AFTER_SECONDS)
-        admission.install_early_refusal(runtime.current_executor, RETRY_AFTER_SECONDS)
-    io_processor.install(runtime.make_render_async, runtime.make_render_all)
-    serving.install(runtime.make_postprocess_async)
+    def serving_built(serving_object: Any) -> Any:
+        admission.cover(type(serving_object))
+        return runtime.postprocess(serving_object)
+
+    io_processor.install(runtime.render)
+    serving.install(serving_built)
     serving.install_preprocessing()
-    offline.install(runtime.make_offline_executor)
+    offline.install(runtime.offline_executor)
     _active = settings
     logger.info(
-        "offload-vllm: pooling pre/post-processing strategy %r (from %s, workers=%s, max_queue=%s) on vLLM %s",
-        settings.strategy,
+        "offload-vllm: pooling pre/post-processing %s (from %s) on vLLM %s",
+        settings.summary(),
         settings.strategy_source,
-        settings.workers if settings.workers is not None else "default",
-        settings.max_queue if settings.max_queue is not None else "unbounded",
         version,
     )

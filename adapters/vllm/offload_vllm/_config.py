@@ -1,12 +1,23 @@
-"""The adapter's settings, read from `OFFLOAD_VLLM_*` (then `OFFLOAD_STRATEGY`) once, at plugin load."""
+"""The adapter's settings, read from `OFFLOAD_VLLM_*` (then `OFFLOAD_STRATEGY`) once, at plugin load.
+
+`OPTIONS` is the one list of settings: their variables, the launcher's flags
+(`python -m offload_vllm serve --offload-*`) and which strategies each applies
+to, which is read from the strategy's placement kind (`_kinds.STRATEGIES`).
+"""
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import offload
+
+from ._kinds import STRATEGIES, StrategyRow
+from ._lanes import DEFAULT_LANE, LaneRouter
+from ._seams.routes import POOLING_PATHS
 
 # `OFFLOAD_VLLM_*`, not `VLLM_*`: vLLM warns about every `VLLM_*` variable it does
 # not know, at every start, and refuses them when told to fail hard
@@ -15,29 +26,177 @@ PREFIX = "OFFLOAD_VLLM_"
 STRATEGY_ENV = "OFFLOAD_VLLM_STRATEGY"
 WORKERS_ENV = "OFFLOAD_VLLM_WORKERS"
 MAX_QUEUE_ENV = "OFFLOAD_VLLM_MAX_QUEUE"
+MAX_QUEUED_COST_ENV = "OFFLOAD_VLLM_MAX_QUEUED_COST"
+SCHEDULING_ENV = "OFFLOAD_VLLM_SCHEDULING"
+LANES_ENV = "OFFLOAD_VLLM_LANES"
+LANE_ROUTES_ENV = "OFFLOAD_VLLM_LANE_ROUTES"
+ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 
-#: Every variable this adapter reads; any other `OFFLOAD_VLLM_*` is a typo and refused.
-KNOWN_ENV = (STRATEGY_ENV, WORKERS_ENV, MAX_QUEUE_ENV, RAY_ADDRESS_ENV)
+#: The names the adapter knows how to wire into vLLM.
+ADAPTER_STRATEGIES = tuple(STRATEGIES)
 
-#: The name each setting had first (`VLLM_OFFLOAD_*`): still read, with a
-#: warning naming the new one. Any other `VLLM_OFFLOAD_*` is refused too.
-LEGACY_PREFIX = "VLLM_OFFLOAD_"
-LEGACY_NAMES = {name: LEGACY_PREFIX + name.removeprefix(PREFIX) for name in KNOWN_ENV}
-
-#: The names the adapter knows how to wire into vLLM. A strategy must also be
-#: registered in `offload.STRATEGIES` (`ray` is there once the `offload-ray`
-#: plugin is installed).
-ADAPTER_STRATEGIES = ("inline", "thread", "process", "async-renderer", "ray")
-
-#: Strategies whose workers are other processes: they build their own
-#: renderers from the engine's config, once per worker.
-SPEC_STRATEGIES = ("process", "ray")
+SCHEDULING = ("fair", "fifo")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class OffloadVLLMConfigError(offload.ConfigError):
     """An `OFFLOAD_VLLM_*`/`OFFLOAD_*` setting is invalid; raised at plugin load."""
+
+
+# ---- one parser per setting --------------------------------------------------
+
+
+def _parse_workers(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not an integer; give a worker count >= 1") from None
+    if value < 1:
+        raise OffloadVLLMConfigError(f"{name}={raw!r}: the worker count must be >= 1")
+    return value
+
+
+def _parse_max_queue(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OffloadVLLMConfigError(
+            f"{name}={raw!r} is not an integer; give the number of calls that may wait (>= 0)"
+        ) from None
+    if value < 0:
+        raise OffloadVLLMConfigError(f"{name}={raw!r}: the queue bound must be >= 0")
+    return value
+
+
+def _parse_positive(name: str, raw: str, what: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not a number; give {what} (> 0)") from None
+    if not 0 < value < math.inf:
+        raise OffloadVLLMConfigError(f"{name}={raw!r}: {what} must be a finite number > 0")
+    return value
+
+
+def _parse_max_queued_cost(name: str, raw: str) -> float:
+    return _parse_positive(name, raw, "the cost that may be queued, in characters")
+
+
+def _parse_scheduling(name: str, raw: str) -> str:
+    if raw not in SCHEDULING:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not a scheduling; valid: {', '.join(SCHEDULING)}")
+    return raw
+
+
+def _pairs(name: str, raw: str, shape: str) -> list[tuple[str, str]]:
+    """`a=b,c=d` as `[(a, b), (c, d)]`, each part stripped; refused unless every
+    item has both parts and no left-hand side repeats."""
+    pairs: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        left, sep, right = item.partition("=")
+        left, right = left.strip(), right.strip()
+        if not sep or not left or not right:
+            raise OffloadVLLMConfigError(f"{name}={raw!r}: {item.strip()!r} is not {shape}; give {shape},...")
+        if left in dict(pairs):
+            raise OffloadVLLMConfigError(f"{name}={raw!r}: {left} is given twice")
+        pairs.append((left, right))
+    return pairs
+
+
+def _parse_lanes(name: str, raw: str) -> tuple[tuple[str, float], ...]:
+    return tuple(
+        (lane, _parse_positive(name, weight, f"the weight of lane {lane!r}"))
+        for lane, weight in _pairs(name, raw, "LANE=WEIGHT")
+    )
+
+
+def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+    routes = _pairs(name, raw, "ROUTE=LANE")
+    for route, _ in routes:
+        if route not in POOLING_PATHS:
+            raise OffloadVLLMConfigError(
+                f"{name}={raw!r}: {route} is not a pooling route; valid: {', '.join(sorted(POOLING_PATHS))}"
+            )
+    return tuple(routes)
+
+
+def _parse_switch(name: str, raw: str) -> bool:
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise OffloadVLLMConfigError(f"{name}={raw!r} is not a switch; give 1 or 0 (true/false, yes/no, on/off)")
+
+
+def _parse_text(name: str, raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its variable, its launcher flag, and where it applies."""
+
+    env: str
+    flag: str
+    #: The flag's value in the usage line; `None` for a switch (`--flag` alone sets it).
+    metavar: str | None
+    #: `parse(variable, value)`: the value, or `OffloadVLLMConfigError` naming both.
+    parse: Callable[[str, str], Any]
+    #: The strategies it applies to, by their row; `None`: every strategy.
+    applies: Callable[[StrategyRow], bool] | None = None
+    #: Why a strategy it does not apply to ignores it ("it has no queue").
+    lacking: str = ""
+
+    def applies_to(self, strategy: str) -> bool:
+        return self.applies is None or self.applies(STRATEGIES[strategy])
+
+    def usage(self) -> str:
+        return f"[{self.flag}]" if self.metavar is None else f"[{self.flag} {self.metavar}]"
+
+
+def _has_pool(row: StrategyRow) -> bool:
+    return row.kind.pool
+
+
+def _has_queue(row: StrategyRow) -> bool:
+    return row.kind.queue
+
+
+def _takes_ray_address(row: StrategyRow) -> bool:
+    return "ray_address" in row.own_options
+
+
+#: Every setting, in the order messages and the usage line list them.
+OPTIONS = (
+    # The strategy is read first, and on its own (it falls back to OFFLOAD_STRATEGY).
+    Option(STRATEGY_ENV, "--offload-strategy", "S", _parse_text),
+    Option(WORKERS_ENV, "--offload-workers", "N", _parse_workers, _has_pool, "it has no worker pool"),
+    Option(MAX_QUEUE_ENV, "--offload-max-queue", "Q", _parse_max_queue, _has_queue, "it has no queue"),
+    Option(
+        MAX_QUEUED_COST_ENV, "--offload-max-queued-cost", "C", _parse_max_queued_cost, _has_queue, "it has no queue"
+    ),
+    Option(SCHEDULING_ENV, "--offload-scheduling", "fair|fifo", _parse_scheduling, _has_queue, "it has no queue"),
+    Option(LANES_ENV, "--offload-lanes", "LANE=WEIGHT,...", _parse_lanes, _has_queue, "it has no queue"),
+    Option(
+        LANE_ROUTES_ENV, "--offload-lane-routes", "ROUTE=LANE,...", _parse_lane_routes, _has_queue, "it has no queue"
+    ),
+    Option(ENGINE_PRIORITY_ENV, "--offload-engine-priority", None, _parse_switch),
+    Option(RAY_ADDRESS_ENV, "--offload-ray-address", "A", _parse_text, _takes_ray_address),
+)
+
+#: Every variable this adapter reads; any other `OFFLOAD_VLLM_*` is a typo and refused.
+KNOWN_ENV = tuple(option.env for option in OPTIONS)
+
+#: The name the first settings had (`VLLM_OFFLOAD_*`): still read, with a
+#: warning naming the new one. Any other `VLLM_OFFLOAD_*` is refused too.
+LEGACY_PREFIX = "VLLM_OFFLOAD_"
+LEGACY_NAMES = {
+    name: LEGACY_PREFIX + name.removeprefix(PREFIX)
+    for name in (STRATEGY_ENV, WORKERS_ENV, MAX_QUEUE_ENV, RAY_ADDRESS_ENV)
+}
 
 
 @dataclass(frozen=True)
@@ -51,12 +210,55 @@ class Settings:
     strategy: str | None
     workers: int | None
     strategy_source: str = field(compare=False)
-    #: Offloaded calls that may wait for a worker; past it, requests get HTTP 503.
+    #: Requests that may wait for a worker (one place each, held until the
+    #: response is built); past it, requests get HTTP 503.
     max_queue: int | None = None
+    #: Cost (characters, `_cost.py`) that may be admitted and not started; past it, HTTP 503.
+    max_queued_cost: float | None = None
+    #: `"fair"` (lanes by weight, requests by cost) or `"fifo"`.
+    scheduling: str = "fair"
+    #: Lanes and their weights, besides `"default"` (weight 1 unless given).
+    lanes: tuple[tuple[str, float], ...] = ()
+    #: Route -> lane, for requests that do not name their lane in a header.
+    lane_routes: tuple[tuple[str, str], ...] = ()
+    #: Give each request an engine priority from its cost and lane.
+    engine_priority: bool = False
     #: The Ray cluster the `ray` strategy joins (`None`: `RAY_ADDRESS`, else a local instance).
     ray_address: str | None = None
     #: The settings (by their `OFFLOAD_VLLM_*` names) given under their old name.
     legacy_names: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def row(self) -> StrategyRow:
+        """The strategy's row of `_kinds.STRATEGIES` (a strategy must be set)."""
+        if self.strategy is None:
+            raise ValueError("no strategy is set")
+        return STRATEGIES[self.strategy]
+
+    def lane_weights(self) -> dict[str, float]:
+        """The executor's `lanes=` option."""
+        return dict(self.lanes)
+
+    def lane_router(self) -> LaneRouter:
+        """How requests are routed to lanes (`"default"` is always a lane)."""
+        return LaneRouter.of({DEFAULT_LANE, *dict(self.lanes)}, dict(self.lane_routes))
+
+    def summary(self) -> str:
+        """What is applied, in one line (the start-up logs)."""
+        parts = [
+            f"strategy={self.strategy or '(vLLM default)'}",
+            f"workers={self.workers or 'default'}",
+            f"max_queue={'unbounded' if self.max_queue is None else self.max_queue}",
+            f"max_queued_cost={'unbounded' if self.max_queued_cost is None else f'{self.max_queued_cost:g}'}",
+            f"scheduling={self.scheduling}",
+        ]
+        if self.lanes:
+            parts.append("lanes=" + ",".join(f"{name}={weight:g}" for name, weight in self.lanes))
+        if self.lane_routes:
+            parts.append("lane_routes=" + ",".join(f"{route}={lane}" for route, lane in self.lane_routes))
+        if self.engine_priority:
+            parts.append("engine_priority=on")
+        return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
         """The message naming the new name of each old one set, or `None` when none is."""
@@ -67,16 +269,6 @@ class Settings:
             f"offload-vllm: rename {renames}: the old VLLM_OFFLOAD_* names still work, but vLLM "
             "warns about every VLLM_* variable it does not know (and refuses them when it fails hard)"
         )
-
-
-def _parse_workers(name: str, raw: str) -> int:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise OffloadVLLMConfigError(f"{name}={raw!r} is not an integer; give a worker count >= 1") from None
-    if value < 1:
-        raise OffloadVLLMConfigError(f"{name}={raw!r}: the worker count must be >= 1")
-    return value
 
 
 def adopt_new_names(settings: Settings, environ: MutableMapping[str, str] | None = None) -> None:
@@ -101,9 +293,10 @@ def _unknown(env: Mapping[str, str]) -> list[str]:
 def _lookup(env: Mapping[str, str], name: str, legacy: list[str]) -> tuple[str, str] | None:
     """`(variable, value)` for the setting `name`, from its name or its old one
     (then `name` is appended to `legacy`), or `None` when neither is set (empty is unset)."""
-    old = LEGACY_NAMES[name]
-    value, old_value = env.get(name, "").strip(), env.get(old, "").strip()
-    if old_value:
+    value = env.get(name, "").strip()
+    old = LEGACY_NAMES.get(name)
+    old_value = "" if old is None else env.get(old, "").strip()
+    if old is not None and old_value:
         legacy.append(name)
         if value and value != old_value:
             raise OffloadVLLMConfigError(
@@ -112,18 +305,36 @@ def _lookup(env: Mapping[str, str], name: str, legacy: list[str]) -> tuple[str, 
             )
     if value:
         return name, value
-    if old_value:
+    if old is not None and old_value:
         return old, old_value
     return None
+
+
+def _or_list(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _check_applies(option: Option, strategy: str | None, name: str, shown: str) -> None:
+    if strategy is not None and option.applies_to(strategy):
+        return
+    valid = [s for s in ADAPTER_STRATEGIES if option.applies_to(s)]
+    if strategy is None:
+        why = "no strategy set"
+    else:
+        why = f"strategy {strategy!r}" + (f" ({option.lacking})" if option.lacking else "")
+    raise OffloadVLLMConfigError(
+        f"{name}={shown} has no effect with {why}; unset it, or set {STRATEGY_ENV}={_or_list(valid)}"
+    )
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Parse and validate the environment. Raises `OffloadVLLMConfigError` naming the bad value.
 
     Each setting is read from its `OFFLOAD_VLLM_*` name, else its old
-    `VLLM_OFFLOAD_*` name (both set: they must agree); the strategy, from neither,
-    falls back to offload's `OFFLOAD_STRATEGY`. A message names the variable the
-    value came from.
+    `VLLM_OFFLOAD_*` name where it has one (both set: they must agree); the
+    strategy, from neither, falls back to offload's `OFFLOAD_STRATEGY`. A
+    message names the variable the value came from. A setting that does not
+    apply to the strategy (`OPTIONS`) is refused.
     """
     env = os.environ if environ is None else environ
     unknown = _unknown(env)
@@ -131,7 +342,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise OffloadVLLMConfigError(
             f"unknown setting(s) {', '.join(unknown)}; the offload vLLM adapter reads "
             + ", ".join(KNOWN_ENV)
-            + f" (and their old names {', '.join(LEGACY_NAMES.values())})"
+            + f" (and the old names {', '.join(LEGACY_NAMES.values())})"
         )
     legacy: list[str] = []
 
@@ -156,55 +367,36 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     # OFFLOAD_MAX_WORKERS needs no handling here: offload itself reads it when
     # OFFLOAD_VLLM_WORKERS is unset.
-    workers: int | None = None
-    found = _lookup(env, WORKERS_ENV, legacy)
-    if found is not None:
+    values: dict[str, Any] = {}
+    for option in OPTIONS[1:]:
+        found = _lookup(env, option.env, legacy)
+        if found is None:
+            continue
         name, raw = found
-        workers = _parse_workers(name, raw)
-        if strategy in (None, "inline", "async-renderer"):
+        value = option.parse(name, raw)
+        shown = repr(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else repr(raw)
+        _check_applies(option, strategy, name, shown)
+        values[option.env] = value
+
+    lanes: tuple[tuple[str, float], ...] = values.get(LANES_ENV, ())
+    lane_routes: tuple[tuple[str, str], ...] = values.get(LANE_ROUTES_ENV, ())
+    known_lanes = {DEFAULT_LANE, *dict(lanes)}
+    for route, lane in lane_routes:
+        if lane not in known_lanes:
             raise OffloadVLLMConfigError(
-                f"{name}={workers} has no effect with "
-                + ("no strategy set" if strategy is None else f"strategy {strategy!r} (it has no worker pool)")
-                + f"; unset it, or set {STRATEGY_ENV}=thread, process or ray"
-            )
-    max_queue: int | None = None
-    found = _lookup(env, MAX_QUEUE_ENV, legacy)
-    if found is not None:
-        name, raw = found
-        max_queue = _parse_max_queue(name, raw)
-        if strategy in (None, "inline"):
-            raise OffloadVLLMConfigError(
-                f"{name}={max_queue} has no effect with "
-                + ("no strategy set" if strategy is None else "strategy 'inline' (it has no queue)")
-                + f"; unset it, or set {STRATEGY_ENV}=thread, process, async-renderer or ray"
-            )
-    ray_address: str | None = None
-    found = _lookup(env, RAY_ADDRESS_ENV, legacy)
-    if found is not None:
-        name, ray_address = found
-        if strategy != "ray":
-            raise OffloadVLLMConfigError(
-                f"{name}={ray_address!r} has no effect with "
-                + ("no strategy set" if strategy is None else f"strategy {strategy!r}")
-                + f"; unset it, or set {STRATEGY_ENV}=ray"
+                f"{LANE_ROUTES_ENV}: route {route} names lane {lane!r}, which is not a lane; "
+                f"the lanes are {', '.join(sorted(known_lanes))} (add lanes with {LANES_ENV})"
             )
     return Settings(
         strategy=strategy,
-        workers=workers,
+        workers=values.get(WORKERS_ENV),
         strategy_source=source,
-        max_queue=max_queue,
-        ray_address=ray_address,
+        max_queue=values.get(MAX_QUEUE_ENV),
+        max_queued_cost=values.get(MAX_QUEUED_COST_ENV),
+        scheduling=values.get(SCHEDULING_ENV, "fair"),
+        lanes=lanes,
+        lane_routes=lane_routes,
+        engine_priority=values.get(ENGINE_PRIORITY_ENV, False),
+        ray_address=values.get(RAY_ADDRESS_ENV),
         legacy_names=tuple(legacy),
     )
-
-
-def _parse_max_queue(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OffloadVLLMConfigError(
-            f"{name}={raw!r} is not an integer; give the number of calls that may wait (>= 0)"
-        ) from None
-    if value < 0:
-        raise OffloadVLLMConfigError(f"{name}={raw!r}: the queue bound must be >= 0")
-    return value

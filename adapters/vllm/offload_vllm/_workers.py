@@ -1,26 +1,35 @@
-"""What runs inside an offload worker: module-level functions, so `process` can pickle them.
+"""What runs inside an offload worker: module-level functions, so `process` and `ray` can pickle them.
 
 Thread workers keep, per worker, a copy of each IO processor bound to a renderer
-with the worker's own tokenizer. Process workers build their own renderer from
-the served model's `VllmConfig` (sent once, as the initializer's argument) and
-their own IO processors and serving shells from picklable specs, so only request
-parameters, engine inputs and engine outputs cross the process boundary.
+with the worker's own tokenizer. Remote workers (processes, Ray actors) build
+their own renderer from the served model's `VllmConfig` (sent once, as the
+initializer's argument) and their own IO processors and serving shells from
+picklable specs, so only request parameters, engine inputs and engine outputs
+cross the process boundary.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import offload
 
+from ._process_role import mark_worker_process
+from ._seams import config as config_seam
 from ._seams import renderer as renderer_seam
 from ._seams import serving as serving_seam
 
-#: Set in worker processes: the plugin, loaded again there by vLLM's model
-#: registry, must not offload from inside a worker.
-IN_WORKER_PROCESS = False
+
+def render_each(fn: Callable[..., Any], lead: tuple[Any, ...], render_params: Sequence[Any]) -> list[Any]:
+    """Several of one request's prompts in one call, `fn(*lead, params)` each:
+    one hand-off (one message each way, for a remote worker) instead of one each."""
+    return [fn(*lead, params) for params in render_params]
+
+
+# ---- in-thread ---------------------------------------------------------------
 
 
 @dataclass
@@ -46,15 +55,12 @@ def render_in_thread(io_processor: Any, render_params: Any) -> Any:
     return worker.io_processor(io_processor).render(render_params)
 
 
-def render_all_in_thread(io_processor: Any, render_params: list[Any]) -> list[Any]:
-    """Several of one request's prompts in one call: one hand-off instead of one each."""
-    own = offload.worker_state().io_processor(io_processor)
-    return [own.render(params) for params in render_params]
+# ---- remote ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class IOProcessorSpec:
-    """How a worker process rebuilds an IO processor: its class and chat-template config."""
+    """How a remote worker rebuilds an IO processor: its class and chat-template config."""
 
     cls: type
     chat_template_config: Any
@@ -64,8 +70,19 @@ class IOProcessorSpec:
         return (self.cls, repr(self.chat_template_config))
 
 
+@dataclass(frozen=True)
+class ServingSpec:
+    """A serving object without its live parts, pickled once in the server (`blob`) and
+    unpickled once per worker (`key`)."""
+
+    key: str
+    blob: bytes
+
+
 @dataclass
-class ProcessWorker:
+class RemoteWorker:
+    """One remote worker's renderer, and the IO processors and serving shells built on it."""
+
     vllm_config: Any
     renderer: Any
     io_processors: dict[tuple[type, str], Any] = field(default_factory=dict)
@@ -81,55 +98,42 @@ class ProcessWorker:
             )
         return io
 
+    def serving(self, spec: ServingSpec, io_processor: Any) -> Any:
+        shell = self.servings.get(spec.key)
+        if shell is None:
+            cls, attributes = pickle.loads(spec.blob)
+            shell = self.servings[spec.key] = serving_seam.rebuild_shell(
+                cls, attributes, self.renderer, io_processor
+            )
+        return shell
 
-#: The title renderer worker processes show in `ps` (and how tests find them).
+
+#: The title `process` workers show in `ps` (and how tests find them).
 PROCESS_TITLE = "offload-vllm::renderer"
 
 
-def init_process_worker(vllm_config: Any) -> ProcessWorker:
-    global IN_WORKER_PROCESS
-    IN_WORKER_PROCESS = True
-    import setproctitle  # a vLLM dependency
+def init_remote_worker(vllm_config: Any, retitle: bool) -> RemoteWorker:
+    """A remote worker's initializer: marks the process (`_process_role`) before
+    vLLM runs here, then builds its renderer. `retitle`: show `PROCESS_TITLE`
+    in `ps` (`process`; a Ray actor keeps Ray's title, which Ray's tools show)."""
+    mark_worker_process()
+    if retitle:
+        import setproctitle  # a vLLM dependency
 
-    setproctitle.setproctitle(f"{PROCESS_TITLE} {vllm_config.model_config.served_model_name}")
-    return ProcessWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
-
-
-def init_ray_worker(vllm_config: Any) -> ProcessWorker:
-    """`init_process_worker` for a Ray actor, whose process title stays Ray's
-    (`ray::RayWorker`, which Ray's own tools show)."""
-    global IN_WORKER_PROCESS
-    IN_WORKER_PROCESS = True
-    return ProcessWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
+        setproctitle.setproctitle(f"{PROCESS_TITLE} {config_seam.served_model_name(vllm_config)}")
+    return RemoteWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
 
 
 def render_in_process(spec: IOProcessorSpec, render_params: Any) -> Any:
-    worker: ProcessWorker = offload.worker_state()
+    worker: RemoteWorker = offload.worker_state()
     return worker.io_processor(spec).render(render_params)
 
 
-def render_all_in_process(spec: IOProcessorSpec, render_params: list[Any]) -> list[Any]:
-    """Several of one request's prompts in one round trip: one message each way."""
-    io = offload.worker_state().io_processor(spec)
-    return [io.render(params) for params in render_params]
-
-
-@dataclass(frozen=True)
-class ServingSpec:
-    """A serving object without its live parts, pickled once in the server (`blob`) and
-    unpickled once per worker (`key`)."""
-
-    key: str
-    blob: bytes
-
-
 def serving_spec(serving: Any) -> ServingSpec:
-    state = {
-        name: value
-        for name, value in vars(serving).items()
-        if name not in serving_seam.LIVE_ATTRIBUTES and _picklable(value)
+    attributes = {
+        name: value for name, value in serving_seam.serving_attributes(serving).items() if _picklable(value)
     }
-    blob = pickle.dumps((type(serving), state))
+    blob = pickle.dumps((type(serving), attributes))
     return ServingSpec(key=f"{type(serving).__qualname__}-{id(serving)}", blob=blob)
 
 
@@ -141,17 +145,7 @@ def _picklable(value: Any) -> bool:
     return True
 
 
-def postprocess_in_process(
-    serving: ServingSpec, io_spec: IOProcessorSpec, ctx: Any
-) -> Any:
-    worker: ProcessWorker = offload.worker_state()
-    shell = worker.servings.get(serving.key)
+def postprocess_in_process(serving: ServingSpec, io_spec: IOProcessorSpec, ctx: Any) -> Any:
+    worker: RemoteWorker = offload.worker_state()
     io = worker.io_processor(io_spec)
-    if shell is None:
-        cls, state = pickle.loads(serving.blob)
-        shell = cls.__new__(cls)
-        vars(shell).update(state)
-        shell.renderer = worker.renderer
-        shell.io_processor = io
-        worker.servings[serving.key] = shell
-    return serving_seam.postprocess(shell, io, ctx)
+    return serving_seam.postprocess(worker.serving(serving, io), io, ctx)

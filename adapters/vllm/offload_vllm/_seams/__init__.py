@@ -1,8 +1,7 @@
 """Every touch of vLLM internals, one module per seam.
 
 A vLLM upgrade is a diff here and in `TESTED_VLLM_VERSIONS`, nowhere else.
-`REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py`
-rely on. It is checked twice, the same way: at plugin load against the
+`REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py` rely on. It is checked twice, the same way: at plugin load against the
 installed vLLM (`check_seams`), and against any release's source without
 installing it (`python -m offload_vllm check-seams`, `_seamcheck.py`).
 """
@@ -75,7 +74,26 @@ _S_SERVING = "_seams/serving.py"
 _S_ADMISSION = "_seams/admission.py"
 _S_OFFLINE = "_seams/offline.py"
 _S_RENDERER = "_seams/renderer.py"
+_S_CONFIG = "_seams/config.py"
+_S_REQUESTS = "_seams/requests.py"
 _WORKERS = "_workers.py"
+_PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
+_EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
+_SCORING_PROTOCOL = "vllm.entrypoints.pooling.scoring.protocol"
+
+def _fields(module: str, owner: str, names: tuple[str, ...], used_by: str) -> tuple[Seam, ...]:
+    """Annotated fields `names` of `owner`, as seams."""
+    return tuple(Seam(module, owner, name, "field", used_by=used_by) for name in names)
+
+
+# Where each scoring request form keeps its two sides.
+_SCORING_SIDES: tuple[tuple[str, SeamKind, tuple[str, ...]], ...] = (
+    ("RerankRequest", "field", ("query", "documents")),
+    ("ScoreDataRequest", "field", ("data_1", "data_2")),
+    ("ScoreQueriesDocumentsRequest", "attribute", ("data_1", "data_2")),
+    ("ScoreQueriesItemsRequest", "attribute", ("data_1", "data_2")),
+    ("ScoreTextRequest", "attribute", ("data_1", "data_2")),
+)
 
 #: Every vLLM name the adapter relies on, checked at plugin load (`check_seams`)
 #: and against a release's source (`_seamcheck`). Names are given where vLLM
@@ -91,26 +109,45 @@ REQUIRED: tuple[Seam, ...] = (
     # Scoring processors keep their own tokenizer, rebound per worker thread.
     Seam("vllm.entrypoints.pooling.scoring.io_processor", "ScoringIOProcessor", "tokenizer", "instance", used_by=_S_RENDERER),
     # PoolingBaseServing: `_postprocessing_async` replaced after `__init__`,
-    # `_preprocessing` wrapped, `__call__` wrapped for admission.
+    # `_preprocessing` wrapped, `__call__` (and any subclass's own, such as
+    # ServingScores's) wrapped for admission.
     Seam(_SERVING, "PoolingBaseServing", "__init__", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_postprocessing_async", "instance", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_postprocessing", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_preprocessing", used_by=_S_SERVING),
-    Seam(_SERVING, "PoolingBaseServing", "__call__", used_by=_S_ADMISSION),
+    Seam(_SERVING, "PoolingBaseServing", "__call__", params=("request", "raw_request"), used_by=_S_ADMISSION),
     Seam(_SERVING, "PoolingBaseServing", "vllm_config", "instance", used_by="_runtime.py"),
-    Seam(_SERVING, "PoolingBaseServing", "chat_template_config", "instance", used_by="_runtime.py"),
     # The live parts of a serving object, left out of (or set again on) the
     # shell a worker process rebuilds (`serving.LIVE_ATTRIBUTES`).
-    Seam(_SERVING, "PoolingBaseServing", "renderer", "instance", used_by=_WORKERS),
+    Seam(_SERVING, "PoolingBaseServing", "renderer", "instance", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "engine_client", "instance", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_executor", "instance", used_by=_S_SERVING),
-    Seam(_SERVING, "PoolingServing", "io_processor", "instance", used_by=_WORKERS),
+    Seam(_SERVING, "PoolingServing", "io_processor", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.pooling.pooling.serving", "ServingPooling", "io_processors", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "models", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "request_logger", "instance", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "engine_inputs", "field", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "raw_request", "field", used_by=_S_SERVING),
-    Seam(_TYPING, "PoolingServeContext", "result_generator", "field", used_by=_S_SERVING),
+    # The serve context: rendered into, stripped for a worker process, and
+    # (its engine outputs' values) post-processing's cost.
+    *_fields(_TYPING, "PoolingServeContext", ("engine_inputs", "raw_request", "result_generator", "final_res_batch"), _S_SERVING),
+    Seam("vllm.outputs", "PoolingRequestOutput", "outputs", "instance", used_by=_S_SERVING),
+    Seam("vllm.outputs", "PoolingOutput", "data", "field", used_by=_S_SERVING),
+    # A request's cost is read from the fields holding its inputs; its engine
+    # priority is its `priority`.
+    Seam(_PROTOCOL, "CompletionRequestMixin", "input", "field", used_by=_S_REQUESTS),
+    Seam(_PROTOCOL, "ChatRequestMixin", "messages", "field", used_by=_S_REQUESTS),
+    Seam(_EMBED_PROTOCOL, "EmbeddingBatchChatRequest", "messages", "field", used_by=_S_REQUESTS),
+    *_fields(_EMBED_PROTOCOL, "CohereEmbedRequest", ("texts", "images", "inputs", "priority"), _S_REQUESTS),
+    Seam("vllm.entrypoints.pooling.pooling.protocol", "IOProcessorRequest", "data", "field", used_by=_S_REQUESTS),
+    Seam(_PROTOCOL, "PoolingBasicRequestMixin", "priority", "field", used_by=_S_REQUESTS),
+    # Scoring costs its pairs: every form of ScoreRequest names its sides
+    # data_1 and data_2 (a field, or a property over its own fields).
+    Seam(_SCORING_PROTOCOL, None, "ScoringRequestMixin", used_by=_S_REQUESTS),
+    *(
+        Seam(_SCORING_PROTOCOL, cls, key, kind, used_by=_S_REQUESTS)
+        for cls, kind, keys in _SCORING_SIDES
+        for key in keys
+    ),
+    *_fields(_TYPING, "ScoringRenderParams", ("data_1", "data_2"), _S_REQUESTS),
     # Admission: vLLM's own queue-overflow answer, and where it adds its middleware.
     Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ADMISSION),
     Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ADMISSION),
@@ -138,23 +175,23 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
     Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),
     # The render parameters and engine input the async-renderer path reads and builds.
-    *(
-        Seam(_TYPING, "RenderParams", key, "field", used_by=_S_RENDERER)
-        for key in ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities")
+    *_fields(
+        _TYPING, "RenderParams",
+        ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities"), _S_RENDERER,
     ),
     Seam(_TYPING, "EncodeCMPLRenderParams", "prompts", "field", used_by=_S_RENDERER),
     Seam(_TYPING, "EncodeChatRenderParams", "conversations", "field", used_by=_S_RENDERER),
     Seam(_TYPING, "EncodeChatRenderParams", "chat_params", "field", used_by=_S_RENDERER),
-    *(
-        Seam(_TYPING, "PoolingEngineInput", key, "field", used_by=_S_RENDERER)
-        for key in ("prompts", "params", "lora_requests", "priorities")
-    ),
-    # Config read at start: the multimodal cache check, worker process titles.
-    Seam("vllm.config.vllm", "VllmConfig", "model_config", "field", used_by=_S_RENDERER),
-    Seam("vllm.config.model", "ModelConfig", "multimodal_config", "field", used_by=_S_RENDERER),
-    Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_RENDERER),
-    Seam("vllm.config.model", "ModelConfig", "served_model_name", "field", used_by=_WORKERS),
-    Seam("vllm.config.multimodal", "MultiModalConfig", "mm_processor_cache_gb", "field", used_by=_S_RENDERER),
+    *_fields(_TYPING, "PoolingEngineInput", ("prompts", "params", "lora_requests", "priorities"), _S_RENDERER),
+    # Config read at start: the multimodal cache check, the scheduling policy
+    # (engine priority), worker process titles.
+    Seam("vllm.config.vllm", "VllmConfig", "model_config", "field", used_by=_S_CONFIG),
+    Seam("vllm.config.vllm", "VllmConfig", "scheduler_config", "field", used_by=_S_CONFIG),
+    Seam("vllm.config.scheduler", "SchedulerConfig", "policy", "field", used_by=_S_CONFIG),
+    Seam("vllm.config.model", "ModelConfig", "multimodal_config", "field", used_by=_S_CONFIG),
+    Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_CONFIG),
+    Seam("vllm.config.model", "ModelConfig", "served_model_name", "field", used_by=_S_CONFIG),
+    Seam("vllm.config.multimodal", "MultiModalConfig", "mm_processor_cache_gb", "field", used_by=_S_CONFIG),
 )
 
 

@@ -1,25 +1,43 @@
-"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__call__`.
+"""Seam: `vllm/entrypoints/pooling/base/serving.py`, the `__call__` of every pooling serving class.
 
-Every online pooling request (embeddings, classify, score, rerank, pooling)
-enters there before anything is rendered. With `OFFLOAD_VLLM_MAX_QUEUE` set, a
-request that finds the strategy's queue full is answered at once: HTTP 503
-with the JSON body vLLM gives its own `QueueOverflowError`
-(`--max-num-queued-reqs`) and a `Retry-After` header. A render or
-post-processing call is never refused once its request was admitted
-(`Executor.admission`), so no request is dropped halfway through its work. An
-admitted request holds one place in the executor's count until its response
-is built (rendering, engine and post-processing), so requests in flight are
-bounded end to end (as TEI's permits are) and a burst arriving together cannot
-all pass the check at once. Measured: releasing the place after rendering let
-accepted requests pile up in the engine instead (docs/benchmarks.md#overload).
+Every online pooling request (embeddings, pooling, classify, score, rerank,
+`/v2/embed`) enters a pooling serving object's `__call__` before anything is
+rendered. `PoolingBaseServing.__call__` is one entry, but a serving class may
+define its own: `ServingScores.__call__` runs late-interaction scoring
+(`flash_late_interaction`) without calling the base one. So every `__call__`
+defined along a served class's bases is wrapped (`cover`, as each serving
+object is built), and a request is admitted at the first one it enters;
+the ones it enters from there (`ServingScores.__call__` calling the base
+one) find it admitted and hold nothing more.
+
+Admission (`Executor.admission`) happens before any work, with the request's
+cost (`_cost.py`, read from its fields) in its lane (`_lanes.py`). A request
+that finds the executor full (`OFFLOAD_VLLM_MAX_QUEUE`,
+`OFFLOAD_VLLM_MAX_QUEUED_COST`) is answered at once: HTTP 503 with the JSON
+body vLLM gives its own `QueueOverflowError` (`--max-num-queued-reqs`) and a
+`Retry-After` header. Once admitted, its render and post-processing calls
+are one flow of its lane, never refused, so no request is dropped halfway
+through its work. It holds one place in the executor's count until its
+response is built (rendering, engine and post-processing), so requests in
+flight are bounded end to end (as TEI's permits are) and a burst arriving
+together cannot all pass the check at once. Measured: releasing the place
+after rendering let accepted requests pile up in the engine instead
+(docs/benchmarks.md#overload).
+
+With engine priority on, the request's `priority` is set from its cost and
+lane first (`_priority.py`), unless the client set one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from vllm.entrypoints.pooling.base.serving import PoolingBaseServing
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
@@ -27,7 +45,32 @@ from vllm.exceptions import QueueOverflowError
 
 import offload
 
-_ORIGINAL_CALL: Callable[..., Coroutine[Any, Any, Any]] = PoolingBaseServing.__call__
+from .._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
+from .._priority import engine_priority
+from . import requests as requests_seam
+from .routes import is_pooling_request, route_of
+
+#: The `function` label of refusals made at the request's entry.
+REQUEST_LABEL = "vllm.pooling_request"
+
+# Set while a request runs inside its admission: a `__call__` it enters from
+# there (a subclass's calling the base one) must not admit it again.
+_admitted: contextvars.ContextVar[bool] = contextvars.ContextVar("offload_vllm_admitted", default=False)
+
+_MARK = "__offload_vllm__"
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """What admitting a request takes: the executor, lanes, and what the answers say."""
+
+    #: The strategy's executor once built (`None` before: vLLM's own behaviour).
+    executor_of: Callable[[], offload.Executor | None]
+    router: LaneRouter
+    #: Set each request's engine priority from its cost and lane.
+    engine_priority: bool
+    #: The `Retry-After` of a 503, in seconds.
+    retry_after: int
 
 
 def overflow_response(retry_after: int) -> JSONResponse:
@@ -40,84 +83,125 @@ def overflow_response(retry_after: int) -> JSONResponse:
     )
 
 
-#: The `function` label of refusals made at the request's entry.
-REQUEST_LABEL = "vllm.pooling_request"
+def unknown_lane_response(error: UnknownLane) -> JSONResponse:
+    """vLLM's own 400 answer, naming the lanes."""
+    response = create_error_response(str(error))
+    return JSONResponse(response.model_dump(), status_code=response.error.code)
 
 
-def install(executor_of: Callable[[Any], offload.Executor | None], retry_after: int) -> None:
-    """`executor_of(serving)`: the strategy's executor for that serving object."""
-    if getattr(PoolingBaseServing.__call__, "__offload_vllm__", False):
-        return
+def _lane_of(policy: RequestPolicy, scope: Any) -> str | None:
+    if scope is None:
+        return None
+    return policy.router.lane_for(route_of(scope), Headers(scope=scope).get(LANE_HEADER))
 
-    @functools.wraps(_ORIGINAL_CALL)
+
+def _request_and_scope(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """`(request, raw request's ASGI scope or None)` from a `__call__(request, raw_request)`."""
+    request = args[0] if args else kwargs["request"]
+    raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")
+    return request, None if raw_request is None else raw_request.scope
+
+
+def _admitting(
+    original: Callable[..., Coroutine[Any, Any, Any]], policy: RequestPolicy
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    @functools.wraps(original)
     async def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        executor = executor_of(self)
-        if executor is None:
-            return await _ORIGINAL_CALL(self, *args, **kwargs)
+        executor = policy.executor_of()
+        if executor is None or _admitted.get():
+            return await original(self, *args, **kwargs)
+        request, scope = _request_and_scope(args, kwargs)
         try:
-            with executor.admission(REQUEST_LABEL):
-                return await _ORIGINAL_CALL(self, *args, **kwargs)
-        except offload.Overloaded:
-            return overflow_response(retry_after)
+            lane = _lane_of(policy, scope)
+        except UnknownLane as exc:
+            return unknown_lane_response(exc)
+        cost = requests_seam.request_cost(request)
+        if policy.engine_priority and not requests_seam.sets_own_priority(request):
+            weight = executor.lanes[DEFAULT_LANE if lane is None else lane]
+            requests_seam.set_engine_priority(request, engine_priority(cost, weight))
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
+            except offload.Overloaded:
+                return overflow_response(policy.retry_after)
+            held.callback(_admitted.reset, _admitted.set(True))
+            return await original(self, *args, **kwargs)
 
-    __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
-    PoolingBaseServing.__call__ = __call__  # type: ignore[method-assign]
+    setattr(__call__, _MARK, True)
+    return __call__
+
+
+_policy: RequestPolicy | None = None
+
+
+def install(policy: RequestPolicy) -> None:
+    """Admit every pooling request (`cover` each serving class as it is used)."""
+    global _policy
+    _policy = policy
+    cover(PoolingBaseServing)
+
+
+def cover(cls: type) -> None:
+    """Wrap every `__call__` defined along `cls`'s bases, from `PoolingBaseServing`
+    down, once (a no-op before `install`)."""
+    if _policy is None:
+        return
+    for klass in cls.__mro__:
+        own = vars(klass).get("__call__")
+        if own is not None and issubclass(klass, PoolingBaseServing) and not getattr(own, _MARK, False):
+            setattr(klass, "__call__", _admitting(own, _policy))  # noqa: B010
 
 
 # ---- refusing before the body is read: vllm/entrypoints/launchers/app.py -------
 
-#: vLLM's pooling routes (vllm/entrypoints/pooling/*/api_router.py): where a full
-#: queue refuses a request before its body is read.
-POOLING_PATHS = frozenset(
-    {
-        "/classify",
-        "/pooling",
-        "/rerank",
-        "/score",
-        "/v1/embeddings",
-        "/v1/rerank",
-        "/v1/score",
-        "/v2/embed",
-        "/v2/rerank",
-    }
-)
-
 
 class RefuseWhenFull:
-    """ASGI middleware: a POST to a pooling route that finds the queue full is
-    answered 503 (vLLM's queue-overflow body, `Retry-After`) before its body is
-    read, so a refusal costs the event loop no JSON parsing and no pydantic
-    validation. The check is `Executor.admission` entered and left at once: it
-    counts the refusal in `offload_rejected_calls_total` and reserves nothing,
-    so a request that passes here is admitted for real (and may still be
-    refused) at the serving seam, as before."""
+    """ASGI middleware: a POST to a pooling route (after `--root-path`, as vLLM
+    reads it: `routes.route_of`) that finds the executor full is answered 503
+    (vLLM's queue-overflow body, `Retry-After`) before its body is read, so a
+    refusal costs the event loop no JSON parsing and no pydantic validation.
+    The cost is the body's `Content-Length` (`_cost.py`: characters are about
+    bytes; 0 without the header), the lane the request's. The check is
+    `Executor.admission` entered and left at once: it counts the refusal in
+    `offload_rejected_calls_total` and reserves nothing, so a request that
+    passes here is admitted for real (and may still be refused) at the
+    serving seam. A header naming no lane is answered 400 here already."""
 
-    def __init__(
-        self, app: Any, executor_of: Callable[[], offload.Executor | None], retry_after: int
-    ) -> None:
+    def __init__(self, app: Any, policy: RequestPolicy) -> None:
         self.app = app
-        self._executor_of = executor_of
-        self._refusal = overflow_response(retry_after)
+        self._policy = policy
+        self._refusal = overflow_response(policy.retry_after)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in POOLING_PATHS:
-            executor = self._executor_of()
-            if executor is not None:
-                try:
-                    with executor.admission(REQUEST_LABEL):
-                        pass
-                except offload.Overloaded:
-                    await self._refusal(scope, receive, send)
-                    return
+        executor = self._policy.executor_of()
+        if executor is not None and is_pooling_request(scope):
+            try:
+                lane = _lane_of(self._policy, scope)
+            except UnknownLane as exc:
+                await unknown_lane_response(exc)(scope, receive, send)
+                return
+            try:
+                with executor.admission(REQUEST_LABEL, cost=_content_length(scope), lane=lane):
+                    pass
+            except offload.Overloaded:
+                await self._refusal(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
-def install_early_refusal(executor_of: Callable[[], offload.Executor | None], retry_after: int) -> None:
+def _content_length(scope: Any) -> float:
+    try:
+        return float(max(0, int(Headers(scope=scope).get("content-length", "0"))))
+    except ValueError:
+        return 0.0
+
+
+def install_early_refusal(policy: RequestPolicy) -> None:
     """Add `RefuseWhenFull` outside vLLM's own middleware, where vLLM builds its app."""
     from vllm.entrypoints.launchers import app as app_module
 
     original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
-    if getattr(original, "__offload_vllm__", False):
+    if getattr(original, _MARK, False):
         return
 
     @functools.wraps(original)
@@ -125,7 +209,7 @@ def install_early_refusal(executor_of: Callable[[], offload.Executor | None], re
         original(args, app, supported_tasks)
         # Added last, so outermost: it runs before CORS, authentication and the
         # HTTP metrics (a refusal here is counted by offload's metrics only).
-        app.add_middleware(RefuseWhenFull, executor_of=executor_of, retry_after=retry_after)
+        app.add_middleware(RefuseWhenFull, policy=policy)
 
-    init_entrypoints_middleware.__offload_vllm__ = True  # type: ignore[attr-defined]
+    setattr(init_entrypoints_middleware, _MARK, True)
     setattr(app_module, "init_entrypoints_middleware", init_entrypoints_middleware)  # noqa: B010

@@ -3,9 +3,9 @@
 vLLM sets `self.render_async = make_async(self.render, executor=renderer._executor)`
 there; pre-processing of every online pooling request goes through it
 (`PoolingBaseServing._preprocessing`). We let vLLM build the processor, then
-replace `render_async` with the strategy's. Strategies with a pool of workers
-also give the processor a `render_all` (`RENDER_ALL`), which renders several
-of one request's prompts per call (see `serving.install_preprocessing`).
+replace `render_async` with the strategy's, and give the processor a
+`render_all`, which renders all of one request's prompts in pieces (see
+`serving.install_preprocessing`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from vllm.entrypoints.pooling.base.io_processor import (
 RenderAsync = Callable[[Any], Coroutine[Any, Any, Any]]
 RenderAll = Callable[[list[Any]], Coroutine[Any, Any, list[Any]]]
 
-#: The attribute holding an IO processor's `render_all`, where its strategy has one.
-RENDER_ALL = "__offload_vllm_render_all__"
+# What this seam keeps on each processor it patched; read through the functions below.
+_RENDER_ALL = "_offload_vllm_render_all"
+_CHAT_TEMPLATE_CONFIG = "_offload_vllm_chat_template_config"
 
 _ORIGINAL_INIT: Callable[..., None] = PoolingIOProcessor.__init__
 _SIGNATURE = inspect.signature(_ORIGINAL_INIT)
@@ -37,12 +38,9 @@ def construction_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
     ]
 
 
-def install(
-    make_render_async: Callable[[Any, Any, Any], RenderAsync | None],
-    make_render_all: Callable[[Any, Any, Any], RenderAll | None],
-) -> None:
-    """`make_render_async(io_processor, vllm_config, chat_template_config)` gives its
-    `render_async`; `make_render_all(...)` its `render_all`, or `None`."""
+def install(make_render: Callable[[Any, Any], tuple[RenderAsync, RenderAll] | None]) -> None:
+    """`make_render(io_processor, vllm_config)` gives a new processor its
+    `render_async` and its `render_all` (`None`: vLLM's own)."""
     if getattr(PoolingIOProcessor.__init__, "__offload_vllm__", False):
         return
 
@@ -51,16 +49,27 @@ def install(
         _ORIGINAL_INIT(self, *args, **kwargs)
         vllm_config, _, chat_template_config = construction_args(args, kwargs)
         # Kept for rebuilding this processor in a worker process.
-        self.__offload_vllm_chat_template_config__ = chat_template_config
-        replacement = make_render_async(self, vllm_config, chat_template_config)
-        if replacement is not None:
-            self.render_async = replacement
-        render_all = make_render_all(self, vllm_config, chat_template_config)
-        if render_all is not None:
-            setattr(self, RENDER_ALL, render_all)
+        setattr(self, _CHAT_TEMPLATE_CONFIG, chat_template_config)
+        made = make_render(self, vllm_config)
+        if made is not None:
+            self.render_async, render_all = made
+            setattr(self, _RENDER_ALL, render_all)
 
     __init__.__offload_vllm__ = True  # type: ignore[attr-defined]
     PoolingIOProcessor.__init__ = __init__  # type: ignore[method-assign]
+
+
+def render_all(io_processor: Any) -> RenderAll | None:
+    """What renders all of one request's prompts for `io_processor`, or `None`
+    where the adapter did not build it (vLLM renders them one call each)."""
+    found: RenderAll | None = getattr(io_processor, _RENDER_ALL, None)
+    return found
+
+
+def chat_template_config(io_processor: Any) -> Any:
+    """The chat-template config `io_processor` was built with (`None` if it was
+    built before the adapter was installed)."""
+    return getattr(io_processor, _CHAT_TEMPLATE_CONFIG, None)
 
 
 def is_io_processor(obj: object) -> bool:

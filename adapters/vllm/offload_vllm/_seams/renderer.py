@@ -16,8 +16,6 @@ import copy
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from vllm.renderers.base import BaseRenderer
-
 from .io_processor import has_own_render
 
 
@@ -67,12 +65,17 @@ def tokenize_many(renderer: Any, prompts: list[Any], params: Any) -> list[Any]:
     ]
 
 
+# Set on a renderer whose tokenization this seam replaced; read by `install_batched_tokenizer` only.
+_BATCHED = "_offload_vllm_batched"
+
+
 def install_batched_tokenizer(renderer: Any, tokenize_async: TokenizeOne) -> None:
-    """Make `renderer`'s async tokenization step await `tokenize_async(prompt, params)`."""
-    if getattr(renderer, "__offload_vllm_batched__", False):
+    """Make `renderer`'s async tokenization step await `tokenize_async(prompt, params)`;
+    a renderer already made so keeps its first one (IO processors share the served renderer)."""
+    if getattr(renderer, _BATCHED, False):
         return
     renderer._tokenize_prompt_async = tokenize_async
-    renderer.__offload_vllm_batched__ = True
+    setattr(renderer, _BATCHED, True)
 
 
 async def render_with_async_renderer(io_processor: Any, render_params: Any) -> Any | None:
@@ -107,20 +110,3 @@ async def render_with_async_renderer(io_processor: Any, render_params: Any) -> A
         "lora_requests": render_params["lora_requests"],
         "priorities": render_params["priorities"],
     }
-
-
-def is_renderer(obj: object) -> bool:
-    return isinstance(obj, BaseRenderer)
-
-
-def shared_multimodal_cache(vllm_config: Any) -> bool:
-    """Whether the served model keeps vLLM's multimodal processor cache, which is not
-    thread-safe and is mirrored in the engine (vLLM refuses `--renderer-num-workers > 1`
-    with it for pooling models, `vllm/config/model.py`)."""
-    model_config = vllm_config.model_config
-    mm_config = model_config.multimodal_config
-    return bool(
-        model_config.supports_multimodal_inputs
-        and mm_config is not None
-        and mm_config.mm_processor_cache_gb > 0
-    )

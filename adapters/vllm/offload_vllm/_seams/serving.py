@@ -1,20 +1,22 @@
-"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__init__`.
+"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__init__` and `_preprocessing`.
 
 vLLM sets `self._postprocessing_async = make_async(self._postprocessing,
-executor=renderer._executor)` there; `__call__` (and the scoring entrypoints) await
-it to turn engine outputs into the response body. We let vLLM build the serving
-object, then replace `_postprocessing_async` with the strategy's.
+executor=renderer._executor)` in `__init__`; `__call__` (and the scoring
+entrypoints) await it to turn engine outputs into the response body. We let
+vLLM build the serving object, then hand it to the runtime (`install`),
+which replaces `_postprocessing_async` with the strategy's.
 
 `PoolingBaseServing._preprocessing` renders each of a request's prompts with
 its own `render_async` call, gathered: a request of 32 texts is 32 hand-offs
 (under `process`, 32 round trips, each pickled both ways). Where the IO
-processor has a `render_all` (`io_processor.RENDER_ALL`), `install_preprocessing`
-makes it one call for all of them; an empty request still goes through vLLM's
-own code, for vLLM's own error.
+processor has a `render_all` (`io_processor.render_all`), `install_preprocessing`
+hands it all of them at once (it renders them in pieces); an empty request
+still goes through vLLM's own code, for vLLM's own error.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -23,7 +25,8 @@ from vllm.entrypoints.pooling.base.serving import (
     PoolingBaseServing,
 )
 
-from .io_processor import RENDER_ALL
+from .._cost import POSTPROCESS_COST_PER_VALUE
+from . import io_processor as io_processor_seam
 
 PostprocessAsync = Callable[[Any, Any], Coroutine[Any, Any, Any]]
 
@@ -46,14 +49,17 @@ LIVE_ATTRIBUTES = frozenset(
 )
 
 
-def install(make_postprocess_async: Callable[[Any], PostprocessAsync | None]) -> None:
+def install(on_built: Callable[[Any], PostprocessAsync | None]) -> None:
+    """`on_built(serving)` is called on every pooling serving object vLLM builds,
+    once vLLM's `__init__` is done, and gives its `_postprocessing_async`
+    (`None`: vLLM's own)."""
     if getattr(PoolingBaseServing.__init__, "__offload_vllm__", False):
         return
 
     @functools.wraps(_ORIGINAL_INIT)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _ORIGINAL_INIT(self, *args, **kwargs)
-        replacement = make_postprocess_async(self)
+        replacement = on_built(self)
         if replacement is not None:
             self._postprocessing_async = replacement
 
@@ -67,7 +73,7 @@ def install_preprocessing() -> None:
 
     @functools.wraps(_ORIGINAL_PREPROCESSING)
     async def _preprocessing(self: Any, io_processor: Any, ctx: Any) -> None:
-        render_all = getattr(io_processor, RENDER_ALL, None)
+        render_all = io_processor_seam.render_all(io_processor)
         if render_all is None:
             return await _ORIGINAL_PREPROCESSING(self, io_processor, ctx)
         requests = io_processor.get_request_factory_online(ctx)
@@ -85,12 +91,32 @@ def postprocess(serving: Any, io_processor: Any, ctx: Any) -> Any:
     return serving._postprocessing(io_processor, ctx)
 
 
+def postprocess_cost(ctx: Any) -> float:
+    """What building the response of `ctx` costs (`_cost.py`): its engine
+    outputs' values (an embedding's floats, a score), counted without copying."""
+    values = sum(output.outputs.data.numel() for output in ctx.final_res_batch or ())
+    return float(values * POSTPROCESS_COST_PER_VALUE)
+
+
 def strip_context(ctx: Any) -> Any:
     """A copy of a `PoolingServeContext` without the live request and result stream,
     for sending to a worker process (post-processing reads neither)."""
-    import copy
-
     clone = copy.copy(ctx)
     clone.raw_request = None
     clone.result_generator = None
     return clone
+
+
+def serving_attributes(serving: Any) -> dict[str, Any]:
+    """A serving object's attributes but its live ones (`LIVE_ATTRIBUTES`)."""
+    return {name: value for name, value in vars(serving).items() if name not in LIVE_ATTRIBUTES}
+
+
+def rebuild_shell(cls: type[Any], attributes: dict[str, Any], renderer: Any, io_processor: Any) -> Any:
+    """A serving object of `cls` with `attributes`, its renderer and IO
+    processor the worker's own: enough for `postprocess`, never for a request."""
+    shell: Any = object.__new__(cls)
+    vars(shell).update(attributes)
+    shell.renderer = renderer
+    shell.io_processor = io_processor
+    return shell

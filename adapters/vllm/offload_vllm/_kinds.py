@@ -1,0 +1,74 @@
+"""The strategies the adapter supports, and the kind of placement each gets: one table.
+
+A *placement* is where a strategy runs a pooling request's vLLM work
+(rendering, post-processing) relative to the vLLM objects that work needs:
+
+- **on the loop** (`inline`): vLLM's own objects, on the event loop;
+- **in-thread** (`thread`): worker threads, each with its own copy of the
+  renderer's tokenizer (`offload.worker_state`);
+- **remote** (`process`, `ray`): workers in other processes, which rebuild the
+  renderer, IO processors and serving shells from picklable specs;
+- **batched** (`async-renderer`): vLLM's async renderer on the loop, its
+  tokenization micro-batched on the strategy's worker.
+
+Adding a strategy is one row of `STRATEGIES`. Everything else is derived from
+its kind: the settings it takes (`_config.py`), the executor's options and
+the calls it makes (`_placements/`). This module imports no vLLM, so that
+settings are checked where vLLM is not loaded (the launcher, `check-seams`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PlacementKind:
+    """What the settings and the runtime need to know about a kind of placement."""
+
+    #: How messages name it.
+    name: str
+    #: Calls wait in the executor's queue: `max_queue`, `max_queued_cost`, lanes
+    #: and scheduling apply.
+    queue: bool
+    #: A pool of workers, sized by `OFFLOAD_VLLM_WORKERS`.
+    pool: bool
+    #: Workers render with renderers of their own, built in another process.
+    own_renderers: bool
+
+    def shares_one_renderer(self, workers: int | None) -> bool:
+        """Whether every render runs with the one renderer the server built (so
+        with its multimodal processor cache, which is neither thread-safe nor
+        shareable across processes). `workers=None`: the pool's default size."""
+        return not self.own_renderers and (not self.pool or workers == 1)
+
+
+ON_LOOP = PlacementKind("on the loop", queue=False, pool=False, own_renderers=False)
+IN_THREAD = PlacementKind("in-thread", queue=True, pool=True, own_renderers=False)
+REMOTE = PlacementKind("remote", queue=True, pool=True, own_renderers=True)
+BATCHED = PlacementKind("batched", queue=True, pool=False, own_renderers=False)
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    """One strategy the adapter supports."""
+
+    kind: PlacementKind
+    #: Settings only this strategy takes: `Settings` field -> executor option.
+    own_options: Mapping[str, str] = field(default_factory=dict)
+    #: Remote workers retitle their process (`ps` shows `_workers.PROCESS_TITLE`);
+    #: False keeps the host's title (Ray's tools show `ray::...`).
+    titles_workers: bool = False
+
+
+#: Every strategy the adapter supports, in the order messages list them. A
+#: strategy must also be in `offload.STRATEGIES` (`ray` is there once the
+#: `offload-ray` plugin is installed).
+STRATEGIES: Mapping[str, StrategyRow] = {
+    "inline": StrategyRow(ON_LOOP),
+    "thread": StrategyRow(IN_THREAD),
+    "process": StrategyRow(REMOTE, titles_workers=True),
+    "async-renderer": StrategyRow(BATCHED),
+    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
+}

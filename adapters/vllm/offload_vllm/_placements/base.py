@@ -1,0 +1,112 @@
+"""`Placement`: where a strategy runs a pooling request's vLLM work, and with which calls."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import offload
+
+from .._cost import split_by_cost
+from .._kinds import PlacementKind, StrategyRow
+from .._seams import serving as serving_seam
+from .._seams.io_processor import RenderAll, RenderAsync
+from .._seams.requests import render_params_cost
+from .._seams.serving import PostprocessAsync
+from .._workers import render_each
+
+#: A function to run on the executor and the arguments it takes before the
+#: call's own: `fn(*lead, ...)`.
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class Placement(abc.ABC):
+    """Where one strategy runs a pooling request's vLLM work (rendering, post-processing).
+
+    One per executor, its class chosen by the strategy's kind
+    (`_kinds.STRATEGIES`, `_placements.placement_class`). Every call is made on
+    `executor` with a cost (`_cost.py`). A request's calls are made inside its
+    admission (`_seams/admission.py`): they form one flow of its lane, so the
+    executor's queue interleaves them with other requests', and its rendering
+    is cut into pieces of at most `_cost.PIECE_COST` so that a small request
+    never waits for all of a large one's.
+
+    **Required**: `render_call`. **Optional**: `executor_options`,
+    `postprocess_call`, and, for a placement that does not make one call per
+    piece, `render_async`, `render_all`, `postprocess_async`.
+    """
+
+    kind: ClassVar[PlacementKind]
+
+    def __init__(self, executor: offload.Executor) -> None:
+        self.executor = executor
+
+    @classmethod
+    def executor_options(cls, vllm_config: Any, row: StrategyRow) -> dict[str, Any]:
+        """Options the executor needs for this placement (an initializer, ...)."""
+        return {}
+
+    @abc.abstractmethod
+    def render_call(self, io_processor: Any) -> Call:
+        """`(fn, lead)`: `fn(*lead, render_params)` renders one prompt of
+        `io_processor`'s, as `io_processor.render(render_params)` does. The
+        offline path maps it over a batch's prompts."""
+
+    def postprocess_call(self, serving: Any) -> Callable[[Any, Any], Call]:
+        """For `serving`: `(io_processor, ctx) -> (fn, args)`, where `fn(*args)`
+        builds the response, as `serving._postprocessing(io_processor, ctx)` does."""
+
+        def call(io_processor: Any, ctx: Any) -> Call:
+            return serving_seam.postprocess, (serving, io_processor, ctx)
+
+        return call
+
+    # ---- what the seams install ----------------------------------------------
+
+    def render_async(self, io_processor: Any) -> RenderAsync:
+        """`io_processor.render_async`: one prompt, one call."""
+        fn, lead = self.render_call(io_processor)
+
+        async def render_async(render_params: Any) -> Any:
+            cost = render_params_cost(render_params)
+            return await self.executor.options(cost=cost).run(fn, *lead, render_params)
+
+        return render_async
+
+    def render_all(self, io_processor: Any) -> RenderAll:
+        """All of one request's prompts, in pieces of bounded cost, one call each
+        (`_workers.render_each`), gathered: the engine inputs in prompt order, or
+        the first error in prompt order (as vLLM's one renderer thread reports
+        it) once every piece has ended."""
+        fn, lead = self.render_call(io_processor)
+
+        async def render_all(render_params: list[Any]) -> list[Any]:
+            costs = [render_params_cost(params) for params in render_params]
+            runs = [
+                self.executor.options(cost=sum(costs[i] for i in piece)).run(
+                    render_each, fn, lead, [render_params[i] for i in piece]
+                )
+                for piece in split_by_cost(costs)
+            ]
+            if len(runs) == 1:
+                return await runs[0]
+            rendered: list[Any] = []
+            for outcome in await asyncio.gather(*runs, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                rendered.extend(outcome)
+            return rendered
+
+        return render_all
+
+    def postprocess_async(self, serving: Any) -> PostprocessAsync:
+        """`serving._postprocessing_async`: one call, whose cost is the outputs'."""
+        call = self.postprocess_call(serving)
+
+        async def postprocess_async(io_processor: Any, ctx: Any) -> Any:
+            fn, args = call(io_processor, ctx)
+            return await self.executor.options(cost=serving_seam.postprocess_cost(ctx)).run(fn, *args)
+
+        return postprocess_async

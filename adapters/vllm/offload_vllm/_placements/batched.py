@@ -1,0 +1,64 @@
+"""Batched (`async-renderer`): vLLM's async renderer on the loop, tokenization micro-batched."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .._cost import characters
+from .._kinds import BATCHED
+from .._seams import renderer as renderer_seam
+from .._seams.io_processor import RenderAll, RenderAsync
+from .base import Call, Placement
+
+
+class Batched(Placement):
+    """Completion- and chat-style inputs go through vLLM's async renderer
+    methods (`render_cmpl_async`, `render_chat_async`) on the loop; their
+    tokenization step is replaced by a call on the executor that the strategy
+    runs in micro-batches (one tokenizer call per batch of prompts with the
+    same parameters). What has no async path in vLLM (scoring pairs, a
+    processor that overrides `render`) runs `render` on the executor, as does
+    the offline path."""
+
+    kind = BATCHED
+
+    def render_call(self, io_processor: Any) -> Call:
+        return io_processor.render, ()
+
+    def render_async(self, io_processor: Any) -> RenderAsync:
+        self._batch_tokenization(io_processor.renderer)
+        by_render = super().render_async(io_processor)
+
+        async def render_async(render_params: Any) -> Any:
+            result = await renderer_seam.render_with_async_renderer(io_processor, render_params)
+            if result is None:
+                result = await by_render(render_params)
+            return result
+
+        return render_async
+
+    def render_all(self, io_processor: Any) -> RenderAll:
+        """One `render_async` per prompt, gathered (as vLLM does): each prompt's
+        tokenization is already a call the strategy batches with others."""
+        render_async = self.render_async(io_processor)
+
+        async def render_all(render_params: list[Any]) -> list[Any]:
+            return list(await asyncio.gather(*(render_async(params) for params in render_params)))
+
+        return render_all
+
+    def _batch_tokenization(self, renderer: Any) -> None:
+        def tokenize(prompt: Any, /, *, params: Any) -> Any:
+            return renderer_seam.tokenize_one(renderer, prompt, params)
+
+        def tokenize_batch(prompts: list[Any], *, params: Any) -> list[Any]:
+            return renderer_seam.tokenize_many(renderer, prompts, params)
+
+        batched = self.executor.strategy.batch_form(tokenize, tokenize_batch)
+
+        async def tokenize_async(prompt: Any, params: Any) -> Any:
+            # Its characters alone: a micro-batch shares the per-prompt work.
+            return await self.executor.options(cost=characters(prompt)).run(batched, prompt, params=params)
+
+        renderer_seam.install_batched_tokenizer(renderer, tokenize_async)

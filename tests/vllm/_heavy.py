@@ -1,0 +1,30 @@
+"""A heavy request (seconds of tokenization, little engine work), and one in flight."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+
+from ._server import Server
+
+
+def heavy_body(model: str) -> dict[str, object]:
+    """Long texts cut to 16 tokens: seconds of tokenization (in many pieces),
+    little engine work."""
+    return {
+        "model": model,
+        "input": [f"{i} " + "offload keeps the event loop alive " * 1200 for i in range(64)],
+        "truncate_prompt_tokens": 16,
+    }
+
+
+@contextlib.contextmanager
+def in_flight(server: Server, path: str, body: dict[str, object]) -> Iterator[concurrent.futures.Future[httpx.Response]]:
+    """`body` posted to `path` in the background for the block's duration; its response at the end."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(httpx.post, f"{server.url}{path}", json=body, timeout=300)
+        yield future
+        future.result()

