@@ -20,6 +20,8 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
 
     python -m benchmarks.bench_paired                 # make bench: 5 rows, 6 rounds, 8 s blocks
     python -m benchmarks.bench_paired --workload batch --rows process thread
+    python -m benchmarks.bench_paired --workload batch --rows process "process nice 0" \
+        thread "thread switch 1ms" "thread 1 worker"       # what keeps the loop waiting
     python -m benchmarks.bench_paired --smoke --out DIR
 
 Workloads: `tiny` (issue 11's: one 160-word text per request) and `batch` (32
@@ -54,7 +56,24 @@ from benchmarks.e2e.server import ServerConfig, running_server_process  # noqa: 
 SMOKE_TIMEOUT_S = 900
 
 DEFAULT = "vLLM default"
-ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer")
+#: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
+#: They measure, one step at a time, what keeps the event loop waiting
+#: beside the workers (issue 18, item 4): the process workers' niceness (10
+#: by default), the GIL's switch interval (5 ms by default), the thread pool's size.
+_SWITCH_INTERVAL_DIR = str(ROOT / "benchmarks" / "e2e" / "switch_interval")
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "process nice 0": ("process", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_WORKER_NICE": "0"}),
+    "thread switch 1ms": (
+        "thread",
+        {
+            "OFFLOAD_VLLM_WORKERS": "2",
+            "OFFLOAD_BENCH_SWITCH_INTERVAL": "0.001",
+            "PYTHONPATH": os.pathsep.join(filter(None, [_SWITCH_INTERVAL_DIR, os.environ.get("PYTHONPATH")])),
+        },
+    ),
+    "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
+}
+ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
 #: Two workers where the strategy has a pool: as many as this machine has cores.
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
@@ -87,6 +106,9 @@ def config(row: str) -> ServerConfig:
     if row == DEFAULT:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
         return ServerConfig(row, extra_args=(*args, "--renderer-num-workers", "1"))
+    if row in VARIANTS:
+        strategy, env = VARIANTS[row]
+        return ServerConfig(f"offload {row}", strategy=strategy, extra_args=args, env=env)
     env = {"OFFLOAD_VLLM_WORKERS": WORKERS[row]} if row in WORKERS else {}
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 

@@ -43,6 +43,11 @@ def test_workers() -> None:
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": " 3 "}).workers == 3
 
 
+def test_worker_nice() -> None:
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process"}).worker_nice is None  # the strategy's 10
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "0"}).worker_nice == 0
+
+
 @pytest.mark.skipif("ray" not in offload.STRATEGIES, reason="offload-ray is not installed here")
 def test_ray_address() -> None:
     settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "ray", "OFFLOAD_VLLM_RAY_ADDRESS": " ray://head:10001 "})
@@ -63,6 +68,9 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WOKRERS": "2"}, "unknown setting(s) OFFLOAD_VLLM_WOKRERS"),
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "has no effect with strategy 'process'; unset it, or set OFFLOAD_VLLM_STRATEGY=ray"),
         ({"OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "OFFLOAD_VLLM_RAY_ADDRESS='auto' has no effect with no strategy set"),
+        ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "20"}, "is not a niceness increment"),
+        ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "-5"}, "is not a niceness increment"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}, "has no effect with strategy 'thread'"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
@@ -85,6 +93,7 @@ VALID = {
     "OFFLOAD_VLLM_LANE_ROUTES": ("/score=default", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_ENGINE_PRIORITY": ("1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
+    "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
 }
 #: The settings that had a first name (VLLM_OFFLOAD_*); later ones never did.
 RENAMED = ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_WORKERS", "OFFLOAD_VLLM_MAX_QUEUE", "OFFLOAD_VLLM_RAY_ADDRESS")
@@ -189,8 +198,8 @@ def test_unknown_name_lists_the_known_ones() -> None:
     assert str(info.value) == (
         "unknown setting(s) OFFLOAD_VLLM_WOKRERS; the offload vLLM adapter reads OFFLOAD_VLLM_STRATEGY, "
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
-        "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS "
-        "(and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
+        "OFFLOAD_VLLM_WORKER_NICE (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 

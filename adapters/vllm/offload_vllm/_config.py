@@ -32,6 +32,7 @@ LANES_ENV = "OFFLOAD_VLLM_LANES"
 LANE_ROUTES_ENV = "OFFLOAD_VLLM_LANE_ROUTES"
 ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
+WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 
 #: The names the adapter knows how to wire into vLLM.
@@ -123,6 +124,12 @@ def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(routes)
 
 
+def _parse_nice(name: str, raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > 19:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not a niceness increment; give an integer from 0 to 19")
+    return int(raw)
+
+
 def _parse_switch(name: str, raw: str) -> bool:
     if raw.lower() in _TRUE:
         return True
@@ -169,6 +176,10 @@ def _takes_ray_address(row: StrategyRow) -> bool:
     return "ray_address" in row.own_options
 
 
+def _takes_worker_nice(row: StrategyRow) -> bool:
+    return "worker_nice" in row.own_options
+
+
 #: Every setting, in the order messages and the usage line list them.
 OPTIONS = (
     # The strategy is read first, and on its own (it falls back to OFFLOAD_STRATEGY).
@@ -185,6 +196,10 @@ OPTIONS = (
     ),
     Option(ENGINE_PRIORITY_ENV, "--offload-engine-priority", None, _parse_switch),
     Option(RAY_ADDRESS_ENV, "--offload-ray-address", "A", _parse_text, _takes_ray_address),
+    Option(
+        WORKER_NICE_ENV, "--offload-worker-nice", "N", _parse_nice, _takes_worker_nice,
+        "its workers are not processes of this host it starts",
+    ),
 )
 
 #: Every variable this adapter reads; any other `OFFLOAD_VLLM_*` is a typo and refused.
@@ -225,6 +240,8 @@ class Settings:
     engine_priority: bool = False
     #: The Ray cluster the `ray` strategy joins (`None`: `RAY_ADDRESS`, else a local instance).
     ray_address: str | None = None
+    #: `process` workers' niceness increment (`None`: the strategy's default, 10).
+    worker_nice: int | None = None
     #: The settings (by their `OFFLOAD_VLLM_*` names) given under their old name.
     legacy_names: tuple[str, ...] = field(default=(), compare=False)
 
@@ -398,5 +415,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         lane_routes=lane_routes,
         engine_priority=values.get(ENGINE_PRIORITY_ENV, False),
         ray_address=values.get(RAY_ADDRESS_ENV),
+        worker_nice=values.get(WORKER_NICE_ENV),
         legacy_names=tuple(legacy),
     )

@@ -68,7 +68,7 @@ class StrategyRow:
 STRATEGIES: Mapping[str, StrategyRow] = {
     "inline": StrategyRow(ON_LOOP),
     "thread": StrategyRow(IN_THREAD),
-    "process": StrategyRow(REMOTE, titles_workers=True),
+    "process": StrategyRow(REMOTE, own_options={"worker_nice": "nice"}, titles_workers=True),
     "async-renderer": StrategyRow(BATCHED),
     "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
 }
