@@ -264,6 +264,15 @@ class Dispatcher(Generic[S]):
                         failure = OffloadError(f"{self._owner}: could not start a slot thread: {exc}")
                         stranded = self._calls.drain()
                         self._queued = 0
+                        # No slot is left to take their tokens: a later slot
+                        # must not count them as calls.
+                        while not self._tokens.empty():
+                            self._tokens.get_nowait()
+                else:
+                    if self._stopping:
+                        # `close` gave a stop token to each slot it saw: this
+                        # one needs its own, after the calls it was started for.
+                        self._tokens.put(None)
         for call in stranded:
             if call.claim():
                 call.set_exception(failure)  # type: ignore[arg-type]

@@ -7,8 +7,11 @@ against every strategy on every backend.
 Each example checks that every call ends exactly once, with its own result,
 its own exception, `WorkerCrashed` (only after a worker was killed or
 starved), `ExecutorClosed` (only after a shutdown), a failed transfer (only
-after a worker was starved, and never a lost arena file) or cancellation
-(only when it was cancelled); that nothing hangs; and that no thread, file
+after a worker was starved, and never a lost arena file) a worker that
+could not start (only while no thread could start: a window in which every new
+thread's stack is larger than the address space) or cancellation (only when
+it was cancelled); that nothing hangs, and that the executor serves again
+once threads can start; and that no thread, file
 descriptor, process or `/dev/shm` file is left behind once the executor is
 shut down.
 """
@@ -43,6 +46,8 @@ HANG_LIMIT = 60
 LARGE = _wire.DEFAULT_SHM_THRESHOLD + 4096
 
 LANES = {"query": 3.0, "ingest": 1.0}
+#: A thread stack no address space holds: while it is set, no thread can start.
+NO_THREAD_STACK = 1 << 47
 
 delays = st.sampled_from([0.0, 0.0, 0.002, 0.02])
 placement = st.tuples(
@@ -58,6 +63,7 @@ actions = st.lists(
         st.tuples(st.just("cancel"), st.integers(0, 63)),
         st.tuples(st.just("kill"), st.integers(0, 7)),
         st.tuples(st.just("starve"), st.sampled_from([0.02, 0.1])),
+        st.tuples(st.just("threads"), st.booleans()),
         st.tuples(st.just("pause"), st.sampled_from([0.0, 0.005, 0.02])),
         st.tuples(st.just("shutdown"), st.booleans()),
     ),
@@ -96,6 +102,8 @@ class Scenario:
     records: list[Record] = field(default_factory=list)
     killed: bool = False
     starved: bool = False
+    #: A window in which no thread could start was opened.
+    threadless: bool = False
     shut: bool = False
     cancel_futures: bool = False
     worker_pids: set[int] = field(default_factory=set)
@@ -147,7 +155,7 @@ async def _drive(ex: offload.Executor, scenario: Scenario, steps: list[tuple[Any
                     scenario.starved = True
                     try:
                         ex.submit(helpers.starve_address_space, step[1])
-                    except offload.ExecutorClosed:
+                    except offload.OffloadError:  # closed, or no thread could start
                         pass
                 elif step[0] == "cancel" and records:
                     record = records[step[1] % len(records)]
@@ -164,6 +172,14 @@ async def _drive(ex: offload.Executor, scenario: Scenario, steps: list[tuple[Any
                             os.kill(pids[step[1] % len(pids)], signal.SIGKILL)
                         except ProcessLookupError:
                             pass
+                elif step[0] == "threads":
+                    # Real: pthread_create fails (a stack larger than the
+                    # address space), for every thread this process starts.
+                    if step[1]:
+                        threading.stack_size(0)
+                    else:
+                        scenario.threadless = True
+                        threading.stack_size(NO_THREAD_STACK)
                 elif step[0] == "pause":
                     await anyio.sleep(step[1])
                 elif step[0] == "shutdown":
@@ -182,7 +198,7 @@ def _start(ex: offload.Executor, tg: Any, records: list[Record], spec: tuple[Any
         return
     try:
         record.future = ex.options(cost=cost, lane=lane).submit(*record.target())
-    except offload.ExecutorClosed as exc:
+    except offload.OffloadError as exc:  # closed, or no worker could start: told at once
         record.outcomes.append(("error", exc))
     else:
         record.future.add_done_callback(lambda f, record=record: _settle(record, f))
@@ -194,6 +210,11 @@ def _starved_transfer(error: BaseException) -> bool:
     if "FileNotFoundError" in text or "No such file" in text:
         return False  # an arena file lost for good: the defect, never allowed
     return isinstance(error, (MemoryError, TypeError, OSError, offload.OffloadError))
+
+
+def _no_thread(error: BaseException) -> bool:
+    """A failure a window without threads may cause: a worker that could not start."""
+    return isinstance(error, offload.OffloadError) and "could not start" in str(error)
 
 
 def _check(scenario: Scenario) -> None:
@@ -214,7 +235,7 @@ def _check(scenario: Scenario) -> None:
                 assert scenario.killed or scenario.starved, f"call {record.tag}: {error!r} with no worker killed"
             elif isinstance(error, offload.ExecutorClosed):
                 assert scenario.shut, f"call {record.tag}: {error!r} with no shutdown"
-            elif scenario.starved and _starved_transfer(error):
+            elif (scenario.starved and _starved_transfer(error)) or (scenario.threadless and _no_thread(error)):
                 pass
             else:
                 raise AssertionError(f"call {record.tag} ended with {error!r}") from error
@@ -278,7 +299,13 @@ def test_random_interleavings_end_every_call_once_and_leak_nothing(strategy: str
         ex = offload.get_executor(strategy, **small_options(strategy, lanes=LANES))
         try:
             name, options = backend
-            anyio.run(_drive, ex, scenario, steps, backend=name, backend_options=options)
+            try:
+                anyio.run(_drive, ex, scenario, steps, backend=name, backend_options=options)
+            finally:
+                threading.stack_size(0)
+            if scenario.threadless and not scenario.shut:
+                # Threads can start again: so can the executor's workers.
+                assert ex.submit(helpers.tagged, -1, False, 0.0).result(HANG_LIMIT) == ("result", -1)
             futures = [r.future for r in scenario.records if r.future is not None]
             _, pending = concurrent.futures.wait(futures, timeout=HANG_LIMIT)
             assert not pending, f"{len(pending)} futures never ended"
