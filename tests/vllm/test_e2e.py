@@ -215,7 +215,7 @@ def test_bad_requests_answer_like_vllm(embed_server: Server, reference_server: S
 # ---- the event loop stays alive ---------------------------------------------
 
 
-async def _load_and_probe(server: Server, clients: int = 64, per_client: int = 3) -> tuple[list[int], list[float]]:
+async def _load_and_probe(server: Server, clients: int = 64, per_client: int = 1) -> tuple[list[int], list[float]]:
     statuses: list[int] = []
     health: list[float] = []
     # The probe has a connection of its own, used every 50 ms: a connection
@@ -263,7 +263,7 @@ def test_health_answers_under_64_clients(embed_server: Server) -> None:
         f" max={max(health) * 1e3:.0f} ms, {slow} over 1 s"
     )
     assert statuses == [200] * len(statuses)
-    assert len(statuses) == 64 * 3
+    assert len(statuses) == 64
     assert len(health) >= 3
     # /health is never starved: it answers all through the load, almost always
     # at once. Wide margins for a shared 2-core machine, where one stall of the
