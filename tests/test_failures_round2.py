@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -409,3 +410,82 @@ def test_a_child_forked_while_a_metric_lock_was_held_can_count() -> None:
     )
     assert "child got 42" in out, out
     assert "child exit 0" in out, out
+
+
+# ---- a slot that exits at shutdown while a call is in transit ------------------------------
+
+
+class _TokensWithPauses:
+    """The dispatcher's token queue, with a pause where the OS may preempt a
+    slot thread: the first slot pauses *before* it waits for a token, the
+    second *after* it took one and before it takes the lock (its call is then
+    "in transit"). Everything else goes to the real queue."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._order: list[str] = []
+        self.armed = False
+        self.first_may_wait = threading.Event()
+        self.second_took_one = threading.Event()
+        self.second_may_go = threading.Event()
+
+    @property
+    def first_slot(self) -> str:
+        return self._order[0]
+
+    def _role(self) -> int:
+        name = threading.current_thread().name
+        if name not in self._order:
+            self._order.append(name)
+        return self._order.index(name)
+
+    def get(self) -> Any:
+        role = self._role()
+        if self.armed and role == 0:
+            self.first_may_wait.wait(30)
+        token = self._real.get()
+        if self.armed and role == 1 and token is not None and not self.second_took_one.is_set():
+            self.second_took_one.set()
+            self.second_may_go.wait(30)
+        return token
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_shutdown_ends_when_a_slot_exits_while_another_takes_the_last_call() -> None:
+    """Found by the interleaving property: a slot that got its stop token
+    while the last queued call was in transit to another slot started a
+    replacement that no stop token reached, and `shutdown(wait=True)` hung."""
+    ex = offload.get_executor("thread", max_workers=2)
+    dispatch = ex.strategy._dispatch  # type: ignore[attr-defined]
+    tokens = _TokensWithPauses(dispatch._tokens)
+    dispatch._tokens = tokens  # before any slot starts: slots read it once
+    release = [threading.Event(), threading.Event()]
+    try:
+        busy = [ex.submit(event.wait, 30) for event in release]  # slots A and B
+        tokens.armed = True
+        for event in release:
+            event.set()
+        for future in busy:
+            assert future.result(30)
+        time.sleep(0.2)  # both slots idle: A paused, B waiting for a token
+        third = ex.submit(helpers.add, 1, 2)  # B takes it and pauses before the lock
+        assert tokens.second_took_one.wait(30)
+        fourth = ex.submit(helpers.add, 3, 4)  # reserved for A, queued
+        ex.shutdown(wait=False, cancel_futures=True)  # drops the fourth, keeps the third
+        first = next(t for t in threading.enumerate() if t.name == tokens.first_slot)
+        tokens.first_may_wait.set()  # A takes a stop token and exits
+        first.join(30)
+        tokens.second_may_go.set()
+        assert third.result(30) == 3
+        assert fourth.cancelled()
+        stopper = threading.Thread(target=ex.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(30)
+        assert not stopper.is_alive(), "shutdown(wait=True) hung"
+    finally:
+        tokens.first_may_wait.set()
+        tokens.second_may_go.set()
+        for event in release:
+            event.set()
