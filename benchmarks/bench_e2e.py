@@ -166,6 +166,8 @@ def measure_row(
     config: ServerConfig, model_name: str, workload: Workload, model: Path, args: argparse.Namespace, log_dir: Path, bar: Any,
 ) -> dict[str, Any]:
     config = dataclasses.replace(config, extra_args=(*config.extra_args, *workload.server_args))
+    if args.smoke:
+        config = config.eager()
     row: dict[str, Any] = {"strategy": config.strategy, "args": list(config.extra_args), "status": "ok"}
     started = time.monotonic()
     served = str(model)

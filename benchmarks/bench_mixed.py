@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
 
 from benchmarks import _common, models  # noqa: E402
 from benchmarks.e2e import load, mixed, stats  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, ServerFailed, running_server_process  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -589,17 +589,20 @@ def main(argv: list[str] | None = None) -> int:
         small = variant.small(str(model))()
         heavy = variant.heavy(str(model))
         started = time.monotonic()
-        servers: dict[str, str] = {}
-        for row in rows:
-            config = dataclasses.replace(configs[row], extra_args=(*variant.server_args, *configs[row].extra_args))
-            log = args.out / "logs" / f"mixed-{args.variant}-{row.replace(' ', '-').replace('+', 'plus')}.log"
-            try:
-                url, _ = stack.enter_context(running_server_process(config, model, log))
-            except ServerFailed as exc:
-                if args.variant != "multimodal":
-                    raise
-                return _skip(args.out, result, f"a server did not start ({exc})")
-            servers[row] = url + variant.path
+        with_variant = {
+            row: dataclasses.replace(configs[row], extra_args=(*variant.server_args, *configs[row].extra_args))
+            for row in rows
+        }
+        logs = {row: args.out / "logs" / f"mixed-{args.variant}-{row.replace(' ', '-').replace('+', 'plus')}.log" for row in rows}
+        try:
+            running = stack.enter_context(
+                running_servers({row: c.eager() if args.smoke else c for row, c in with_variant.items()}, model, logs)
+            )
+        except ServerFailed as exc:
+            if args.variant != "multimodal":
+                raise
+            return _skip(args.out, result, f"a server did not start ({exc})")
+        servers = {row: url + variant.path for row, (url, _) in running.items()}
         result["startup_s"] = time.monotonic() - started
         heavy_bodies = heavy()
         for url in servers.values():  # warm-up, not measured

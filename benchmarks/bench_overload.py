@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import models  # noqa: E402
 from benchmarks.e2e import load, workloads  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, running_server  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, running_servers  # noqa: E402
 
 # Starting two real servers is most of the smoke run; the smoke test allows this much.
 SMOKE_TIMEOUT_S = 900
@@ -169,8 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         urls = {
-            name: stack.enter_context(running_server(config, model, args.out / "logs" / f"overload-{name}.log"))
-            for name, config in configs.items()
+            name: url
+            for name, (url, _) in stack.enter_context(
+                running_servers(
+                    {name: config.eager() if args.smoke else config for name, config in configs.items()},
+                    model,
+                    {name: args.out / "logs" / f"overload-{name}.log" for name in configs},
+                )
+            ).items()
         }
         make_payload = workloads.long_text_factory(str(model))
         for url in urls.values():  # warm-up, not measured: first requests allocate

@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_paired.py` as well as 
 
 from benchmarks import models  # noqa: E402
 from benchmarks.e2e import load, procstat, stats, workloads  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, running_server_process  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, running_servers  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it.
 SMOKE_TIMEOUT_S = 900
@@ -335,13 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         began = time.perf_counter()
-        # Started one after another (each waits for its port); all stay up.
-        servers = {
-            row: stack.enter_context(
-                running_server_process(config(row), model, args.out / "logs" / f"paired-{row.replace(' ', '-')}.log")
+        # Started together; all stay up.
+        servers = stack.enter_context(
+            running_servers(
+                {row: config(row).eager() if args.smoke else config(row) for row in rows},
+                model,
+                {row: args.out / "logs" / f"paired-{row.replace(' ', '-')}.log" for row in rows},
             )
-            for row in rows
-        }
+        )
         startup_s = time.perf_counter() - began
         make_payload = WORKLOADS[args.workload][1](str(model))
         for url, pid in servers.values():  # warm-up, not measured

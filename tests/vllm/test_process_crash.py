@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import httpx
 import psutil
@@ -30,11 +31,22 @@ def _is_worker_of(proc: psutil.Process, session: int) -> bool:
 
 
 def renderer_workers(server: Server) -> list[psutil.Process]:
+    """The server's `process` workers that are ready: a worker shows
+    `PROCESS_TITLE` once its initializer has run (a replacement takes seconds)."""
     session = os.getsid(server.proc.pid)
     return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session)]
 
 
-async def _load_then_kill(server: Server) -> list[httpx.Response]:
+def wait_for_workers(server: Server, count: int, timeout: float = 180) -> list[int]:
+    """The ready workers' pids once there are `count` of them."""
+    deadline = time.monotonic() + timeout
+    while len(pids := sorted(p.pid for p in renderer_workers(server))) != count:
+        assert time.monotonic() < deadline, f"{len(pids)} ready workers after {timeout} s, not {count}"
+        time.sleep(0.2)
+    return pids
+
+
+async def _load_then_kill(server: Server) -> tuple[int, list[httpx.Response]]:
     text = " ".join(["a renderer worker dies while rendering this"] * 20)
     async with load_client(64) as client:
 
@@ -48,19 +60,21 @@ async def _load_then_kill(server: Server) -> list[httpx.Response]:
         victims = renderer_workers(server)
         assert victims, "no renderer worker process found"
         os.kill(victims[0].pid, signal.SIGKILL)
-        return await asyncio.gather(*tasks)
+        return victims[0].pid, await asyncio.gather(*tasks)
 
 
 def test_killed_renderer_worker(servers: dict[tuple[str | None, str], Server]) -> None:
     server = servers[("process", "embed")]
     # Warm up: workers exist once they have rendered.
     assert httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": "hi"}, timeout=120).status_code == 200
-    responses = asyncio.run(_load_then_kill(server))
+    victim, responses = asyncio.run(_load_then_kill(server))
     for r in responses:
         assert r.status_code == 200 or 500 <= r.status_code < 600, r.status_code
         if r.status_code != 200:
             assert "error" in r.json(), r.text
     assert server.alive(), server.log_tail()
+    # The killed worker is replaced at once, not when a call needs it.
+    assert victim not in wait_for_workers(server, 2), "the killed worker is still listed"
     for _ in range(10):
         r = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": ["after", "the crash"]}, timeout=120)
         assert r.status_code == 200, r.text
