@@ -1,15 +1,17 @@
 """Overload through the vLLM adapter: `OFFLOAD_VLLM_MAX_QUEUE`, 503 + Retry-After,
 `/health` under load, the `offload_*` metrics on vLLM's `/metrics`, and bad request
-bodies. One real server at a time (per strategy), real HTTP on 127.0.0.1."""
+bodies. A real server per strategy, and one with two API server processes, all
+started together; real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from benchmarks.e2e.load import HealthProber
 from offload._lag import percentile
 
-from ._server import Server, load_client, scrape, start_server, total, wait_ready
+from ._server import Server, load_client, scrape, servers_started, start_server, total
 from .conftest import AVAILABLE, ray_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -31,26 +33,40 @@ MAX_QUEUE = 1
 CLIENTS = 64
 
 
-@pytest.fixture(scope="module", params=QUEUED)
-def bounded_server(
-    request: pytest.FixtureRequest, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    strategy = str(request.param)
+#: The server of `test_metrics_with_two_api_servers`, started with the others.
+TWO_API_SERVERS = "two API servers"
+
+
+@pytest.fixture(scope="module")
+def bounded_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    """One server per queued strategy with `OFFLOAD_VLLM_MAX_QUEUE`, and the
+    two-API-server one, started together (a start is mostly one process
+    importing: together they take about half the time)."""
     with contextlib.ExitStack() as stack:
         env = {"OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)}
-        if strategy == "ray":
-            env.update(stack.enter_context(ray_cluster()))
-        server = start_server(
-            model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),
-            # One worker: the queue bound is reached at a load the 2-core machine can offer.
-            workers=1 if strategy in ("thread", "process", "ray") else None,
-            extra_env=env,
-        )
-        try:
-            wait_ready(server)
-            yield server
-        finally:
-            server.stop()
+        ray_env = stack.enter_context(ray_cluster()) if "ray" in QUEUED else {}
+        starts: dict[str, Callable[[], Server]] = {
+            strategy: functools.partial(
+                start_server, model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),
+                # One worker: the queue bound is reached at a load the 2-core machine can offer.
+                workers=1 if strategy in ("thread", "process", "ray") else None,
+                extra_env={**env, **(ray_env if strategy == "ray" else {})},
+            )
+            for strategy in QUEUED
+        }
+        if "thread" in AVAILABLE:
+            starts[TWO_API_SERVERS] = functools.partial(
+                start_server, model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("overload-two-api"),
+                workers=1, extra_env={"OFFLOAD_VLLM_MAX_QUEUE": "0"}, extra_args=("--api-server-count", "2"),
+            )
+        yield stack.enter_context(servers_started(starts))
+
+
+@pytest.fixture(params=QUEUED)
+def bounded_server(request: pytest.FixtureRequest, bounded_servers: dict[str, Server]) -> Server:
+    server = bounded_servers[str(request.param)]
+    assert server.alive(), server.log_tail()
+    return server
 
 
 async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[float], int]:
@@ -211,29 +227,22 @@ def test_still_serving_after_bad_bodies(bounded_server: Server) -> None:
 # ---- several API server processes (Prometheus multiprocess mode) --------------
 
 
-def test_metrics_with_two_api_servers(model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    if "thread" not in AVAILABLE:
+def test_metrics_with_two_api_servers(bounded_servers: dict[str, Server]) -> None:
+    if TWO_API_SERVERS not in bounded_servers:
         pytest.skip("needs the thread strategy")
-    server = start_server(
-        model_dirs["embed"], "minilm", "thread", tmp_path, workers=1,
-        extra_env={"OFFLOAD_VLLM_MAX_QUEUE": "0"}, extra_args=("--api-server-count", "2"),
+    server = bounded_servers[TWO_API_SERVERS]
+    statuses, _, missing = asyncio.run(overload(server, seconds=5))
+    values = scrape(server)
+    print(
+        f"\n[vllm --api-server-count 2] statuses={dict(statuses)}; /metrics: "
+        f"rejected={total(values, 'offload_rejected_calls_total', reason='overloaded'):.0f} "
+        f"runs={total(values, 'offload_run_seconds_count'):.0f} "
+        f"loop-lag samples={total(values, 'offload_loop_lag_seconds_count', loop='vllm-api-server'):.0f}"
     )
-    try:
-        wait_ready(server)
-        statuses, _, missing = asyncio.run(overload(server, seconds=5))
-        values = scrape(server)
-        print(
-            f"\n[vllm --api-server-count 2] statuses={dict(statuses)}; /metrics: "
-            f"rejected={total(values, 'offload_rejected_calls_total', reason='overloaded'):.0f} "
-            f"runs={total(values, 'offload_run_seconds_count'):.0f} "
-            f"loop-lag samples={total(values, 'offload_loop_lag_seconds_count', loop='vllm-api-server'):.0f}"
-        )
-        assert set(statuses) <= {200, 503}, statuses
-        assert missing == 0
-        assert statuses[200] > 0
-        # vLLM collects every API server process's files: ours are among them.
-        assert total(values, "offload_run_seconds_count") >= statuses[200]
-        assert total(values, "offload_loop_lag_seconds_count", loop="vllm-api-server") > 0
-        assert total(values, "offload_rejected_calls_total", reason="overloaded") >= statuses[503]
-    finally:
-        server.stop()
+    assert set(statuses) <= {200, 503}, statuses
+    assert missing == 0
+    assert statuses[200] > 0
+    # vLLM collects every API server process's files: ours are among them.
+    assert total(values, "offload_run_seconds_count") >= statuses[200]
+    assert total(values, "offload_loop_lag_seconds_count", loop="vllm-api-server") > 0
+    assert total(values, "offload_rejected_calls_total", reason="overloaded") >= statuses[503]
