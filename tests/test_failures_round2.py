@@ -489,3 +489,90 @@ def test_shutdown_ends_when_a_slot_exits_while_another_takes_the_last_call() -> 
         tokens.second_may_go.set()
         for event in release:
             event.set()
+
+
+# ---- the dispatcher: calls stranded when no slot can start --------------------------
+
+#: A thread stack no address space holds: while it is set, no thread can start.
+NO_THREAD_STACK = 1 << 47
+
+
+class _SlotsThatMayFail:
+    """A `SlotWorker` (public interface) whose worker runs calls in the slot
+    thread, and raises, as a buggy strategy would, on a call whose first
+    argument is `"bug"`, once `bug_may_raise` is set."""
+
+    def __init__(self) -> None:
+        self.bug_may_raise = threading.Event()
+
+    def new_slot(self, number: int) -> int:
+        return number
+
+    def start_worker(self, slot: int) -> None:
+        pass
+
+    def worker_ready(self, slot: int) -> bool:
+        return True
+
+    def run(self, slot: int, call: offload.strategy.Call[Any]) -> None:
+        if call.args[:1] == ("bug",):
+            self.bug_may_raise.wait(30)
+            raise RuntimeError("a bug in the strategy")
+        call.execute()
+
+    def stop_worker(self, slot: int) -> None:
+        pass
+
+
+def _ended(call: offload.strategy.Call[Any], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not call.done:
+        assert time.monotonic() < deadline, "the call never ended"
+        time.sleep(0.005)
+
+
+def test_calls_stranded_without_a_slot_fail_and_leave_the_dispatcher_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last slot dies (a strategy bug) with a call queued, and no thread can
+    start to take it: the call fails at once rather than waiting forever, and
+    nothing of it stays behind. Its token did before: the next slot counted it
+    as a call, took it as a second idle slot, and so started no second slot
+    for a second call (two calls that wait for each other never met)."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    worker = _SlotsThatMayFail()
+    dispatch: offload.strategy.Dispatcher[int] = offload.strategy.Dispatcher("strand-test", 2, worker)
+    buggy = offload.strategy.Call(helpers.identity, ("bug",), {})
+    queued = offload.strategy.Call(helpers.identity, ("queued",), {})
+    dispatch.put(buggy)  # slot 0 takes it and waits
+    deadline = time.monotonic() + 30
+    while not dispatch.running():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    threading.stack_size(NO_THREAD_STACK)
+    try:
+        dispatch.put(queued)  # no second slot can start: queued for slot 0
+        worker.bug_may_raise.set()  # slot 0 dies; no slot can start to take `queued`
+        _ended(buggy)
+        _ended(queued)
+    finally:
+        threading.stack_size(0)
+    assert isinstance(buggy.error, offload.OffloadError), buggy.error
+    assert "failed" in str(buggy.error)
+    assert isinstance(queued.error, offload.OffloadError), queued.error
+    assert "could not start a slot thread" in str(queued.error)
+    assert [type(e) for e in died] == [RuntimeError]
+
+    # Threads can start again: the dispatcher serves, with both slots.
+    after = offload.strategy.Call(helpers.identity, ("after",), {})
+    dispatch.put(after)
+    _ended(after)
+    assert after.outcome() == "after"
+    meet = threading.Barrier(2, timeout=10)
+    pair = [offload.strategy.Call(meet.wait, (), {}) for _ in range(2)]
+    for call in pair:
+        dispatch.put(call)
+    for call in pair:
+        _ended(call)
+    assert [call.error for call in pair] == [None, None], "the two calls did not run at once"
+    dispatch.close(cancel_futures=False)
+    assert dispatch.join(30)
