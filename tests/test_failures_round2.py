@@ -235,6 +235,9 @@ if __name__ == "__main__":
     print("later call", ex.submit(helpers.add, 20, 22).result(60))
     ex.shutdown(wait=True)
     print("shut down")
+    # A worker started since (for the later call) would have found a refused
+    # call still queued and run it.
+    print("marker written at the end", __import__("os").path.exists(marker))
 """
 
 
@@ -250,6 +253,7 @@ def test_a_call_whose_worker_thread_cannot_start_fails_and_never_runs(strategy: 
     assert "queued gauge 0.0" in out, out
     assert "later call 42" in out, out
     assert "shut down" in out, out
+    assert "marker written at the end False" in out, out
 
 
 @pytest.mark.parametrize("strategy", ["thread", "process"])

@@ -3,6 +3,12 @@
 All servers of the session start at once (first use) and are shared: one per
 (strategy, model kind), plus one without the plugin (`None`) as the reference
 for error answers. Strategies that the installed offload lacks are skipped.
+
+Memory: the shared servers take about 15 GiB of this 24 GiB machine. Modules
+that start servers or engines of their own run first (`pytest_collection_modifyitems`),
+and the shared servers start only after them, so the two never add up (they
+did: vLLM's start-up memory check failed, then the kernel's OOM killer took a
+shared server's model worker).
 """
 
 from __future__ import annotations
@@ -82,6 +88,25 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cross-encoder": build_tiny_cross_encoder(root / "tiny-bert-cross-encoder"),
         "late-interaction": build_tiny_colbert(root / "tiny-colbert"),
     }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """This directory's modules that use the shared `servers` run after the
+    others, and among them first those that also run engines of their own
+    before the servers start (test_offline: its test asks for
+    `offline_results` before the servers). Each module stays whole, so its
+    own fixtures start once; the order is kept otherwise."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if item.path.parent == here]
+    late = {item.path for i in slots if "servers" in (item := items[i]).fixturenames}
+    first_of_late = {item.path for i in slots if "offline_results" in (item := items[i]).fixturenames}
+
+    def phase(item: pytest.Item) -> int:
+        return 0 if item.path not in late else 1 if item.path in first_of_late else 2
+
+    ordered = sorted((items[i] for i in slots), key=phase)  # stable
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
 
 
 @pytest.fixture(scope="session")

@@ -50,8 +50,9 @@ def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[s
 def offline_results(
     model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, dict[str, list[float]] | BaseException]:
-    """One offline run per strategy, two at a time: each mostly waits on engine start-up,
-    but four engines next to the servers exhausted this machine's memory."""
+    """One offline run per strategy, two at a time: each mostly waits on engine
+    start-up, and four at once with the shared servers up exhausted this
+    machine's memory (they now run before the servers start)."""
     log_dir = tmp_path_factory.mktemp("offline-logs")
     with concurrent.futures.ThreadPoolExecutor(min(2, len(AVAILABLE))) as pool:
         futures = {s: pool.submit(run_offline, s, model_dirs, log_dir / f"{s}.log") for s in AVAILABLE}
@@ -61,8 +62,11 @@ def offline_results(
 def test_offline_embed_and_score(
     strategy: str,
     model_dirs: dict[str, Path],
-    servers: dict[tuple[str | None, str], Server],
+    # Before `servers`: the offline engines run before the shared servers
+    # start (tests/vllm/conftest.py runs this module first among theirs), so
+    # that the two never share the machine's memory.
     offline_results: dict[str, dict[str, list[float]] | BaseException],
+    servers: dict[tuple[str | None, str], Server],
 ) -> None:
     from sentence_transformers import SentenceTransformer
 
