@@ -97,8 +97,8 @@ def start_server(
         # An explicit KV cache size: the test models are encoders and use none.
         # With the CPU backend's default (a share of the NUMA node's memory,
         # `--gpu-memory-utilization`), every engine checks at start that this
-        # share is still free on the node, and several servers starting
-        # together beside a long test run failed that check.
+        # share is still free on the node: with several servers starting
+        # together late in a long test run, that check can fail.
         "--kv-cache-memory-bytes", "64M",
         # The suite tests the frontend: skip torch.compile warm-up (~100 s per server here).
         "--enforce-eager",
