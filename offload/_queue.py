@@ -4,11 +4,14 @@ Every queuing strategy keeps its waiting calls in one of these (through
 `Dispatcher`, or directly), so the discipline is the same everywhere:
 
 - **Lanes, by weight.** Each lane (`Lane`: a name and a weight) has a
-  virtual clock that advances by `cost / weight` whenever one of its calls is
-  served; the lane with the lowest clock goes next. A lane that was empty
-  joins at the lowest clock among the busy ones: it gets its share from now
-  on, never credit for the time it was idle. Two backlogged lanes of weights
-  4 and 1 get 4/5 and 1/5 of the calls' cost.
+  virtual time that advances by `cost / weight` whenever one of its calls is
+  served; the lane with the lowest virtual time goes next. A lane that was
+  empty joins at the lowest virtual time among the busy ones (or at its own,
+  if that is higher: a lane that leaves and comes back at once does not skip
+  ahead). When the queue is empty, every lane's virtual time restarts from
+  the same origin: a lane that joins it gets its share from now on, neither
+  credit for the time it was idle nor a debt for what it was served before.
+  Two backlogged lanes of weights 4 and 1 get 4/5 and 1/5 of the calls' cost.
 - **Flows, by cost, within a lane.** A flow (`Flow`: say, the calls of one
   server request) is served in arrival order, and flows share their lane by
   self-clocked fair queuing: when a call reaches the head of its flow it is
@@ -18,7 +21,21 @@ Every queuing strategy keeps its waiting calls in one of these (through
   ahead of the large pieces of other flows' backlogs: it waits for the calls
   already running and at most about one call's cost of others, never for
   another flow's backlog. A large call is not starved: each small call served
-  moves the clock forward, until the large one's finish is the smallest.
+  moves the clock forward, until the large one's finish is the smallest. A
+  flow's last finish is never above its lane clock once its calls are
+  served, so a flow that comes back after an idle spell starts from the
+  clock, as a new one does.
+- **Only what is served is charged.** A call withdrawn while queued
+  (cancelled, dropped, deadline passed) moves no clock, neither its lane's
+  nor its flow's: the flow's next call is stamped as if it had never been
+  queued.
+- **Cost 0 is not free.** To order calls, a call of cost 0 counts as the
+  cheapest call of positive cost the queue has seen (1 before any), so a
+  stream of them moves the clocks like any other and cannot starve the
+  others. (Admission, `max_queued_cost`, counts costs as given.)
+- **Batches are served in the same order.** `take` (a strategy that runs
+  several calls together) removes matching calls one by one in the order
+  `pop` would serve them, charging each lane and flow for what it got.
 - **No flow: a flow of its own.** With equal costs and no flows, this is
   first in, first out.
 
@@ -42,6 +59,13 @@ from ._errors import ConfigError
 
 DEFAULT_LANE_NAME = "default"
 
+#: The range of a lane's weight. Weights are ratios between lanes: outside
+#: this range `cost / weight` (a lane's virtual time, the vLLM adapter's engine
+#: priority) or a lane's share of `max_queued_cost` overflows or underflows
+#: for realistic costs (a subnormal weight makes `1 / weight` infinite).
+MIN_WEIGHT = 1e-9
+MAX_WEIGHT = 1e9
+
 
 def check_cost(cost: object, *, source: str = "cost") -> float:
     """Validate a call's cost: a finite number >= 0 (not a `bool`)."""
@@ -55,7 +79,9 @@ class Lane:
     """A named share of an executor's workers (`Executor(lanes={name: weight})`).
 
     Backlogged lanes share the workers in proportion to their weights, by
-    the cost of the calls served. Immutable; compared by identity.
+    the cost of the calls served, and an executor's `max_queued_cost` and
+    `max_queue` the same way. The weight is a number from `MIN_WEIGHT` (1e-9)
+    to `MAX_WEIGHT` (1e9). Immutable; compared by identity.
     """
 
     __slots__ = ("name", "weight")
@@ -63,8 +89,15 @@ class Lane:
     def __init__(self, name: str, weight: float = 1.0) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"a lane name must be a non-empty string, got {name!r}")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
-            raise ConfigError(f"lane {name!r}: the weight must be a finite number > 0, got {weight!r}")
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not MIN_WEIGHT <= weight <= MAX_WEIGHT
+        ):
+            raise ConfigError(
+                f"lane {name!r}: the weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, "
+                f"got {weight!r}"
+            )
         self.name = name
         self.weight = float(weight)
 
@@ -80,7 +113,7 @@ class Flow:
     calls are served one after another while other flows' calls interleave.
     """
 
-    __slots__ = ("_calls", "_finish", "_queue", "lane")
+    __slots__ = ("_calls", "_finish", "_queue", "_start", "lane")
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
@@ -88,6 +121,7 @@ class Flow:
         # a fork must not inherit a finish tag from its parent's queue).
         self._queue: object = None
         self._finish = 0.0
+        self._start = 0.0  # its head call's start tag (its finish less its cost)
         self._calls: deque[Call[Any]] = deque()
 
     def __repr__(self) -> str:
@@ -101,13 +135,14 @@ _Entry = tuple[float, int, Call[Any] | Flow]
 
 @final
 class _LaneState:
-    __slots__ = ("clock", "heap", "lane", "served")
+    __slots__ = ("clock", "epoch", "heap", "lane", "served")
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
         self.heap: list[_Entry] = []
         self.clock = 0.0  # the finish tag of the call served last (flows' virtual time)
-        self.served = 0.0  # cost served / weight (the lanes' virtual time)
+        self.served = 0.0  # cost served / weight since the queue was last empty (lanes' virtual time)
+        self.epoch = -1  # the busy period `served` belongs to
 
 
 @final
@@ -116,8 +151,8 @@ class CallQueue:
 
     `push` and `pop` cost O(log n) in the calls queued, plus a scan of the
     busy lanes (a handful). Calls withdrawn while queued (cancelled, dropped,
-    deadline passed) stay until `pop` reaches them, which skips them without
-    charging their cost.
+    deadline passed) stay until `pop` or `take` reaches them, which skips
+    them without charging their cost.
     """
 
     def __init__(self, default_lane: Lane | None = None) -> None:
@@ -127,10 +162,20 @@ class CallQueue:
         self._busy: list[_LaneState] = []  # lanes with queued calls, in the order they became busy
         self._arrivals = itertools.count()
         self._length = 0
+        # Busy periods: a new one starts each time the queue is empty.
+        self._epoch = 0
+        # What a call of cost 0 counts as in the clocks (the cheapest positive cost seen).
+        self._least = math.inf
 
     def __len__(self) -> int:
         """Calls in the queue (withdrawn ones included until `pop` reaches them)."""
         return self._length
+
+    def _charge(self, cost: float) -> float:
+        if cost > 0:
+            self._least = min(self._least, cost)
+            return cost
+        return 1.0 if self._least == math.inf else self._least
 
     def push(self, call: Call[Any]) -> None:
         flow = call.flow
@@ -139,16 +184,19 @@ class CallQueue:
         if state is None:
             state = self._lanes[lane.name] = _LaneState(lane)
         state.lane = lane
+        cost = self._charge(call.cost)
         if not state.heap:
             # Joins at the lowest virtual time among the busy lanes: its share
-            # from now on, no credit for its idle time.
-            if self._busy:
-                state.served = max(state.served, min(s.served for s in self._busy))
-            else:
-                state.served = max(state.served, 0.0)
+            # from now on, no credit for its idle time. Its own, if higher and
+            # of this busy period: no skipping ahead by leaving and coming back.
+            # An empty queue is a fresh start for every lane.
+            joined = min(s.served for s in self._busy) if self._busy else 0.0
+            if state.epoch == self._epoch:
+                joined = max(joined, state.served)
+            state.served, state.epoch = joined, self._epoch
             self._busy.append(state)
         if flow is None:
-            heapq.heappush(state.heap, (state.clock + call.cost, next(self._arrivals), call))
+            heapq.heappush(state.heap, (state.clock + cost, next(self._arrivals), call))
         else:
             if flow._queue is not self:
                 flow._queue, flow._finish, flow._calls = self, 0.0, deque()
@@ -159,30 +207,73 @@ class CallQueue:
 
     def _stamp(self, state: _LaneState, flow: Flow, start: float) -> None:
         head = flow._calls[0]
-        heapq.heappush(state.heap, (start + head.cost, next(self._arrivals), flow))
+        flow._start = start
+        heapq.heappush(state.heap, (start + self._charge(head.cost), next(self._arrivals), flow))
+
+    def _serve(self, state: _LaneState, entry: _Entry) -> Call[Any] | None:
+        """Serve `entry` (popped from `state.heap`): the call, its lane and flow
+        charged; `None` (nothing charged) if the call was withdrawn."""
+        finish, _, item = entry
+        if isinstance(item, Flow):
+            call = item._calls.popleft()
+            withdrawn = call.state is not PENDING
+            if withdrawn:
+                # Never ran: the next call starts where this one would have.
+                start = max(state.clock, item._start)
+            else:
+                item._finish = start = finish
+            # Calls withdrawn behind it go now: a new head is stamped only for a call that may run.
+            calls = item._calls
+            while calls and calls[0].state is not PENDING:
+                calls.popleft()
+                self._length -= 1
+            if calls:
+                self._stamp(state, item, start)
+        else:
+            call = item
+            withdrawn = call.state is not PENDING
+        self._length -= 1
+        if withdrawn:
+            return None
+        state.clock = max(state.clock, finish)
+        state.served += self._charge(call.cost) / state.lane.weight
+        return call
+
+    def _settle(self, state: _LaneState) -> None:
+        """`state` may have emptied: it leaves the busy lanes; an empty queue
+        starts a new busy period."""
+        if not state.heap and state in self._busy:
+            self._busy.remove(state)
+            if not self._busy:
+                self._epoch += 1
 
     def pop(self) -> Call[Any] | None:
         """The next call to run, or `None` if none is queued. Skips (and
         forgets) withdrawn calls."""
         while self._busy:
             state = min(self._busy, key=_served)  # ties: the lane busy longest
-            finish, _, item = heapq.heappop(state.heap)
-            if isinstance(item, Flow):
-                call = item._calls.popleft()
-                item._finish = finish
-                if item._calls:
-                    self._stamp(state, item, finish)
-            else:
-                call = item
-            self._length -= 1
-            if not state.heap:
-                self._busy.remove(state)
-            if call.state is not PENDING:
-                continue  # withdrawn while queued: costs nothing
-            state.clock = max(state.clock, finish)
-            state.served += call.cost / state.lane.weight
-            return call
+            call = self._serve(state, heapq.heappop(state.heap))
+            self._settle(state)
+            if call is not None:
+                return call
         return None
+
+    def take_back(self, call: Call[Any]) -> None:
+        """Remove `call`, the call pushed last, charging nothing: its owner
+        could not run it after all (it fails, and is never run)."""
+        flow = call.flow
+        lane = flow.lane if flow is not None else (call.lane or self._default)
+        state = self._lanes[lane.name]
+        if flow is not None and len(flow._calls) > 1 and flow._calls[-1] is call:
+            flow._calls.pop()  # behind its flow's head: in no heap entry
+        else:
+            item: Call[Any] | Flow = call if flow is None else flow
+            state.heap = [entry for entry in state.heap if entry[2] is not item]
+            heapq.heapify(state.heap)
+            if flow is not None:
+                flow._calls.clear()
+        self._length -= 1
+        self._settle(state)
 
     def drain(self) -> list[Call[Any]]:
         """Remove and return every queued call (withdrawn ones included)."""
@@ -192,7 +283,9 @@ class CallQueue:
                 if isinstance(item, Flow):
                     item._calls = deque()
             state.heap = []
-        self._busy.clear()
+        if self._busy:
+            self._busy.clear()
+            self._epoch += 1
         self._length = 0
         return calls
 
@@ -207,41 +300,41 @@ class CallQueue:
 
     def take(self, match: Callable[[Call[Any]], bool], limit: int) -> list[Call[Any]]:
         """Remove and return up to `limit` pending calls for which `match` is
-        true: calls that are their own flow, and each flow's calls from its
-        head on, as long as they match (a flow is never served out of order).
+        true, one by one in the order `pop` would serve them if only those
+        were queued, each charged to its lane and flow as `pop` charges it: a
+        call that is its own flow, or the head of its flow (a flow whose head
+        does not match gives nothing: a flow is never served out of order).
 
-        For a strategy that runs several calls together (a batch joins its
-        head): the calls leave without moving any clock, as a batch costs
-        its head's share."""
+        For a strategy that runs several calls together (a batch joins the
+        call `pop` gave it): lanes get their weighted shares of a batch, as
+        of the calls run one by one. Withdrawn calls it reaches are dropped."""
         taken: list[Call[Any]] = []
-        for state in list(self._busy):
-            if len(taken) >= limit:
-                break
-            kept: list[_Entry] = []
-            for entry in sorted(state.heap):
+        if limit <= 0:
+            return taken
+        skipped: dict[int, tuple[_LaneState, list[_Entry]]] = {}
+        lanes = list(self._busy)
+        while lanes and len(taken) < limit:
+            state = min(lanes, key=_served)  # ties: the lane busy longest
+            while state.heap:
+                entry = heapq.heappop(state.heap)
                 item = entry[2]
-                if isinstance(item, Flow):
-                    calls = item._calls
-                    head = calls[0]
-                    while calls and len(taken) < limit and (
-                        calls[0].state is not PENDING or match(calls[0])
-                    ):
-                        call = calls.popleft()
-                        self._length -= 1
-                        if call.state is PENDING:
-                            taken.append(call)
-                    if calls:
-                        # The tag is its head's finish: restamp for a new head.
-                        kept.append((entry[0] - head.cost + calls[0].cost, entry[1], item))
-                elif len(taken) < limit and item.state is PENDING and match(item):
-                    taken.append(item)
-                    self._length -= 1
+                head = item._calls[0] if isinstance(item, Flow) else item
+                if head.state is not PENDING:
+                    self._serve(state, entry)  # dropped, and its flow's next call restamped
+                elif match(head):
+                    served = self._serve(state, entry)
+                    assert served is not None
+                    taken.append(served)
+                    break
                 else:
-                    kept.append(entry)
-            heapq.heapify(kept)
-            state.heap = kept
-            if not kept:
-                self._busy.remove(state)
+                    skipped.setdefault(id(state), (state, []))[1].append(entry)
+            else:
+                lanes.remove(state)  # nothing (more) in it matches
+        for state, entries in skipped.values():
+            for entry in entries:
+                heapq.heappush(state.heap, entry)
+        for state in list(self._busy):
+            self._settle(state)
         return taken
 
 

@@ -580,3 +580,24 @@ async def test_minilm_batches_give_the_same_ids_as_single_calls(example: Any) ->
     assert max(batch_sizes) > 1
     for (i, special), ids in got.items():
         assert ids == reference(texts[i], add_special_tokens=special)["input_ids"]
+
+
+def test_batches_honour_lane_weights_and_charge_each_lane(recorder: Recorder) -> None:
+    ex = offload.get_executor("async-renderer", max_batch_size=80, lanes={"query": 4, "bulk": 1})
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    try:
+        gate = occupy(ex)
+        bulk, query = ex.options(lane="bulk"), ex.options(lane="query")
+        futures = [bulk.submit(form, 1000 + i) for i in range(80)]
+        futures += [query.submit(form, i) for i in range(80)]
+        gate.release.set()
+        for future in futures:
+            future.result(PATIENCE)
+    finally:
+        ex.shutdown()
+    first, second = recorder.batches()[:2]
+    assert len(first) == 80
+    # Weights 4 and 1: query gets about 4/5 of a batch that both lanes fill.
+    assert 60 <= sum(1 for x in first if x < 1000) <= 68, first
+    # Each lane was charged for its part: the second batch has the rest of query's.
+    assert sum(1 for x in second if x < 1000) == 80 - sum(1 for x in first if x < 1000), second

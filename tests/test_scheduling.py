@@ -330,3 +330,198 @@ async def test_queued_cost_is_bounded_and_a_costlier_call_runs_alone(strategy: s
         )
     finally:
         await ex.aclose()
+
+
+def queuing_worker(strategy: str, **options: Any) -> offload.Executor:
+    """One worker (one call at a time) for every queuing strategy."""
+    if strategy == "inline":
+        pytest.skip("inline has no queue")
+    if strategy == "async-renderer":
+        options.setdefault("max_batch_size", 1)
+    return one_worker(strategy, **options)
+
+
+@pytest.mark.parametrize("first", ["bulk", "query"])
+def test_virtual_time_restarts_when_the_queue_is_empty(first: str) -> None:
+    query, bulk = Lane("query", 4), Lane("bulk", 1)
+    queue = CallQueue()
+    for i in range(2000):  # served one at a time: the queue empties after each
+        queue.push(make_call(("query", i), lane=query))
+        assert queue.pop() is not None
+    late = [make_call(("bulk", i), lane=bulk) for i in range(300)]
+    one = make_call(("query", "late"), lane=query)
+    for call in ([*late, one] if first == "bulk" else [one, *late]):
+        queue.push(call)
+    order = drain(queue)
+    # A fresh start: query (weight 4) goes first or second, never after 300 bulk calls.
+    assert order.index(("query", "late")) <= 1, order[:5]
+
+
+def test_a_lane_gets_no_credit_for_a_past_busy_period_either() -> None:
+    a, b = Lane("a"), Lane("b")
+    queue = CallQueue()
+    for i in range(100):  # b is served alone, backlogged, then the queue empties
+        queue.push(make_call(("b", i), lane=b))
+    drain(queue)
+    for i in range(10):
+        queue.push(make_call(("b", i), lane=b))
+        queue.push(make_call(("a", i), lane=a))
+    lanes = [lane for lane, _ in drain(queue)]
+    # Equal weights from a fresh start: they alternate (neither has 100 calls of credit or debt).
+    assert lanes[:6].count("a") == 3, lanes
+
+
+def test_a_flow_that_comes_back_after_idle_starts_from_the_lane_clock() -> None:
+    lane = Lane("default")
+    old, new = Flow(lane), Flow(lane)
+    queue = CallQueue()
+    for i in range(100):  # a long history, served one at a time
+        queue.push(make_call(("old", i), cost=10, flow=old))
+        assert queue.pop() is not None
+    for i in range(3):
+        queue.push(make_call(("new", i), cost=10, flow=new))
+    queue.push(make_call(("old", "late"), cost=10, flow=old))
+    order = drain(queue)
+    assert order.index(("old", "late")) <= 1, order
+
+
+@pytest.mark.anyio
+async def test_a_lane_busy_before_an_idle_spell_is_not_held_back_after_it(strategy: str, tmp_path: Path) -> None:
+    ex = queuing_worker(strategy, lanes={"query": 4, "bulk": 1})
+    log = tmp_path / "order"
+    try:
+        query = ex.options(lane="query")
+        for _ in range(200):  # one at a time: the queue goes idle after each
+            assert await query.run(helpers.add, 1, 1) == 2
+        async with anyio.create_task_group() as tg:
+            gate = await occupy(ex, tg, tmp_path)
+            for i in range(30):
+                tg.start_soon(ex.options(lane="bulk").run, faults.record, str(log), 100 + i)
+            await queued(ex, 1 + 30)
+            tg.start_soon(query.run, faults.record, str(log), 0)
+            await queued(ex, 1 + 31)
+            gate.touch()
+        assert order(log).index(0) <= 1, order(log)
+    finally:
+        await ex.aclose()
+
+
+@pytest.mark.parametrize("weight", [1e-320, 5e-324, 1e-12, 1e300, 1e12])
+def test_a_weight_whose_inverse_is_not_sane_is_a_config_error(weight: float) -> None:
+    with pytest.raises(offload.ConfigError, match=r"lane 'tiny': the weight must be a number from 1e-09 to 1e\+09"):
+        Lane("tiny", weight)
+    with pytest.raises(offload.ConfigError, match="lane 'tiny': the weight must be"):
+        offload.get_executor("thread", lanes={"tiny": weight})
+
+
+def test_a_withdrawn_call_does_not_advance_its_flows_finish() -> None:
+    lane = Lane("default")
+    mine, other = Flow(lane), Flow(lane)
+    queue = CallQueue()
+    gone = make_call("gone", cost=1000, flow=mine)
+    for call in (make_call("m1", cost=1, flow=mine), gone, make_call("m3", cost=1, flow=mine)):
+        queue.push(call)
+    for i in range(20):
+        queue.push(make_call(("other", i), cost=10, flow=other))
+    assert gone.cancel()
+    # m3 is stamped as if "gone" had never been queued: 1 + 1, ahead of the other flow's 10.
+    assert drain(queue)[:2] == ["m1", "m3"]
+    assert len(queue) == 0
+
+
+def test_a_withdrawn_head_does_not_advance_its_flows_finish() -> None:
+    lane = Lane("default")
+    mine, newcomer = Flow(lane), Flow(lane)
+    queue = CallQueue()
+    gone = make_call("gone", cost=1000, flow=mine)
+    queue.push(gone)
+    for i in range(3):
+        queue.push(make_call(("mine", i), cost=10, flow=mine))
+    assert gone.cancel()
+    assert queue.pop().args[0] == ("mine", 0)  # type: ignore[union-attr]
+    for i in range(3):
+        queue.push(make_call(("new", i), cost=10, flow=newcomer))
+    # Mine goes on from where "gone" would have started, not 1000 later: they interleave.
+    order = drain(queue)
+    assert order.index(("mine", 1)) <= 1, order
+
+
+def test_a_lane_of_zero_cost_calls_does_not_get_strict_priority() -> None:
+    free, paid = Lane("free"), Lane("paid")
+    queue = CallQueue()
+    for i in range(10):
+        queue.push(make_call(("paid", i), cost=1, lane=paid))
+    served = []
+    for i in range(40):  # a steady stream of zero-cost calls
+        queue.push(make_call(("free", i), cost=0, lane=free))
+        call = queue.pop()
+        assert call is not None
+        served.append(call.args[0][0])
+    # Equal weights: zero cost counts as the cheapest positive cost (1), so they alternate.
+    assert 8 <= served[:20].count("paid") <= 12, served
+
+
+def test_a_flow_of_zero_cost_calls_does_not_get_strict_priority() -> None:
+    lane = Lane("default")
+    free, paid = Flow(lane), Flow(lane)
+    queue = CallQueue()
+    for i in range(10):
+        queue.push(make_call(("paid", i), cost=2, flow=paid))
+    served = []
+    for i in range(40):
+        queue.push(make_call(("free", i), cost=0, flow=free))
+        call = queue.pop()
+        assert call is not None
+        served.append(call.args[0][0])
+    # Zero cost counts as the cheapest positive cost seen (2): they alternate.
+    assert 8 <= served[:20].count("paid") <= 12, served
+
+
+def test_take_serves_the_lanes_by_weight_and_charges_them() -> None:
+    bulk, query = Lane("bulk", 1), Lane("query", 4)
+    queue = CallQueue()
+    for i in range(80):
+        queue.push(make_call(("bulk", i), lane=bulk))
+    for i in range(80):
+        queue.push(make_call(("query", i), lane=query))
+    head = queue.pop()
+    assert head is not None
+    batch = [head.args[0], *(call.args[0] for call in queue.take(lambda call: True, 79))]
+    assert 60 <= [lane for lane, _ in batch].count("query") <= 68, batch  # 4/5 of 80
+    # Charged: the next batch goes on from there, it does not repeat the first one's lanes.
+    rest = [lane for lane, _ in drain(queue)]
+    assert rest[:20].count("query") <= 16, rest[:20]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.tuples(st.sampled_from([1.0, 2.0, 3.0, 0.5]), st.sampled_from([1.0, 4.0, 0.25])),
+    costs=st.lists(st.tuples(st.sampled_from([1.0, 2.5, 7.0, 10.0]), st.sampled_from([1.0, 2.5, 7.0, 10.0])),
+                   min_size=5, max_size=60),
+    steps=st.lists(st.integers(0, 6), min_size=1, max_size=40),
+    flows=st.booleans(),
+)
+def test_two_backlogged_lanes_get_weighted_shares_within_one_call(
+    weights: tuple[float, float], costs: list[tuple[float, float]], steps: list[int], flows: bool
+) -> None:
+    """Served one by one (`pop`, step 0) or in batches (`take`, step k: k
+    calls), while both lanes are backlogged, each lane's served cost over its
+    weight stays within a call's cost (over the smaller weight) of the other's."""
+    lanes = (Lane("a", weights[0]), Lane("b", weights[1]))
+    queue = CallQueue()
+    for pair in costs:
+        for lane, cost in zip(lanes, pair, strict=True):
+            queue.push(make_call(lane.name, cost, Flow(lane) if flows else None, lane))
+    served = {"a": 0.0, "b": 0.0}
+    left = {"a": len(costs), "b": len(costs)}
+    bound = 10.0 / weights[0] + 10.0 / weights[1]
+    for step in steps:
+        got = [queue.pop()] if step == 0 else queue.take(lambda call: True, step)
+        for call in got:
+            assert call is not None
+            served[call.args[0]] += call.cost
+            left[call.args[0]] -= 1
+        if min(left.values()) == 0:
+            break
+        assert abs(served["a"] / weights[0] - served["b"] / weights[1]) <= bound, served
+

@@ -125,14 +125,17 @@ class BatchingStrategy(Strategy):
 
     **Order.** The lane takes the next call as every queue does (fairly by
     lane, flow and cost; see `Executor`), then the queued calls that may join
-    its batch.
+    its batch, one by one in the same fair order (`CallQueue.take`): lanes
+    share a batch by weight, and each lane and flow is charged for the calls
+    it got, as if they had run one by one.
 
     **No idle cost.** A call that arrives while the worker is idle starts at
     once, alone, as with `thread`: there is no batching window by default.
     Calls that arrive while the worker is busy wait in the queue; when the
     worker is free it takes the oldest one and, if it has a batch form, every
     other queued call with the same function and equal keyword arguments (up to
-    `max_batch_size`, oldest first) and runs them as one batch. So batches form
+    `max_batch_size`, in the queue's order: oldest first, for calls of one
+    lane and equal costs) and runs them as one batch. So batches form
     only under load, exactly when they pay. Calls with different keyword
     arguments never share a batch: plain values (numbers, strings, bytes,
     `None`, tuples of them) must be equal and of the same types, anything else
@@ -369,8 +372,9 @@ class BatchingStrategy(Strategy):
             self._keys = {call: key for call, key in self._keys.items() if call in queued}
 
     def _gather(self, key: Hashable, group: list[Call[Any]]) -> None:
-        """Move queued calls with `key` into `group`, in queue order, up to the
-        size limit. Called with the lock held."""
+        """Move queued calls with `key` into `group`, in the queue's fair order
+        (each charged to its lane and flow), up to the size limit. Called with
+        the lock held."""
         keys = self._keys
         taken = self._pending.take(
             lambda call: call in keys and keys[call] == key, self._max_batch_size - len(group)
