@@ -18,6 +18,7 @@ retrying a worker that failed to start, shutdown and joining.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -87,8 +88,11 @@ class Dispatcher(Generic[S]):
         self._tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._slots: dict[S, threading.Thread] = {}
         self._running: dict[S, Call[Any]] = {}
-        self._idle = 0  # slots waiting for a token with none reserved for them
-        self._queued = 0  # tokens for calls (stop tokens not counted)
+        # Slots that will take a token next (started, or done with a call) and
+        # have not taken it yet: a call needs a new slot only while its token
+        # would find none of them free (`_queued` > `_waiting`).
+        self._waiting = 0
+        self._queued = 0  # tokens for calls not taken yet (stop tokens not counted)
         self._numbers = itertools.count()
         self._stopping = False
         self.lock = threading.Lock()
@@ -135,16 +139,14 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            if self._idle:
-                self._idle -= 1
-            elif len(self._slots) < self._max_slots:
+            if self._queued > self._waiting and len(self._slots) < self._max_slots:
                 try:
                     self._start_slot(None)
                 except RuntimeError as exc:  # can't start new thread
                     if self._slots:
                         return  # a busy slot takes the call when it is free
                     # No slot at all: take the call back; it fails, and is never run.
-                    self._calls.take(lambda queued: queued is call, 1)
+                    self._calls.take_back(call)
                     self._tokens.get_nowait()
                     self._queued -= 1
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
@@ -154,13 +156,9 @@ class Dispatcher(Generic[S]):
         workers (for a strategy whose workers are slow to start: a pool that
         grew call by call would pay for it under load). Does nothing once
         `close` has begun, or if a slot thread cannot start."""
-        with self.lock:
+        with self.lock, contextlib.suppress(RuntimeError):
             while not self._stopping and len(self._slots) < self._max_slots:
-                try:
-                    self._start_slot(None)
-                except RuntimeError:
-                    return
-                self._idle += 1
+                self._start_slot(None)
 
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
@@ -178,7 +176,6 @@ class Dispatcher(Generic[S]):
                 except RuntimeError as exc:
                     startup.expect(started)
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
-                self._idle += 1
                 started += 1
             startup.expect(started)
         startup.wait()
@@ -192,6 +189,7 @@ class Dispatcher(Generic[S]):
         )
         thread.start()
         self._slots[slot] = thread
+        self._waiting += 1  # for its first token
 
     def _main(self, slot: S, startup: Startup | None) -> None:
         worker = self._worker
@@ -233,9 +231,11 @@ class Dispatcher(Generic[S]):
         withdrawn while queued are skipped (`Call.claim`), so they never run."""
         get = self._tokens.get
         while True:
-            if get() is None:
-                return
+            token = get()
             with self.lock:
+                self._waiting -= 1
+                if token is None:
+                    return
                 self._queued -= 1
                 call = self._calls.pop()
                 if call is not None:
@@ -244,7 +244,7 @@ class Dispatcher(Generic[S]):
                 yield call
             with self.lock:
                 self._running.pop(slot, None)
-                self._idle += 1
+                self._waiting += 1
             del call  # don't keep the last call's arguments alive while idle
 
     def _discard(self, slot: S) -> None:
@@ -256,7 +256,7 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self._queued > self._idle and len(self._slots) < self._max_slots:
+            if self._queued > self._waiting and len(self._slots) < self._max_slots:
                 try:
                     self._start_slot(None)
                 except RuntimeError as exc:

@@ -580,3 +580,41 @@ def test_calls_stranded_without_a_slot_fail_and_leave_the_dispatcher_whole(monke
     assert [call.error for call in pair] == [None, None], "the two calls did not run at once"
     dispatch.close(cancel_futures=False)
     assert dispatch.join(30)
+
+
+def test_a_slot_that_dies_after_serving_a_backlog_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot that took calls from a backlog counted itself idle after each,
+    so the dispatcher believed in idle slots that did not exist: when the one
+    slot then died (a strategy bug) with a call queued, no replacement
+    started, and the call waited forever."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    worker = _SlotsThatMayFail()
+    dispatch: offload.strategy.Dispatcher[int] = offload.strategy.Dispatcher("backlog-test", 1, worker)
+    release = threading.Event()
+    first = offload.strategy.Call(release.wait, (30,), {})
+    dispatch.put(first)
+    deadline = time.monotonic() + 30
+    while not dispatch.running():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    backlog = [offload.strategy.Call(helpers.identity, (i,), {}) for i in range(5)]
+    for call in backlog:
+        dispatch.put(call)
+    release.set()
+    for call in [first, *backlog]:
+        _ended(call)
+    buggy = offload.strategy.Call(helpers.identity, ("bug",), {})
+    dispatch.put(buggy)
+    while not dispatch.running():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    queued = offload.strategy.Call(helpers.identity, ("queued",), {})
+    dispatch.put(queued)  # the one slot is busy: it waits
+    worker.bug_may_raise.set()  # the slot dies; a fresh one must take `queued`
+    _ended(buggy)
+    _ended(queued)
+    assert queued.outcome() == "queued"
+    assert [type(e) for e in died] == [RuntimeError]
+    dispatch.close(cancel_futures=False)
+    assert dispatch.join(30)
