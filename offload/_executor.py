@@ -175,11 +175,25 @@ class Executor(concurrent.futures.Executor):
     exited. It is idempotent.
 
     **Admission.** With `max_queue`, a call that would make more than
-    `max_queue` calls wait for a worker fails at once with `Overloaded`,
-    before anything is done for it. With `max_queued_cost`, so does a call (or
-    an `admission()` unit) that would bring the cost admitted and not started
-    above it, unless nothing is queued: a call costlier than the whole bound
-    then runs alone rather than being refused forever.
+    `max_queue` calls wait for a worker (more than capacity + `max_queue` in
+    flight) fails at once with `Overloaded`, before anything is done for it.
+    With `max_queued_cost`, so does a call (or an `admission()` unit) that
+    would bring the cost admitted and not started above it. Both bounds are
+    shared by the lanes by weight: a lane's *share* of a bound is the bound ×
+    its weight / the sum of the lanes' weights. A call of cost `c` in lane `L`
+    is admitted if the total stays within the bound (`total + c <= bound`: a
+    lane borrows what the others leave unused), or if `L` stays within its
+    share (`queued in L + min(c, share) <= share`), so a lane under its share
+    is never refused because others borrowed: the total may then exceed the
+    bound, by at most what was borrowed. A call costlier than its lane's
+    whole share is admitted when nothing of its lane is queued, and runs
+    rather than being refused forever. For `max_queue` the same rule counts
+    places in flight, each call (or unit) one: a lane is always allowed at
+    least one. An `admission()` unit is checked, and holds, `min(cost,
+    share)`: its calls take that over as they are queued and, once it is
+    spent, are counted as they are queued like any other, so a unit larger
+    than the bound holds the others off only until that much of it has been
+    queued, never for its whole run, and is never refused halfway.
 
     **Deadlines.** `run_with_timeout(timeout, fn, ...)` (and
     `make_async(timeout=...)`) gives the call `timeout` seconds: when they
@@ -206,9 +220,11 @@ class Executor(concurrent.futures.Executor):
         strategy: the `offload.strategy.Strategy` that runs the calls. The
             executor owns it from now on (one executor per strategy object).
         max_queue: calls that may wait for a worker before new ones fail with
-            `Overloaded`. `None` (default): unbounded.
+            `Overloaded` (shared by the lanes, see **Admission**). `None`
+            (default): unbounded.
         max_queued_cost: cost that may be admitted and not started before
-            new calls and units fail with `Overloaded`. `None` (default): unbounded.
+            new calls and units fail with `Overloaded` (shared by the lanes,
+            see **Admission**). `None` (default): unbounded.
         lanes: extra lanes and their weights, `{"query": 4, "ingest": 1}`; the
             lane `"default"` (weight 1 unless given here) always exists.
         scheduling: `"fair"` (default) or `"fifo"`: one queue in arrival order,
@@ -259,7 +275,12 @@ class Executor(concurrent.futures.Executor):
         if self._max_queue is None and self._max_queued_cost is None and not metrics:
             return None  # nothing to count: the hot path stays bare
         return CallTracker(
-            self.name, self._strategy.capacity(), self._max_queue, self._max_queued_cost, metrics
+            self.name,
+            self._strategy.capacity(),
+            self._max_queue,
+            self._max_queued_cost,
+            metrics,
+            {name: lane.weight for name, lane in self._lanes.items()},
         )
 
     # ---- what it is ------------------------------------------------------------
@@ -311,11 +332,22 @@ class Executor(concurrent.futures.Executor):
 
     @property
     def overloaded(self) -> bool:
-        """True when a call of cost 1 made now would fail with `Overloaded`. A
+        """True when a unit of work of cost 1 in the default lane would fail
+        with `Overloaded` now (`would_refuse` for another cost or lane). A
         hint for refusing work early, not a reservation: another caller may
         take the last place first."""
         tracker = self._tracker
         return tracker is not None and tracker._refuses(1.0) is not None
+
+    def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
+        """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
+        now (by the per-lane rule of the class docstring's **Admission**).
+        Like `overloaded`, a hint that reserves nothing and counts no
+        refusal. Raises `ConfigError` for a bad cost or an unknown lane."""
+        cost = check_cost(cost)
+        chosen = self._lane(lane)
+        tracker = self._tracker
+        return tracker is not None and tracker._refuses(cost, chosen) is not None
 
     # ---- admission ---------------------------------------------------------------
 
@@ -337,14 +369,17 @@ class Executor(concurrent.futures.Executor):
         """Admission for a unit of work made of several calls (a server request).
 
         On entry, raises `Overloaded` if a call of `cost` made now would be
-        refused, counting the refusal in `offload_rejected_calls{function=function}`
-        (and by lane): check it before parsing or rendering anything. Once
-        admitted, the unit holds one place in flight and its `cost`, as a
-        queued call would, until the block ends or `release()` is called on
-        what the block yields, so a burst of requests that arrive together
-        cannot all pass the check before any of them has queued a call. Its
-        calls take its cost over as they are queued (a call's own cost is
-        set with `options(cost=)`), so it is never counted twice.
+        refused (a cost above `lane`'s share of `max_queued_cost` is checked
+        as that share), counting the refusal in
+        `offload_rejected_calls{function=function}` (and by lane): check it
+        before parsing or rendering anything. Once admitted, the unit holds
+        one place in flight and its `cost` (at most that share), as a queued
+        call would, until the block ends or `release()` is called on what the
+        block yields, so a burst of requests that arrive together cannot all
+        pass the check before any of them has queued a call. Its calls take
+        the held cost over as they are queued (a call's own cost is set with
+        `options(cost=)`), so it is never counted twice; once it is spent,
+        they are counted as they are queued and started, as any call.
 
         Inside the block (this task, and tasks it starts, which copy its
         `contextvars`), calls on this executor are admitted without a further
@@ -596,5 +631,5 @@ def _hold_of(admission: Admission, tracker: CallTracker) -> Hold:
     hold = admission._hold
     if hold is None:
         # Released, or made with no tracker: its calls are still admitted.
-        hold = admission._hold = Hold(0.0, admission.flow.lane, place=False)
+        hold = admission._hold = Hold(0, admission.flow.lane, place=False)
     return hold

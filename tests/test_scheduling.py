@@ -341,6 +341,28 @@ def queuing_worker(strategy: str, **options: Any) -> offload.Executor:
     return one_worker(strategy, **options)
 
 
+@pytest.mark.anyio
+async def test_queued_cost_returns_to_exactly_zero(strategy: str, tmp_path: Path) -> None:
+    # 0.1 + 0.1 + 0.2 - 0.1 - 0.1 - 0.2 is 2.8e-17 in floats: an idle executor
+    # that kept it would refuse a call costlier than the bound forever.
+    ex = queuing_worker(strategy, max_queued_cost=1, lanes={"bulk": 1})
+    log = tmp_path / "order"
+    try:
+        async with anyio.create_task_group() as tg:
+            gate = await occupy(ex, tg, tmp_path)
+            for i, cost in enumerate((0.1, 0.1, 0.2)):
+                tg.start_soon(ex.options(cost=cost, lane="bulk").run, faults.record, str(log), i)
+                await queued(ex, 2 + i)
+            gate.touch()
+        assert ex._tracker is not None
+        assert ex._tracker.queued_cost == 0.0
+        assert ex._tracker.lane_queued_cost("bulk") == 0.0
+        assert sample("offload_lane_queued_cost", strategy=strategy, lane="bulk") == 0.0
+        assert await ex.options(cost=5, lane="bulk").run(helpers.add, 2, 3) == 5
+    finally:
+        await ex.aclose()
+
+
 @pytest.mark.parametrize("first", ["bulk", "query"])
 def test_virtual_time_restarts_when_the_queue_is_empty(first: str) -> None:
     query, bulk = Lane("query", 4), Lane("bulk", 1)
@@ -402,6 +424,110 @@ async def test_a_lane_busy_before_an_idle_spell_is_not_held_back_after_it(strate
             await queued(ex, 1 + 31)
             gate.touch()
         assert order(log).index(0) <= 1, order(log)
+    finally:
+        await ex.aclose()
+
+
+@pytest.mark.anyio
+async def test_each_lane_is_admitted_up_to_its_share_of_the_cost_bound(strategy: str, tmp_path: Path) -> None:
+    # Weights 4 + 1 + 1 (default): shares of 12 are 8, 2 and 2.
+    ex = queuing_worker(strategy, max_queued_cost=12, lanes={"query": 4, "bulk": 1})
+    log = tmp_path / "order"
+    refused = {
+        lane: sample("offload_lane_rejected_total", strategy=strategy, lane=lane, reason="overloaded")
+        for lane in ("query", "bulk")
+    }
+    try:
+        async with anyio.create_task_group() as tg:
+            gate = await occupy(ex, tg, tmp_path)
+            bulk, query = ex.options(lane="bulk"), ex.options(lane="query")
+            # bulk borrows the whole bound
+            futures = [bulk.submit(faults.record, str(log), 100 + i) for i in range(12)]
+            with pytest.raises(offload.Overloaded, match="max_queued_cost"):
+                bulk.submit(faults.record, str(log), 199)
+            # query is still admitted up to its own share
+            futures += [query.submit(faults.record, str(log), i) for i in range(8)]
+            with pytest.raises(offload.Overloaded, match="lane 'query' has 8 of its share 8"):
+                query.submit(faults.record, str(log), 99)
+            assert ex.would_refuse(lane="query")
+            assert ex.would_refuse(lane="bulk", cost=0.5)
+            assert not ex.would_refuse(lane="default", cost=2)  # its share is untouched
+            gate.touch()
+        for future in futures:
+            assert future.result(30) is not None
+        assert sorted(order(log)) == [*range(8), *range(100, 112)]
+        for lane in ("query", "bulk"):
+            assert sample(
+                "offload_lane_rejected_total", strategy=strategy, lane=lane, reason="overloaded"
+            ) == refused[lane] + 1
+        assert ex._tracker is not None
+        assert ex._tracker.queued_cost == 0.0
+    finally:
+        await ex.aclose()
+
+
+@pytest.mark.anyio
+async def test_each_lane_is_admitted_up_to_its_share_of_max_queue(strategy: str, tmp_path: Path) -> None:
+    probe = queuing_worker(strategy)
+    capacity = probe.capacity
+    probe.shutdown()
+    assert capacity == 1
+    # capacity 1 + max_queue 5 = 6 places; weights 4 + 1 + 1: shares 4, 1, 1.
+    ex = queuing_worker(strategy, max_queue=5, lanes={"query": 4, "bulk": 1})
+    log = tmp_path / "order"
+    try:
+        async with anyio.create_task_group() as tg:
+            gate = await occupy(ex, tg, tmp_path)  # the default lane's place
+            bulk, query = ex.options(lane="bulk"), ex.options(lane="query")
+            futures = [bulk.submit(faults.record, str(log), 100 + i) for i in range(5)]
+            with pytest.raises(offload.Overloaded, match="max_queue=5"):
+                bulk.submit(faults.record, str(log), 199)
+            assert ex.overloaded  # the default lane holds its one place already
+            futures += [query.submit(faults.record, str(log), i) for i in range(4)]
+            with pytest.raises(offload.Overloaded, match="lane 'query' has 4 of its share 4"):
+                query.submit(faults.record, str(log), 99)
+            gate.touch()
+        for future in futures:
+            assert future.result(30) is not None
+        assert sorted(order(log)) == [*range(4), *range(100, 105)]
+    finally:
+        await ex.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_unit_larger_than_the_bound_holds_it_only_until_that_much_is_queued(
+    strategy: str, tmp_path: Path
+) -> None:
+    ex = queuing_worker(strategy, max_queued_cost=10)
+    held, spent, go_on, done = anyio.Event(), anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def huge_request() -> None:
+        with ex.admission("huge", cost=1000):
+            held.set()
+            await go_on.wait()
+            for i in range(10):  # its pieces take the held cost over, then run
+                assert await ex.options(cost=1).run(helpers.add, i, 0) == i
+            spent.set()
+            await done.wait()
+            for i in range(10):  # and it is never refused halfway
+                assert await ex.options(cost=1).run(helpers.add, i, 1) == i + 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(huge_request)
+            await held.wait()
+            assert ex.overloaded  # it holds the bound: a burst cannot all pass
+            with pytest.raises(offload.Overloaded, match="max_queued_cost"):
+                await ex.options(cost=1).run(helpers.add, 1, 1)
+            go_on.set()
+            await spent.wait()
+            # Its held cost is spent: others are admitted while it goes on.
+            assert not ex.overloaded
+            assert await ex.options(cost=5).run(helpers.add, 2, 3) == 5
+            done.set()
+        assert ex._tracker is not None
+        assert ex._tracker.queued_cost == 0.0
+        assert ex._tracker.inflight == 0
     finally:
         await ex.aclose()
 
@@ -525,3 +651,52 @@ def test_two_backlogged_lanes_get_weighted_shares_within_one_call(
             break
         assert abs(served["a"] / weights[0] - served["b"] / weights[1]) <= bound, served
 
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "start", "withdraw"]),
+            st.sampled_from(["default", "query", "bulk"]),
+            st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3, 0.7, 2.5, 40.0]),
+        ),
+        max_size=80,
+    )
+)
+def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> None:
+    """The per-lane rule exactly: admitted when the total stays within the
+    bound or the lane within its share; never refused otherwise; the queued
+    cost returns to exactly 0 once every call has left."""
+    from offload._metrics import CallTracker
+
+    weights = {"default": 1.0, "query": 4.0, "bulk": 1.0}
+    lanes = {name: Lane(name, weight) for name, weight in weights.items()}
+    tracker = CallTracker("thread", 1, None, 3.0, False, weights)
+    share = {name: 3.0 * weight / 6.0 for name, weight in weights.items()}
+    queued: list[Call[Any]] = []
+    for op, lane, cost in ops:
+        if op == "admit":
+            call = make_call(lane, cost, lane=lanes[lane])
+            total, mine = tracker.queued_cost, tracker.lane_queued_cost(lane)
+            fits = total + cost <= 3.0 + 1e-9 or mine + min(cost, share[lane]) <= share[lane] + 1e-9
+            fits_surely = total + cost <= 3.0 - 1e-9 or mine + min(cost, share[lane]) <= share[lane] - 1e-9
+            try:
+                tracker.admit(call)
+            except offload.Overloaded:
+                assert not fits_surely, (total, mine, cost)
+            else:
+                assert fits, (total, mine, cost)
+                queued.append(call)
+        elif queued:
+            call = queued.pop(0)
+            if op == "start":
+                call.started_at = call.queued_at
+                tracker.started(call)
+                tracker.finished(call)
+            else:
+                tracker.withdrawn(call, "cancelled")
+    for call in queued:
+        tracker.withdrawn(call, "cancelled")
+    assert tracker.queued_cost == 0.0
+    assert all(tracker.lane_queued_cost(name) == 0.0 for name in weights)
+    assert tracker.inflight == 0
