@@ -313,16 +313,6 @@ class CallTracker:
         children = self._lanes.get(lane)
         return 0.0 if children is None else _from_units(children.units)
 
-    def lane_inflight(self, lane: str) -> int:
-        children = self._lanes.get(lane)
-        return 0 if children is None else children.inflight
-
-    def lane_share(self, lane: str) -> tuple[float | None, float | None]:
-        """Lane `lane`'s shares: (of `max_queued_cost`, of the places in flight)."""
-        children = self._lane_named(lane, self._weights.get(lane, 1.0))
-        share = children.share_units
-        return (None if share is None else _from_units(share), children.share_calls)
-
     @property
     def full(self) -> bool:
         return self._limit is not None and self._inflight >= self._limit

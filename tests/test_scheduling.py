@@ -452,6 +452,8 @@ async def test_each_lane_is_admitted_up_to_its_share_of_the_cost_bound(strategy:
             assert ex.would_refuse(lane="query")
             assert ex.would_refuse(lane="bulk", cost=0.5)
             assert not ex.would_refuse(lane="default", cost=2)  # its share is untouched
+            with pytest.raises(offload.ConfigError, match="unknown lane 'nope'"):
+                ex.would_refuse(lane="nope")
             gate.touch()
         for future in futures:
             assert future.result(30) is not None
