@@ -185,7 +185,7 @@ class Executor(concurrent.futures.Executor):
     lane borrows what the others leave unused), or if `L` stays within its
     share (`queued in L + min(c, share) <= share`), so a lane under its share
     is never refused because others borrowed: the total may then exceed the
-    bound, by at most what was borrowed. A call costlier than its lane's
+    bound by what the others borrowed. A call costlier than its lane's
     whole share is admitted when nothing of its lane is queued, and runs
     rather than being refused forever. For `max_queue` the same rule counts
     places in flight, each call (or unit) one: a lane is always allowed at
