@@ -377,10 +377,14 @@ class CallTracker:
         share = lane.share_units
         return units if share is None else min(units, share)
 
-    def _refuses(self, cost: float, lane: Lane | None = None) -> str | None:
-        """Why a new unit of work of `cost` in `lane` (default: the default
-        lane) would be refused now: `"calls"`, `"cost"`, or `None`."""
-        children = self._lane(lane)
+    def _refuses(self, cost: float, lane: Lane | str | None = None) -> str | None:
+        """Why a new unit of work of `cost` in `lane` (a `Lane` or its name;
+        default: the default lane) would be refused now: `"calls"`, `"cost"`,
+        or `None`. (`Executor.would_refuse` checks the lane's name first.)"""
+        if isinstance(lane, str):
+            children = self._lane_named(lane, self._weights.get(lane, 1.0))
+        else:
+            children = self._lane(lane)
         with self._lock:
             return self._refuses_units(children, self._held_units(children, cost), whole=False)
 

@@ -454,6 +454,9 @@ async def test_each_lane_is_admitted_up_to_its_share_of_the_cost_bound(strategy:
             assert not ex.would_refuse(lane="default", cost=2)  # its share is untouched
             with pytest.raises(offload.ConfigError, match="unknown lane 'nope'"):
                 ex.would_refuse(lane="nope")
+            assert ex._tracker is not None
+            assert ex._tracker._refuses(1.0, "query") == "cost"  # by name, as the vLLM adapter may
+            assert ex._tracker._refuses(1.0, "default") is None
             gate.touch()
         for future in futures:
             assert future.result(30) is not None
