@@ -27,7 +27,15 @@ import offload
 from .._registry import _registry, option_names
 from . import _functions as f
 
-_HAS = {name: importlib.util.find_spec(name) is not None for name in ("trio", "uvloop", "hypothesis")}
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: set to None in sys.modules (blocked)
+        return False
+
+
+_HAS = {name: _installed(name) for name in ("trio", "uvloop", "hypothesis")}
 
 #: The event loops the suite runs on: asyncio always, uvloop and trio where installed.
 BACKENDS = [
