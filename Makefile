@@ -86,14 +86,11 @@ serve: $(STAMP)
 test-vllm: $(STAMP)
 	$(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
 
-# The ray plugin's own tests (a local instance, then a two-node cluster),
-# offload's contract suite against the ray strategy, then the vLLM adapter's
-# end-to-end suite with ray servers.
+# The ray plugin's own tests (a local instance, then a two-node cluster) and
+# offload's contract suite against the ray strategy (adapters/ray/tests/test_contract.py),
+# then the vLLM adapter's end-to-end suite with ray servers.
 test-ray: $(RAY_STAMP)
 	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests $(PYTEST_ARGS)
-	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_STRATEGIES=ray $(BIN)/python -m pytest \
-		-p ray_contract tests/test_executor.py tests/test_decorator.py tests/test_properties.py \
-		tests/test_overload.py $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
 	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_VLLM_STRATEGIES=ray $(BIN)/python -m pytest \
 		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)

@@ -70,6 +70,27 @@ class Call(Generic[T]):
     running call whose worker offload is about to kill. `cost`, `lane` and
     `flow` say how queues order it. Every method may be called from any
     thread; a call ends exactly once.
+
+    Attributes:
+        fn (Callable[..., T]): the function to run.
+        args (tuple[Any, ...]): its positional arguments.
+        kwargs (dict[str, Any]): its keyword arguments.
+        context (contextvars.Context | None): a copy of the caller's context,
+            which `execute` runs `fn` in (`None`: run it as is). A strategy
+            whose workers are other processes cannot carry it (it sets
+            `carries_context = False`) and sends `fn`, `args` and `kwargs` only.
+        cost (float): what the call costs to run, in the unit its callers chose
+            (1 unless given): queues serve flows fairly by cost, admission bounds it.
+        lane (Lane | None): the lane it is counted in (`None`: the default lane).
+        flow (Flow | None): the flow it shares a fair share with (`None`: its own).
+        deadline (float | None): the `time.perf_counter()` after which it must not
+            start (`claim` enforces it); `None`: no deadline.
+        stopped_by (str | None): set by `stop`: why offload stopped the worker
+            running it (`CANCELLED`, `DEADLINE`, `SHUTDOWN`), so its end is not
+            counted as a crash.
+        queued_at (float): `time.perf_counter()` when it was made.
+        started_at (float): when `claim` succeeded (0 before).
+        finished_at (float): when it ended (0 before).
     """
 
     __slots__ = (
@@ -136,10 +157,12 @@ class Call(Generic[T]):
 
     @property
     def state(self) -> str:
+        """`"pending"`, `"running"` (claimed), `"finished"` or `"cancelled"` (withdrawn)."""
         return self._state
 
     @property
     def done(self) -> bool:
+        """Whether the call ended: finished, or withdrawn before it started."""
         return self._state in (FINISHED, CANCELLED)
 
     def claim(self) -> bool:
@@ -227,10 +250,16 @@ class Call(Generic[T]):
             _swap_state(previous)
 
     def set_result(self, result: T) -> None:
+        """End a claimed call with `result` and wake its caller (for a worker
+        in another process: what came back). Call it once, after `claim()`."""
         self._result = result
         self._finish()
 
     def set_exception(self, exception: BaseException) -> None:
+        """End a claimed call with `exception`, which its caller gets raised
+        (from another process: `offload.strategy.portable_error` keeps its
+        traceback). Call it once, after `claim()`; a strategy may also fail a
+        call it could not run (say, its arguments do not pickle)."""
         self._exception = exception
         self._finish()
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, final
+from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._errors import ConfigError, Overloaded, WorkerCrashed
 from ._queue import DEFAULT_LANE_NAME, Lane
+
+if TYPE_CHECKING:
+    from ._strategy import Strategy
 
 METRICS_ENV = "OFFLOAD_METRICS"
 
@@ -567,15 +570,20 @@ def check_max_queued_cost(value: object) -> float | None:
     return float(value)
 
 
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
+def count_worker_restart(strategy: Strategy, reason: str) -> None:
+    """For strategies: a worker of `strategy` was replaced. Feeds
+    `offload_worker_restarts_total{strategy=strategy.name, reason=reason}`.
 
-
-def count_worker_restart(strategy: _Named, reason: str) -> None:
-    """For strategies: a worker of `strategy` was replaced (`reason`:
-    `"crashed"`, `"retired"`, or `"killed"` when offload killed it on
-    purpose). Feeds `offload_worker_restarts_total`."""
+    Args:
+        strategy: the `offload.strategy.Strategy` itself (`self` in its
+            methods), not its name.
+        reason: `"crashed"`, `"retired"`, or `"killed"` when offload killed
+            it on purpose.
+    """
+    if isinstance(strategy, str):
+        raise TypeError(
+            f"count_worker_restart takes the strategy (self), not its name; got {strategy!r}"
+        )
     families = _Families.get() if metrics_enabled() else None
     if families is not None:
         families.restarts.labels(strategy.name, reason).inc()

@@ -38,14 +38,29 @@ class _Registry:
         self._lock = threading.Lock()
         self._sources: dict[str, str | EntryPoint] = dict(_BUILTINS)
         self._loaded: dict[str, type[Strategy]] = {}
+        #: Plugins registered under a built-in's name: refused, loudly, where
+        #: that name is used (ignoring one would run the built-in instead of
+        #: the code its author registered, with no sign of it).
+        self._clashes: dict[str, list[EntryPoint]] = {}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            # A plugin may not shadow a built-in: the name would mean two things.
-            self._sources.setdefault(ep.name, ep)
+            if ep.name in _BUILTINS:
+                self._clashes.setdefault(ep.name, []).append(ep)
+            else:
+                self._sources.setdefault(ep.name, ep)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._sources)
 
     def get(self, name: str) -> type[Strategy]:
+        clashes = self._clashes.get(name)
+        if clashes:
+            plugins = ", ".join(f"{ep.value!r}" for ep in clashes)
+            raise ConfigError(
+                f"offload strategy plugin {name!r} ({plugins}) is registered under the name of "
+                f"the built-in strategy {name!r}; a plugin may not take a built-in's name: "
+                f"register it under another name in the entry-point group "
+                f"{ENTRY_POINT_GROUP!r}, or uninstall the package that registers it"
+            )
         with self._lock:
             cls = self._loaded.get(name)
             if cls is not None:

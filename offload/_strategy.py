@@ -34,7 +34,18 @@ class Strategy(abc.ABC):
 
     **Optional**, each with a default that does nothing: `start`, `capacity`,
     `cancel_running`, `terminate_running`, `batch_form`, `after_fork_in_child`,
-    and the class attribute `carries_context`.
+    and the class attributes `carries_context` and `replaces_crashed_workers`.
+
+    **Options.** Users pass options by keyword (`get_executor(name, **options)`,
+    `make_async(strategy=name, **options)`); each goes to the strategy's
+    constructor as a keyword argument of the same name, except the
+    executor's own (`max_queue`, `max_queued_cost`, `lanes`, `scheduling`),
+    which a strategy may not take. An option the constructor does not take is
+    a `ConfigError` naming the valid ones. A constructor with a
+    `max_workers` parameter opts in to `OFFLOAD_MAX_WORKERS`: when the user
+    gives none (or `None`), the variable's value is passed. Check values in
+    the constructor and raise `ConfigError` (`check_max_workers`,
+    `check_initializer`).
 
     **Workers and calls.** A worker (a thread, a process, an actor) must
     `call.claim()` a call right before running it and skip it if that returns
@@ -47,7 +58,11 @@ class Strategy(abc.ABC):
     **Helpers** (`offload.strategy`): `CallQueue` (the fair queue every
     queuing strategy shares), `Dispatcher` (a queue plus slot threads: what
     `thread`, `process` and `ray` are built on), `Startup`, the argument
-    checks, `initializer_failed`, `count_worker_restart`.
+    checks, `initializer_failed`, `count_worker_restart`, and for workers in
+    other processes `by_reference`, `portable_error` and `set_worker_state`.
+
+    **Checking one.** `offload.testing.StrategyContract` is the contract
+    suite, for pytest: subclass it in a test module and set `strategy_name`.
 
     **Thread-safety.** `schedule` may be called from any thread, concurrently
     with itself and with `shutdown`.
@@ -59,6 +74,13 @@ class Strategy(abc.ABC):
     #: Whether `fn` runs in a copy of the caller's `contextvars` context. A
     #: strategy that runs calls in another process cannot carry it: False.
     carries_context: ClassVar[bool] = True
+
+    #: Whether a worker that dies running a call (its process killed) fails
+    #: only that call, with `WorkerCrashed`, and is replaced, so that the next
+    #: call runs on a fresh worker. True for strategies whose workers are
+    #: processes or actors (`process`, `ray`); the contract suite
+    #: (`offload.testing`) kills a worker to check it.
+    replaces_crashed_workers: ClassVar[bool] = False
 
     # ---- required ------------------------------------------------------------
 

@@ -44,3 +44,16 @@ def _swap_state(state: Any) -> Any:
     previous = _current.state
     _current.state = state
     return previous
+
+
+def set_worker_state(state: Any) -> Any:
+    """Make `state` what `offload.worker_state()` returns on this thread, and
+    return what it returned before (pass that back to restore it).
+
+    For a strategy whose workers are not `Call.execute`'s threads: a worker
+    process of its own, say. Call it in the worker, on the thread that runs
+    calls, with what the executor's `initializer(*initargs)` returned
+    (`ProcessPoolExecutor`'s own `initializer` is a good place). Threads that
+    run `call.execute(state)` need not: `execute` sets it for the call.
+    """
+    return _swap_state(state)

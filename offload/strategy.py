@@ -23,6 +23,11 @@ Helpers, public for strategy authors:
   the house's messages.
 - `initializer_failed`, `executor_closed`: the errors users see, built once.
 - `count_worker_restart`, `count_batch`: metrics only a strategy can see.
+- `by_reference`, `portable_error`, `set_worker_state`: for workers in
+  another process (send a `make_async`-decorated function, send back an
+  exception with its traceback, make `offload.worker_state()` work there).
+
+Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
@@ -30,9 +35,11 @@ from ._config import check_initializer, check_max_workers, usable_cpu_count
 from ._dispatch import Dispatcher, SlotWorker
 from ._errors import executor_closed, initializer_failed
 from ._metrics import count_batch, count_worker_restart
+from ._portable import by_reference, portable_error
 from ._queue import CallQueue, Flow, Lane, check_cost
 from ._startup import Startup
 from ._strategy import Strategy
+from ._worker_state import set_worker_state
 
 __all__ = [
     "CANCELLED",
@@ -46,6 +53,7 @@ __all__ = [
     "SlotWorker",
     "Startup",
     "Strategy",
+    "by_reference",
     "check_cost",
     "check_initializer",
     "check_max_workers",
@@ -53,5 +61,7 @@ __all__ = [
     "count_worker_restart",
     "executor_closed",
     "initializer_failed",
+    "portable_error",
+    "set_worker_state",
     "usable_cpu_count",
 ]

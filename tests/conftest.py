@@ -21,29 +21,32 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-#: The docs' example strategy (docs/examples/custom_strategy.py), registered
-#: here as a plugin's entry point would register it, so the contract suite
-#: holds it to the same rules as the built-ins: the docs cannot teach a
-#: strategy that breaks them.
+#: The docs' example strategies (docs/examples/custom_strategy.py,
+#: pool_strategy.py), registered here as a plugin's entry point would register
+#: them, so the contract suite holds them to the same rules as the built-ins:
+#: the docs cannot teach a strategy that breaks them.
 EXAMPLE_STRATEGY = "pinned-thread"
-_registry._sources.setdefault(EXAMPLE_STRATEGY, "docs.examples.custom_strategy:PinnedThreadStrategy")
+#: The other example, for the contract suite only (its workers spawn slowly).
+POOL_EXAMPLE = "pool"
+_registry._sources.setdefault("pinned-thread", "docs.examples.custom_strategy:PinnedThreadStrategy")
+_registry._sources.setdefault("pool", "docs.examples.pool_strategy:PoolStrategy")
 
 
-def _strategies_under_test() -> tuple[str, ...]:
+def strategies_under_test() -> tuple[str, ...]:
     """Every registered strategy (plugins included) and the docs' example, or
     the ones named in `OFFLOAD_TEST_STRATEGIES` (comma-separated): how a
     plugin's own suite runs this contract suite against its strategy alone."""
-    known = (*offload.STRATEGIES, EXAMPLE_STRATEGY)
+    known = (*offload.STRATEGIES, EXAMPLE_STRATEGY, POOL_EXAMPLE)
     named = [s.strip() for s in os.environ.get("OFFLOAD_TEST_STRATEGIES", "").split(",") if s.strip()]
     unknown = sorted(set(named) - set(known))
     if unknown:
         raise pytest.UsageError(
             f"OFFLOAD_TEST_STRATEGIES names {unknown}, not registered; registered: {known}"
         )
-    return tuple(named) or known
+    return tuple(named) or tuple(s for s in known if s != POOL_EXAMPLE)
 
 
-@pytest.fixture(params=_strategies_under_test())
+@pytest.fixture(params=strategies_under_test())
 def strategy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -101,3 +101,22 @@ def test_strategy_module_exports_what_it_lists() -> None:
 
     public = {n for n, v in vars(strategy).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
     assert set(strategy.__all__) == public - {"annotations"}
+
+
+def test_testing_module_exports_what_it_lists() -> None:
+    from offload import testing
+    from offload.testing import _contract
+
+    for name in testing.__all__:
+        assert getattr(testing, name) is getattr(_contract, name)
+
+
+def test_the_contract_suites_functions_do_not_import_pytest() -> None:
+    # A worker process unpickling one of them imports their module: pytest there
+    # would cost every worker's start-up.
+    import subprocess
+    import sys
+
+    code = "import sys, offload.testing._functions; print('pytest' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.stdout.strip() == "False", result.stderr

@@ -150,13 +150,26 @@ def test_entry_point_strategy_is_discovered_and_used(tmp_path: Path, monkeypatch
     _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:Demo")
     registry = _Registry()
     assert "demo" in registry.names()
-    assert registry.names().count("thread") == 1  # a plugin cannot shadow a built-in
+    assert registry.names().count("thread") == 1
     ex = offload.Executor(registry.get("demo")())
     try:
         assert anyio.run(_roundtrip, ex) == 42
     finally:
         ex.shutdown()
-    assert registry.get("thread").__module__ == "offload._strategies._thread"
+
+
+def test_a_plugin_under_a_builtins_name_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The distribution also registers `thread = offload_plugin_demo:Demo`: using
+    # the name must not silently run the built-in in the plugin's place.
+    _install_plugin(tmp_path, monkeypatch, "offload_plugin_demo:Demo")
+    registry = _Registry()
+    assert registry.names().count("thread") == 1
+    with pytest.raises(
+        offload.ConfigError,
+        match=r"plugin 'thread' \('offload_plugin_demo:Demo'\) is registered under the name of the built-in",
+    ):
+        registry.get("thread")
+    assert registry.get("inline").__module__ == "offload._strategies._inline"  # the others are unaffected
 
 
 def test_bad_entry_point_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

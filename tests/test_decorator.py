@@ -1,4 +1,5 @@
-"""`make_async`: the three forms, signature preservation, config errors, sharing."""
+"""`make_async`: the three forms, signature preservation, config errors, sharing
+(its forms under every strategy: the contract suite, `offload.testing`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 import offload
 
 from . import helpers
-from .conftest import has_pool
 
 pytestmark = pytest.mark.anyio
 
@@ -26,24 +26,6 @@ async def test_bare_form() -> None:
     assert wrapped.__name__ == "blocking_double"
     assert wrapped.__doc__ == "Double it."
     assert inspect.signature(wrapped) == inspect.signature(blocking_double)
-
-
-async def test_decorator_with_options(strategy: str) -> None:
-    options = {"max_workers": 2} if has_pool(strategy) else {}
-
-    @offload.make_async(strategy=strategy, **options)
-    def double(x: int) -> int:
-        return x * 2
-
-    assert inspect.iscoroutinefunction(double)
-    if strategy != "process":  # a local function cannot be pickled
-        assert await double(21) == 42
-    assert double.executor.name == strategy  # type: ignore[attr-defined]
-
-
-async def test_call_form(strategy: str) -> None:
-    wrapped = offload.make_async(helpers.add, strategy=strategy)
-    assert await wrapped(1, b=2) == 3
 
 
 async def test_explicit_executor() -> None:

@@ -1,9 +1,8 @@
-"""Hypothesis properties: every strategy behaves like calling the function directly."""
+"""Hypothesis properties of the thread pool (every strategy's: the contract
+suite, `offload.testing`)."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,20 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import offload
+from offload.testing._contract import _peak_concurrency
 
 from . import helpers
-from .conftest import small_options
-
-# Picklable values (the process strategy sends them across a pipe).
-scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.binary(max_size=32)
-scalars |= st.floats(allow_nan=False)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    max_leaves=12,
-)
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -38,91 +26,13 @@ def run_on(backend: Any, fn: Any, *args: Any) -> Any:
     return anyio.run(fn, *args, backend=name, backend_options=options)
 
 
-async def peak_concurrency(ex: offload.Executor, directory: Path, calls: int, hold: float) -> int:
-    seen: list[int] = []
-
-    async def one() -> None:
-        seen.append(await ex.run(helpers.hold_slot, str(directory), hold))
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(calls):
-            tg.start_soon(one)
-    return max(seen)
-
-
-@pytest.fixture
-def sync_executor(strategy: str) -> Any:
-    ex = offload.get_executor(strategy, **small_options(strategy))
-    yield ex
-    ex.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-@SETTINGS
-@given(args=st.lists(values, max_size=3), kwargs=st.dictionaries(st.sampled_from("abc"), values, max_size=3))
-def test_same_result_as_a_direct_call(sync_executor: offload.Executor, anyio_backend: str, args: list[Any], kwargs: dict[str, Any]) -> None:
-    expected = helpers.echo_args(*args, **kwargs)
-
-    async def go() -> Any:
-        return await sync_executor.run(helpers.echo_args, *args, **kwargs)
-
-    result = run_on((anyio_backend, {}), go)
-    # Tuples may come back as tuples only: compare structurally.
-    assert _normalise(result) == _normalise(expected)
-
-
-def _normalise(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [type(value).__name__, *(_normalise(v) for v in value)]
-    if isinstance(value, dict):
-        return {k: _normalise(v) for k, v in value.items()}
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
-    return value
-
-
-@SETTINGS
-@given(message=st.text(max_size=40), kind=st.sampled_from(["custom", "value"]))
-def test_exceptions_are_identical(sync_executor: offload.Executor, message: str, kind: str) -> None:
-    fn = helpers.raise_custom if kind == "custom" else helpers.raise_value_error
-    expected_type = helpers.CustomError if kind == "custom" else ValueError
-
-    async def go() -> BaseException:
-        try:
-            await sync_executor.run(fn, message)
-        except BaseException as exc:
-            return exc
-        raise AssertionError("no exception")
-
-    exc = run_on(("asyncio", {}), go)
-    assert type(exc) is expected_type
-    assert exc.args == (message,)
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-def test_thousand_concurrent_callers_get_their_own_results(sync_executor: offload.Executor, anyio_backend: str) -> None:
-    async def go() -> dict[int, Any]:
-        results: dict[int, Any] = {}
-
-        async def one(i: int) -> None:
-            results[i] = await sync_executor.run(helpers.identity, (i, str(i)))
-
-        async with anyio.create_task_group() as tg:
-            for i in range(1000):
-                tg.start_soon(one, i)
-        return results
-
-    results = run_on((anyio_backend, {}), go)
-    assert results == {i: (i, str(i)) for i in range(1000)}
-
-
 @SETTINGS
 @given(max_workers=st.integers(1, 4), calls=st.integers(1, 12))
 def test_peak_concurrency_never_exceeds_the_bound(tmp_path_factory: pytest.TempPathFactory, max_workers: int, calls: int) -> None:
     directory = tmp_path_factory.mktemp("slots")
     ex = offload.get_executor("thread", max_workers=max_workers)
     try:
-        peak = run_on(("asyncio", {}), peak_concurrency, ex, directory, calls, 0.01)
+        peak = run_on(("asyncio", {}), _peak_concurrency, ex, directory, calls, 0.01)
     finally:
         ex.shutdown()
     assert 1 <= peak <= max_workers

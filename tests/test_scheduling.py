@@ -261,27 +261,6 @@ async def test_a_small_request_goes_ahead_of_a_heavy_requests_backlog(strategy: 
 
 
 @pytest.mark.anyio
-async def test_lanes_share_one_worker_by_weight(strategy: str, tmp_path: Path) -> None:
-    if strategy == "inline":
-        pytest.skip("inline has no queue")
-    log = tmp_path / "order"
-    ex = one_worker(strategy, lanes={"query": 3, "ingest": 1})
-    try:
-        async with anyio.create_task_group() as tg:
-            gate = await occupy(ex, tg, tmp_path)
-            query, ingest = ex.options(lane="query"), ex.options(lane="ingest")
-            for i in range(24):
-                tg.start_soon(ingest.run, faults.record, str(log), 100 + i)
-                tg.start_soon(query.run, faults.record, str(log), i)
-            await queued(ex, 1 + 48)
-            gate.touch()
-        first = order(log)[:16]
-        assert 10 <= sum(1 for i in first if i < 100) <= 14, first  # 3/4 of 16
-    finally:
-        await ex.aclose()
-
-
-@pytest.mark.anyio
 async def test_fifo_scheduling_keeps_arrival_order_whatever_the_cost(strategy: str, tmp_path: Path) -> None:
     if strategy == "inline":
         pytest.skip("inline has no queue")

@@ -39,46 +39,6 @@ def wrap_bytes(value: Any, threshold: int | None) -> Any:
     return value
 
 
-@final
-class _Wrapped:
-    """Stands for a function that is reachable by name only through the
-    decorator that replaced it (`@make_async` puts an async wrapper under the
-    function's name, so pickle's by-name lookup finds the wrapper)."""
-
-    __slots__ = ("module", "qualname")
-
-    def __init__(self, module: str, qualname: str) -> None:
-        self.module = module
-        self.qualname = qualname
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _unwrap, (self.module, self.qualname)
-
-
-def _lookup(module: str, qualname: str) -> Any:
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
-def _unwrap(module: str, qualname: str) -> Any:
-    __import__(module)
-    return _lookup(module, qualname).__wrapped__
-
-
-def by_reference(fn: Any) -> Any:
-    """`fn`, or a stand-in that pickles where `fn` itself would not because a
-    decorator (such as `make_async`) took its name."""
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not module or not qualname or "<locals>" in qualname:
-        return fn
-    named = _lookup(module, qualname)
-    if named is not fn and getattr(named, "__wrapped__", None) is fn:
-        return _Wrapped(module, qualname)
-    return fn
-
-
 def _rebuild_tensor(array: Any) -> Any:
     import torch
 

@@ -153,6 +153,8 @@ class ProcessStrategy(Strategy):
 
     name = "process"
     carries_context = False
+    #: A worker that dies mid-call fails that call (`WorkerCrashed`) and is replaced.
+    replaces_crashed_workers = True
 
     def __init__(
         self,

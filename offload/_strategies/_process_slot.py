@@ -18,8 +18,9 @@ from typing import Any, final
 from .._call import SHUTDOWN, Call
 from .._errors import OffloadError, WorkerCrashed, initializer_failed
 from .._metrics import count_worker_restart
+from .._portable import by_reference, rebuild_error
 from . import _encoding, _wire
-from ._worker_process import InitializerRaised, WorkerProcess, rebuild_error
+from ._worker_process import InitializerRaised, WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ class ProcessSlots:
         try:
             data, buffers = _encoding.dumps(
                 (
-                    _encoding.by_reference(call.fn),
+                    by_reference(call.fn),
                     tuple(_encoding.wrap_bytes(a, config.threshold) for a in call.args),
                     {k: _encoding.wrap_bytes(v, config.threshold) for k, v in call.kwargs.items()},
                 ),

@@ -13,14 +13,11 @@ import os
 import pickle
 import signal
 import threading
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-# Makes tracebacks picklable, so the caller sees the function's own frames.
-from tblib import pickling_support
-
+from .._portable import describe_error as _describe_error
 from .._worker_state import _NO_STATE, _swap_state
 from . import _encoding, _wire
 
@@ -34,44 +31,6 @@ def _watch_parent(alive: Connection) -> None:
     except (EOFError, OSError):
         pass
     os._exit(0)
-
-
-def _describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
-    text = "".join(traceback.format_exception(exc))
-    # Per instance: the class (and those of its cause and context) may have
-    # been defined after the worker started, so a blanket install misses it.
-    pickling_support.install(exc)
-    if _round_trips(exc):
-        return exc, text
-    # Pickling a traceback recurses once per frame: past a few hundred frames
-    # (always for a RecursionError) it fails. The type and message matter more
-    # than the frames, which the parent gets as text.
-    for link in _chain(exc):
-        link.__traceback__ = None
-    if _round_trips(exc):
-        return exc, text
-    return None, text  # the parent rebuilds it from the text
-
-
-def _round_trips(exc: BaseException) -> bool:
-    try:
-        pickle.loads(pickle.dumps(exc, protocol=5))
-    except Exception:
-        return False
-    return True
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and every exception it links to (cause, context), each once."""
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        link = todo.pop()
-        if link is None or any(link is s for s in seen):
-            continue
-        seen.append(link)
-        todo += (link.__cause__, link.__context__)
-    return seen
 
 
 def _send(conn: Connection, tx: _wire.Sender, message: tuple[Any, ...], threshold: int | None) -> None:

@@ -13,6 +13,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, final
 
 from .._errors import OffloadError, WorkerCrashed
+from .._portable import rebuild_error
 from . import _process_worker, _wire
 
 #: How long a worker that was asked to stop may take before it is killed.
@@ -28,20 +29,6 @@ def exit_reason(exitcode: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
-
-
-def rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
-    """The exception a worker sent back (see `_process_worker._describe_error`)."""
-    exception, text = payload
-    if exception is not None:
-        if exception.__traceback__ is None and text and hasattr(exception, "add_note"):
-            # It came without its frames (too deep to pickle): keep them as text.
-            exception.add_note(f"traceback in the worker process:\n{text}")
-        return exception
-    return OffloadError(
-        "the offloaded function raised an exception that cannot be pickled; "
-        f"its traceback in the worker:\n{text}"
-    )
 
 
 @final

@@ -240,6 +240,8 @@ class RayStrategy(Strategy):
     name = "ray"
     #: Calls run in actor processes: `contextvars` do not cross.
     carries_context = False
+    #: An actor that dies mid-call fails that call (`WorkerCrashed`) and is replaced.
+    replaces_crashed_workers = True
 
     def __init__(
         self,

@@ -1,0 +1,58 @@
+"""The helpers `offload.strategy` gives authors of strategies whose workers are
+other processes (a whole strategy built on them: docs/examples/pool_strategy.py,
+checked by the contract suite in tests/test_contract.py)."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+
+import pytest
+
+import offload
+from offload.strategy import by_reference, count_worker_restart, portable_error, set_worker_state
+
+from . import helpers
+
+
+def test_by_reference_sends_a_make_async_decorated_function() -> None:
+    original = helpers.doubled_in_a_process.__wrapped__  # type: ignore[attr-defined]
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(original)  # its name finds the wrapper
+    assert pickle.loads(pickle.dumps(by_reference(original))) is original
+    assert by_reference(helpers.add) is helpers.add
+
+
+def test_portable_error_keeps_type_message_and_frames() -> None:
+    try:
+        helpers.raise_custom("boom")
+    except helpers.CustomError as exc:
+        sent = pickle.loads(pickle.dumps(portable_error(exc)))
+    assert type(sent) is helpers.CustomError
+    assert sent.args == ("boom",)
+    assert "raise_custom" in "".join(traceback.format_exception(sent))
+
+
+def test_portable_error_of_an_unpicklable_exception_is_an_offload_error_with_its_traceback() -> None:
+    try:
+        helpers.raise_unpicklable("locked")
+    except helpers.UnpicklableError as exc:
+        sent = pickle.loads(pickle.dumps(portable_error(exc)))
+    assert isinstance(sent, offload.OffloadError)
+    assert "UnpicklableError: locked" in str(sent)
+    assert "raise_unpicklable" in str(sent)
+
+
+def test_set_worker_state_is_what_worker_state_returns_on_this_thread() -> None:
+    previous = set_worker_state({"tokenizer": "mine"})
+    try:
+        assert offload.worker_state() == {"tokenizer": "mine"}
+    finally:
+        set_worker_state(previous)
+    with pytest.raises(offload.OffloadError, match="worker_state"):
+        offload.worker_state()
+
+
+def test_count_worker_restart_given_a_name_says_it_takes_the_strategy() -> None:
+    with pytest.raises(TypeError, match=r"takes the strategy \(self\), not its name"):
+        count_worker_restart("pool", "crashed")  # type: ignore[arg-type]
