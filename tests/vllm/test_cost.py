@@ -258,6 +258,13 @@ def test_an_image_by_url_costs_a_nominal_image_and_template_fields_count() -> No
     by_text = _embedding(messages=[{"role": "user", "content": [{"type": "text", "text": url}]}])
     # The parts differ by their types' names, which count as any string does.
     assert request_cost(by_url) == request_cost(by_text) + len("image_url") - len("text") + URL_IMAGE_COST
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+
+    def v2(url_or_text: dict[str, Any]) -> float:
+        return request_cost(CohereEmbedRequest(model="m", inputs=[{"content": [url_or_text]}]))
+
+    assert v2(part) == v2({"type": "text", "text": url}) + len("image_url") - len("text") + URL_IMAGE_COST
+    assert request_cost(CohereEmbedRequest(model="m", images=[url])) == len(url) + PROMPT_COST + URL_IMAGE_COST
     template = "{% for m in messages %}{{ m.content }}{% endfor %}" * 50
     kwargs = {"add_generation_prompt": "x" * 500}
     with_template = _embedding(

@@ -130,15 +130,15 @@ def characters(value: Any) -> float:
                 total += len(item)
             else:
                 stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, dict):
-            url = item.get("image_url")
+        elif isinstance(item, (dict, BaseModel)):
+            fields = item if isinstance(item, dict) else vars(item)
+            # A chat content part, or `/v2/embed`'s: `image_url` is a URL or `{"url": URL}`.
+            url = fields.get("image_url")
             if isinstance(url, dict):
                 url = url.get("url")
             if isinstance(url, str) and url.startswith(HTTP_URL):
                 total += URL_IMAGE_COST
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, BaseModel):
-            stack.extend((child, depth + 1) for child in vars(item).values())
+            stack.extend((child, depth + 1) for child in fields.values())
     return total
 
 
