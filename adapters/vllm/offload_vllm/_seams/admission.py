@@ -24,6 +24,10 @@ together cannot all pass the check at once. Measured: releasing the place
 after rendering let accepted requests pile up in the engine instead
 (docs/benchmarks.md#overload).
 
+A request costlier than `OFFLOAD_VLLM_MAX_REQUEST_COST` is answered 413
+(vLLM's error body, naming its cost, the cap and the setting) before
+admission, and one whose inputs nest past `_cost.MAX_DEPTH`, vLLM's 400.
+
 With engine priority on, the request's `priority` is set from its cost and
 lane first (`_priority.py`), unless the client set one.
 """
