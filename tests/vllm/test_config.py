@@ -91,6 +91,8 @@ VALID = {
     "OFFLOAD_VLLM_SCHEDULING": ("fifo", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_LANES": ("query=4,ingest=1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_LANE_ROUTES": ("/score=default", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_LANE_HEADER": ("off", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_MAX_REQUEST_COST": ("100000", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_ENGINE_PRIORITY": ("1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
@@ -198,7 +200,8 @@ def test_unknown_name_lists_the_known_ones() -> None:
     assert str(info.value) == (
         "unknown setting(s) OFFLOAD_VLLM_WOKRERS; the offload vLLM adapter reads OFFLOAD_VLLM_STRATEGY, "
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
-        "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
+        "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
+        "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
         "OFFLOAD_VLLM_WORKER_NICE (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
@@ -398,6 +401,22 @@ def test_lanes_routes_scheduling_cost_bound_and_engine_priority_are_read() -> No
             "the lanes are default, query (add lanes with OFFLOAD_VLLM_LANES)",
         ),
         ({"OFFLOAD_VLLM_ENGINE_PRIORITY": "maybe"}, "OFFLOAD_VLLM_ENGINE_PRIORITY='maybe' is not a switch"),
+        # A subnormal weight passed, then every request of its lane failed (OverflowError) with engine priority.
+        ({"OFFLOAD_VLLM_LANES": "tiny=1e-320"}, "OFFLOAD_VLLM_LANES='tiny=1e-320': the weight of lane 'tiny', 1e-320, is below 2.22507e-308"),
+        ({"OFFLOAD_VLLM_LANES": "query=4,tiny=5e-324"}, "the weight of lane 'tiny', 5e-324, is below"),
+        # A lane a header (read as latin-1) could never name.
+        (
+            {"OFFLOAD_VLLM_LANES": "requête=2"},
+            "OFFLOAD_VLLM_LANES='requête=2': 'requête' is not a lane name; a lane name is made of ASCII letters, digits and",
+        ),
+        ({"OFFLOAD_VLLM_LANES": "a b=2"}, "'a b' is not a lane name"),
+        ({"OFFLOAD_VLLM_LANES": "q:1=2"}, "'q:1' is not a lane name"),
+        ({"OFFLOAD_VLLM_LANE_HEADER": "query"}, "OFFLOAD_VLLM_LANE_HEADER: 'query' is not a lane; the lanes are default"),
+        ({"OFFLOAD_VLLM_LANE_HEADER": "default,,x"}, "OFFLOAD_VLLM_LANE_HEADER='default,,x': give on, off or a list of lanes"),
+        ({"OFFLOAD_VLLM_LANE_HEADER": "default,default"}, "default is given twice"),
+        ({"OFFLOAD_VLLM_LANE_HEADER": "défaut"}, "OFFLOAD_VLLM_LANE_HEADER='défaut': 'défaut' is not a lane name"),
+        ({"OFFLOAD_VLLM_MAX_REQUEST_COST": "big"}, "OFFLOAD_VLLM_MAX_REQUEST_COST='big' is not a number"),
+        ({"OFFLOAD_VLLM_MAX_REQUEST_COST": "-3"}, "OFFLOAD_VLLM_MAX_REQUEST_COST='-3': the cost one request may have"),
     ],
 )
 def test_bad_lane_and_cost_settings_name_themselves(env: dict[str, str], message: str) -> None:
@@ -406,8 +425,31 @@ def test_bad_lane_and_cost_settings_name_themselves(env: dict[str, str], message
     assert message in str(info.value)
 
 
+def test_lane_header_and_request_cost_cap_are_read() -> None:
+    lanes = {**THREAD, "OFFLOAD_VLLM_LANES": "query=4,ingest=1"}
+    assert read_settings(lanes).lane_router().header_lanes is None  # default: on, every lane
+    assert read_settings({**lanes, "OFFLOAD_VLLM_LANE_HEADER": "on"}).lane_header is None
+    assert read_settings({**lanes, "OFFLOAD_VLLM_LANE_HEADER": "off"}).lane_router().header_lanes == frozenset()
+    some = read_settings({**lanes, "OFFLOAD_VLLM_LANE_HEADER": " query , default"})
+    assert some.lane_header == ("query", "default")
+    assert "lane_header=query,default" in some.summary()
+    capped = read_settings({**THREAD, "OFFLOAD_VLLM_MAX_REQUEST_COST": "5e4"})
+    assert capped.max_request_cost == 50000.0
+    assert "max_request_cost=50000" in capped.summary()
+    # The cap needs no queue: any strategy, but a strategy.
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_MAX_REQUEST_COST": "9"}).max_request_cost == 9
+    with pytest.raises(OffloadVLLMConfigError, match="has no effect with no strategy set"):
+        read_settings({"OFFLOAD_VLLM_MAX_REQUEST_COST": "9"})
+    # Token characters are lane names.
+    assert read_settings({**THREAD, "OFFLOAD_VLLM_LANES": "a.b-c_d~1=2"}).lanes == (("a.b-c_d~1", 2.0),)
+
+
 @pytest.mark.parametrize(
-    "name", ["OFFLOAD_VLLM_SCHEDULING", "OFFLOAD_VLLM_MAX_QUEUED_COST", "OFFLOAD_VLLM_LANES", "OFFLOAD_VLLM_LANE_ROUTES"]
+    "name",
+    [
+        "OFFLOAD_VLLM_SCHEDULING", "OFFLOAD_VLLM_MAX_QUEUED_COST", "OFFLOAD_VLLM_LANES", "OFFLOAD_VLLM_LANE_ROUTES",
+        "OFFLOAD_VLLM_LANE_HEADER",
+    ],
 )
 def test_queue_settings_are_refused_where_there_is_no_queue(name: str) -> None:
     value, _ = VALID[name]

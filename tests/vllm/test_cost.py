@@ -4,17 +4,32 @@ lane. No server."""
 
 from __future__ import annotations
 
+import base64
+import io
 import itertools
+import json
 import math
+import sys
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from offload_vllm._cost import PIECE_COST, POSTPROCESS_COST_PER_VALUE, PROMPT_COST, split_by_cost
+from offload_vllm._cost import (
+    MAX_DEPTH,
+    PIECE_COST,
+    PIXEL_COST,
+    POSTPROCESS_COST_PER_VALUE,
+    PROMPT_COST,
+    URL_IMAGE_COST,
+    TooDeep,
+    body_floor,
+    characters,
+    split_by_cost,
+)
 from offload_vllm._lanes import LaneRouter, UnknownLane
-from offload_vllm._priority import engine_priority
+from offload_vllm._priority import MAX_LEVEL, engine_priority
 from offload_vllm._seams.requests import (
     render_params_cost,
     request_cost,
@@ -171,5 +186,117 @@ def test_lane_router_header_then_route_then_default() -> None:
     assert router.lane_for("/score", None) is None
     assert router.lane_for("/v1/embeddings", " ingest ") == "ingest"
     assert router.lane_for(None, None) is None
-    with pytest.raises(UnknownLane, match="'bulk' is not a lane of this server; its lanes are default, ingest, query"):
+    with pytest.raises(UnknownLane, match="^X-Offload-Lane: 'bulk' is not a lane this server takes from the header$"):
         router.lane_for("/v1/embeddings", "bulk")
+
+
+def test_the_lane_header_may_name_every_lane_none_or_some() -> None:
+    """`OFFLOAD_VLLM_LANE_HEADER`: `off` ignores the header (the route decides);
+    a list lets the header name those lanes alone, and the 400 for any other
+    names no lane of the server."""
+    lanes, routes = {"default", "query", "ingest"}, {"/v1/embeddings": "query"}
+    off = LaneRouter.of(lanes, routes, header_lanes=())
+    assert off.lane_for("/v1/embeddings", "ingest") == "query"
+    assert off.lane_for("/score", "bulk") is None
+    some = LaneRouter.of(lanes, routes, header_lanes={"ingest"})
+    assert some.lane_for("/v1/embeddings", "ingest") == "ingest"
+    with pytest.raises(UnknownLane) as refused:
+        some.lane_for("/v1/embeddings", "query")
+    assert not any(lane in str(refused.value).removeprefix("X-Offload-Lane: 'query'") for lane in lanes)
+
+
+def test_engine_priority_never_raises_for_extreme_weights_and_costs() -> None:
+    """A subnormal weight made `cost / weight` infinite: `int(inf)` raised
+    OverflowError for every request of the lane."""
+    for weight in (5e-324, 1e-320, sys.float_info.min, 1.0, sys.float_info.max):
+        for cost in (0.0, 1.0, 128.0, 1e9, sys.float_info.max):
+            level = engine_priority(cost, weight)
+            assert 0 <= level <= MAX_LEVEL, (cost, weight, level)
+    assert engine_priority(1e9, 1e-320) == MAX_LEVEL
+    assert engine_priority(1024, 1) < engine_priority(2048, 1)
+
+
+# ---- images, template fields, nesting, the body's floor -------------------------------
+
+
+def _png_data_url(width: int, height: int) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _jpeg_data_url(width: int, height: int) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, "JPEG", exif=b"Exif\x00\x00" + bytes(60_000))
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_an_image_costs_its_pixels_read_from_its_header() -> None:
+    """A 4,000 x 4,000 PNG of one colour is a few kB of base64 and decodes to
+    16 M pixels: it costs its pixels, not its length (it cost its length)."""
+    big = _png_data_url(4000, 4000)
+    assert len(big) < 100_000
+    assert characters(big) == len(big) + PIXEL_COST * 4000 * 4000
+    # JPEG gives its size after its metadata (here 60 kB of EXIF), within the bytes read.
+    jpeg = _jpeg_data_url(3000, 2000)
+    assert characters(jpeg) == len(jpeg) + PIXEL_COST * 3000 * 2000
+    # Not an image, or no size where it is read: its characters alone.
+    assert characters(IMAGE) == len(IMAGE)
+    assert characters("data:text/plain;base64,aGVsbG8=") == len("data:text/plain;base64,aGVsbG8=")
+    chat = _embedding(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}]}])
+    assert request_cost(chat) >= PIXEL_COST * 4000 * 4000
+
+
+def test_an_image_by_url_costs_a_nominal_image_and_template_fields_count() -> None:
+    url = "https://example.com/cat.png"
+    part = {"type": "image_url", "image_url": {"url": url}}
+    by_url = _embedding(messages=[{"role": "user", "content": [part]}])
+    by_text = _embedding(messages=[{"role": "user", "content": [{"type": "text", "text": url}]}])
+    # The parts differ by their types' names, which count as any string does.
+    assert request_cost(by_url) == request_cost(by_text) + len("image_url") - len("text") + URL_IMAGE_COST
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+
+    def v2(url_or_text: dict[str, Any]) -> float:
+        return request_cost(CohereEmbedRequest(model="m", inputs=[{"content": [url_or_text]}]))
+
+    assert v2(part) == v2({"type": "text", "text": url}) + len("image_url") - len("text") + URL_IMAGE_COST
+    assert request_cost(CohereEmbedRequest(model="m", images=[url])) == len(url) + PROMPT_COST + URL_IMAGE_COST
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}" * 50
+    kwargs = {"add_generation_prompt": "x" * 500}
+    with_template = _embedding(
+        messages=[{"role": "user", "content": "hi"}], chat_template=template, chat_template_kwargs=kwargs,
+        mm_processor_kwargs={"size": "y" * 300},
+    )
+    plain = _embedding(messages=[{"role": "user", "content": "hi"}])
+    assert request_cost(with_template) == request_cost(plain) + len(template) + 500 + 300
+
+
+def test_deep_nesting_is_walked_without_recursion_and_bounded() -> None:
+    nested: Any = "x"
+    for _ in range(50_000):
+        nested = [nested]
+    with pytest.raises(TooDeep):
+        characters(nested)
+    nested = "x"
+    for _ in range(MAX_DEPTH - 1):
+        nested = [nested]
+    assert characters(nested) == 1
+
+
+@given(st.text(max_size=300), st.lists(st.integers(0, 10**6), min_size=1, max_size=300))
+def test_the_body_floor_is_below_what_ordinary_json_costs(text: str, token_ids: list[int]) -> None:
+    """The early refusal's estimate, `body_floor(bytes)`, is never more than
+    what admission charges (it is a floor of the charge), and for a body of
+    inputs it is below their cost already, whatever the text (CJK, emoji:
+    escaped, 6 and 12 bytes a character) or token ids: the floor charges
+    padding alone. The door priced CJK at 6, an emoji at 12, a token id at ~7."""
+    for fields in ({"input": text}, {"input": token_ids}, {"input": [text, text]}):
+        body = json.dumps({"model": "m", **fields}).encode()
+        request = _embedding(**fields)
+        assert body_floor(len(body)) <= request_cost(request) == request_cost(request, len(body))
+    padded = json.dumps({"model": "m", "input": "x"}).ljust(12_000)
+    assert request_cost(_embedding(input="x"), len(padded)) == body_floor(len(padded)) == 1000

@@ -44,10 +44,11 @@ async def echo(request: Request) -> JSONResponse:
     return JSONResponse({"read": len(await request.body())})
 
 
-def app_with(executor: offload.Executor, root_path: str = "") -> httpx.AsyncClient:
+def app_with(executor: offload.Executor, root_path: str = "", max_request_cost: float | None = None) -> httpx.AsyncClient:
     app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions")])
     policy = RequestPolicy(
-        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=1
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=1,
+        max_request_cost=max_request_cost,
     )
     app.add_middleware(RefuseWhenFull, policy=policy)
     transport = httpx.ASGITransport(app=app, root_path=root_path)
@@ -94,14 +95,16 @@ async def test_behind_a_root_path_the_route_is_read_without_it(
         assert (await client.post("/api/v1/chat/completions", content=b"x")).status_code != 503
 
 
-async def test_the_cost_is_the_content_length() -> None:
-    """With a cost bound, a request passes or not by its `Content-Length`, before its body is read."""
+async def test_the_cost_is_the_floor_of_the_content_length() -> None:
+    """With a cost bound, a request passes or not by the least it can be
+    charged for its `Content-Length` (`body_floor`: 12 bytes a unit), before
+    its body is read."""
     executor = offload.get_executor("thread", max_workers=1, max_queued_cost=100)
     try:
         with executor.admission("held", cost=60):  # queued cost: 60 of 100
             async with app_with(executor) as client:
-                assert (await client.post("/v1/embeddings", content=b"x" * 30)).json() == {"read": 30}
-                refused = await client.post("/v1/embeddings", content=b"x" * 50)
+                assert (await client.post("/v1/embeddings", content=b"x" * 480)).json() == {"read": 480}
+                refused = await client.post("/v1/embeddings", content=b"x" * 500)
                 assert refused.status_code == 503
     finally:
         executor.shutdown()
@@ -113,8 +116,29 @@ async def test_a_header_naming_no_lane_is_a_400_before_the_body_is_read() -> Non
         async with app_with(executor) as client:
             r = await client.post("/v1/embeddings", content=b"{not json", headers={"X-Offload-Lane": "bulk"})
             assert r.status_code == 400
-            assert "its lanes are default, query" in r.json()["error"]["message"]
+            assert r.json()["error"]["message"] == "X-Offload-Lane: 'bulk' is not a lane this server takes from the header"
             ok = await client.post("/v1/embeddings", content=b"abc", headers={"X-Offload-Lane": "query"})
             assert ok.json() == {"read": 3}
+    finally:
+        executor.shutdown()
+
+
+async def test_a_body_too_large_for_the_request_cost_cap_is_a_413_before_it_is_read() -> None:
+    """`OFFLOAD_VLLM_MAX_REQUEST_COST`: a body whose least cost (`body_floor`,
+    12 bytes a unit) is past the cap is answered 413, vLLM's error body naming
+    the cost, the cap and the setting; one at the cap passes on."""
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=10_000)
+    try:
+        async with app_with(executor, max_request_cost=100) as client:
+            refused = await client.post("/v1/embeddings", content=b" " * 1212)
+            assert refused.status_code == 413
+            assert refused.json()["error"] == {
+                "message": "this request of 1212 bytes costs at least 101, more than this server takes in one "
+                "request (OFFLOAD_VLLM_MAX_REQUEST_COST=100, in characters of input); send it in smaller requests",
+                "type": "Request Entity Too Large",
+                "param": None,
+                "code": 413,
+            }
+            assert (await client.post("/v1/embeddings", content=b" " * 1200)).json() == {"read": 1200}
     finally:
         executor.shutdown()

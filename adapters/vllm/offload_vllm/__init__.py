@@ -94,9 +94,10 @@ def register() -> None:
         router=settings.lane_router(),
         engine_priority=settings.engine_priority,
         retry_after=RETRY_AFTER_SECONDS,
+        max_request_cost=settings.max_request_cost,
     )
     admission.install(policy)
-    if settings.max_queue is not None or settings.max_queued_cost is not None:
+    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
         admission.install_early_refusal(policy)
 
     def serving_built(serving_object: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import offload
 
 from ._kinds import STRATEGIES, StrategyRow
-from ._lanes import DEFAULT_LANE, LaneRouter
+from ._lanes import DEFAULT_LANE, LANE_HEADER, LANE_NAME_CHARACTERS, LaneRouter, is_lane_name
 from ._seams.routes import POOLING_PATHS
 
 # `OFFLOAD_VLLM_*`, not `VLLM_*`: vLLM warns about every `VLLM_*` variable it does
@@ -30,6 +31,8 @@ MAX_QUEUED_COST_ENV = "OFFLOAD_VLLM_MAX_QUEUED_COST"
 SCHEDULING_ENV = "OFFLOAD_VLLM_SCHEDULING"
 LANES_ENV = "OFFLOAD_VLLM_LANES"
 LANE_ROUTES_ENV = "OFFLOAD_VLLM_LANE_ROUTES"
+LANE_HEADER_ENV = "OFFLOAD_VLLM_LANE_HEADER"
+MAX_REQUEST_COST_ENV = "OFFLOAD_VLLM_MAX_REQUEST_COST"
 ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
@@ -107,11 +110,58 @@ def _pairs(name: str, raw: str, shape: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _parse_max_request_cost(name: str, raw: str) -> float:
+    return _parse_positive(name, raw, "the cost one request may have, in characters")
+
+
+def _check_lane_name(name: str, raw: str, lane: str) -> None:
+    if not is_lane_name(lane):
+        raise OffloadVLLMConfigError(
+            f"{name}={raw!r}: {lane!r} is not a lane name; a lane name is made of {LANE_NAME_CHARACTERS} "
+            f"(an HTTP token, so that the {LANE_HEADER} header can name it)"
+        )
+
+
 def _parse_lanes(name: str, raw: str) -> tuple[tuple[str, float], ...]:
-    return tuple(
-        (lane, _parse_positive(name, weight, f"the weight of lane {lane!r}"))
-        for lane, weight in _pairs(name, raw, "LANE=WEIGHT")
-    )
+    lanes = []
+    for lane, weight in _pairs(name, raw, "LANE=WEIGHT"):
+        _check_lane_name(name, raw, lane)
+        value = _parse_positive(name, weight, f"the weight of lane {lane!r}")
+        # A subnormal weight loses precision, and a cost divided by it
+        # overflows (engine priority, fair shares): refused, whatever the
+        # core's own check says.
+        if value < sys.float_info.min:
+            raise OffloadVLLMConfigError(
+                f"{name}={raw!r}: the weight of lane {lane!r}, {weight}, is below {sys.float_info.min:g} "
+                "(a subnormal number); weights are relative, give e.g. 1 and 4"
+            )
+        lanes.append((lane, value))
+    return tuple(lanes)
+
+
+#: `OFFLOAD_VLLM_LANE_HEADER`'s words: every lane may be named, or none.
+LANE_HEADER_ON = "on"
+LANE_HEADER_OFF = "off"
+
+
+def _parse_lane_header(name: str, raw: str) -> tuple[str, ...] | None:
+    """`None` (`on`: every lane), `()` (`off`: the header is ignored), or the lanes a header may name."""
+    if raw == LANE_HEADER_ON:
+        return None
+    if raw == LANE_HEADER_OFF:
+        return ()
+    lanes: list[str] = []
+    for item in raw.split(","):
+        lane = item.strip()
+        if not lane:
+            raise OffloadVLLMConfigError(
+                f"{name}={raw!r}: give {LANE_HEADER_ON}, {LANE_HEADER_OFF} or a list of lanes LANE,..."
+            )
+        _check_lane_name(name, raw, lane)
+        if lane in lanes:
+            raise OffloadVLLMConfigError(f"{name}={raw!r}: {lane} is given twice")
+        lanes.append(lane)
+    return tuple(lanes)
 
 
 def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
@@ -194,6 +244,10 @@ OPTIONS = (
     Option(
         LANE_ROUTES_ENV, "--offload-lane-routes", "ROUTE=LANE,...", _parse_lane_routes, _has_queue, "it has no queue"
     ),
+    Option(
+        LANE_HEADER_ENV, "--offload-lane-header", "on|off|LANE,...", _parse_lane_header, _has_queue, "it has no queue"
+    ),
+    Option(MAX_REQUEST_COST_ENV, "--offload-max-request-cost", "C", _parse_max_request_cost),
     Option(ENGINE_PRIORITY_ENV, "--offload-engine-priority", None, _parse_switch),
     Option(RAY_ADDRESS_ENV, "--offload-ray-address", "A", _parse_text, _takes_ray_address),
     Option(
@@ -236,6 +290,11 @@ class Settings:
     lanes: tuple[tuple[str, float], ...] = ()
     #: Route -> lane, for requests that do not name their lane in a header.
     lane_routes: tuple[tuple[str, str], ...] = ()
+    #: The lanes a request may name in the `X-Offload-Lane` header: `None`,
+    #: every lane; `()`, none (the header is ignored).
+    lane_header: tuple[str, ...] | None = None
+    #: A request costlier than this (characters, `_cost.py`) is answered HTTP 413.
+    max_request_cost: float | None = None
     #: Give each request an engine priority from its cost and lane.
     engine_priority: bool = False
     #: The Ray cluster the `ray` strategy joins (`None`: `RAY_ADDRESS`, else a local instance).
@@ -258,7 +317,7 @@ class Settings:
 
     def lane_router(self) -> LaneRouter:
         """How requests are routed to lanes (`"default"` is always a lane)."""
-        return LaneRouter.of({DEFAULT_LANE, *dict(self.lanes)}, dict(self.lane_routes))
+        return LaneRouter.of({DEFAULT_LANE, *dict(self.lanes)}, dict(self.lane_routes), self.lane_header)
 
     def summary(self) -> str:
         """What is applied, in one line (the start-up logs)."""
@@ -273,6 +332,10 @@ class Settings:
             parts.append("lanes=" + ",".join(f"{name}={weight:g}" for name, weight in self.lanes))
         if self.lane_routes:
             parts.append("lane_routes=" + ",".join(f"{route}={lane}" for route, lane in self.lane_routes))
+        if self.lane_header is not None:
+            parts.append("lane_header=" + (",".join(self.lane_header) or LANE_HEADER_OFF))
+        if self.max_request_cost is not None:
+            parts.append(f"max_request_cost={self.max_request_cost:g}")
         if self.engine_priority:
             parts.append("engine_priority=on")
         return " ".join(parts)
@@ -404,6 +467,13 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 f"{LANE_ROUTES_ENV}: route {route} names lane {lane!r}, which is not a lane; "
                 f"the lanes are {', '.join(sorted(known_lanes))} (add lanes with {LANES_ENV})"
             )
+    lane_header: tuple[str, ...] | None = values.get(LANE_HEADER_ENV)
+    for lane in lane_header or ():
+        if lane not in known_lanes:
+            raise OffloadVLLMConfigError(
+                f"{LANE_HEADER_ENV}: {lane!r} is not a lane; "
+                f"the lanes are {', '.join(sorted(known_lanes))} (add lanes with {LANES_ENV})"
+            )
     return Settings(
         strategy=strategy,
         workers=values.get(WORKERS_ENV),
@@ -413,6 +483,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         scheduling=values.get(SCHEDULING_ENV, "fair"),
         lanes=lanes,
         lane_routes=lane_routes,
+        lane_header=lane_header,
+        max_request_cost=values.get(MAX_REQUEST_COST_ENV),
         engine_priority=values.get(ENGINE_PRIORITY_ENV, False),
         ray_address=values.get(RAY_ADDRESS_ENV),
         worker_nice=values.get(WORKER_NICE_ENV),

@@ -5,10 +5,14 @@ text is mostly ASCII, an image arrives as base64 text). Every string in a
 request's inputs counts its characters (a multimodal request's base64 images
 count theirs), every token id counts one, and every input (a text, a
 token-id list, a chat message, an image, a scoring pair) adds `PROMPT_COST`
-for the work rendering does per prompt whatever its length. The estimate
-walks the already-parsed request once, before anything is rendered; the
-early-refusal middleware, which has not read the body yet, uses its
-`Content-Length` in the same unit.
+for the work rendering does per prompt whatever its length. An image adds
+`PIXEL_COST` per pixel, read from its header when its bytes are in the
+request (a data URL), else (an http(s) URL) `URL_IMAGE_COST`; the chat
+template and the template and processor arguments a request sends count
+their characters. A request is charged at least `body_floor` of its body's
+bytes. The estimate walks the already-parsed request once, before anything
+is rendered; the early-refusal middleware, which has not read the body
+yet, uses `body_floor` of its `Content-Length`, which is never more.
 
 Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
@@ -19,9 +23,13 @@ prompt pickled both ways; a `thread` hand-off, ~0.02 ms.
 
 from __future__ import annotations
 
+import base64
+import io
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from PIL import Image
 from pydantic import BaseModel
 
 #: What rendering one prompt costs beyond its characters: ~50 µs at ~0.36 µs a character.
@@ -33,31 +41,129 @@ PROMPT_COST = 128
 #: behind another request's pieces.
 PIECE_COST = 16384
 
+#: Decoding an image costs this much per pixel (decode, then CLIP's resize,
+#: crop and normalise): ~37 ns a pixel for a PNG, ~20 ns for a JPEG, at ~0.36
+#: µs a character. Measured on the 2-core test machine: base64 PNG and JPEG
+#: images of 256² to 2048² pixels, `PIL.Image.open(...).convert("RGB")` then
+#: `transformers.CLIPImageProcessorPil()` (the tiny CLIP's preprocessing in
+#: the benchmarks), median of 7 runs each; the slope between 512² and 2048²
+#: was 36.8 ns/px (PNG) and 19.5 ns/px (JPEG): 0.1 character a pixel is the PNG's.
+PIXEL_COST = 0.1
+
+#: An image given by an http(s) URL cannot be measured before vLLM fetches
+#: it: it is priced as a 512 x 512 image.
+URL_IMAGE_COST = PIXEL_COST * 512 * 512
+
+#: How an image URL that vLLM fetches begins.
+HTTP_URL = ("http://", "https://")
+
+#: The data-URL prefix of an image priced by its pixels.
+DATA_URL = "data:image/"
+
+#: How much of a data URL is decoded to read its image's size: PNG, GIF and
+#: WebP give it in their first bytes, JPEG after its metadata segments
+#: (EXIF, ICC profile) of up to 64 KiB.
+IMAGE_HEADER_CHARACTERS = 96 * 1024
+
+#: The deepest nesting of a request's inputs that is walked for its cost.
+#: vLLM's JSON parser refuses deeper bodies first (about 1,000 levels: HTTP
+#: 400 "There was an error parsing the body"); the bound keeps the walk
+#: finite for anything else handed to it (a structure that holds itself).
+MAX_DEPTH = 10_000
+
+#: The most bytes of a JSON body one unit of cost takes without padding: an
+#: astral character (an emoji) escaped as `\ud83d\ude00` is 12 bytes and 1
+#: character; an escaped CJK character is 6, a token id with its comma about 7.
+#: A request is charged at least its body's bytes over this (`body_floor`),
+#: so that the early refusal, which knows only the bytes, never asks more.
+BYTES_PER_UNIT = 12
+
+
+def body_floor(content_length: int) -> float:
+    """The least a request whose body is `content_length` bytes is charged:
+    its bytes over `BYTES_PER_UNIT` (whitespace and fields that cost nothing
+    cost that much; any body of ordinary JSON already costs more)."""
+    return max(0, content_length) / BYTES_PER_UNIT
+
+
 #: Building the response costs this much per output value (a float of an
 #: embedding, a score): ~0.55 µs a value against ~0.36 µs a character.
 POSTPROCESS_COST_PER_VALUE = 1.5
 
 
-def characters(value: Any) -> int:
-    """The characters of every string in `value` (lists, tuples, dicts' values
-    and pydantic models' fields, all the way down), plus one per token id.
-    Anything else (a number that is not a token id, a tensor) counts 0."""
-    if isinstance(value, (str, bytes)):
-        return len(value)
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return 1
-    if isinstance(value, (list, tuple)):
-        # A token-id list is all ints (vLLM validated it): count it without a loop.
-        if value and type(value[0]) is int:
-            return len(value)
-        return sum(characters(item) for item in value)
-    if isinstance(value, dict):
-        return sum(characters(item) for item in value.values())
-    if isinstance(value, BaseModel):
-        return sum(characters(item) for item in vars(value).values())
-    return 0
+class TooDeep(ValueError):
+    """A request's inputs nest deeper than `MAX_DEPTH` (answered HTTP 400)."""
+
+
+def characters(value: Any) -> float:
+    """The cost of every string in `value` (lists, tuples, dicts' values and
+    pydantic models' fields, all the way down): its characters, plus the
+    pixels of an image it holds as a data URL (`image_cost`); plus one per
+    token id, plus `URL_IMAGE_COST` per image given by an http(s) URL (under
+    an `image_url` key). Anything else (a number that is not a token id, a
+    tensor) counts 0.
+
+    Walked with a stack, not recursion: any depth a parser gives is walked;
+    deeper than `MAX_DEPTH` raises `TooDeep`."""
+    total = 0.0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+            if item.startswith(DATA_URL):
+                total += image_cost(item)
+            continue
+        if isinstance(item, bytes):
+            total += len(item)
+            continue
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            total += 1
+            continue
+        if depth >= MAX_DEPTH:
+            raise TooDeep(f"the request's inputs nest deeper than {MAX_DEPTH} levels")
+        if isinstance(item, (list, tuple)):
+            # A token-id list is all ints (vLLM validated it): count it without a loop.
+            if item and type(item[0]) is int:
+                total += len(item)
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, (dict, BaseModel)):
+            fields = item if isinstance(item, dict) else vars(item)
+            # A chat content part, or `/v2/embed`'s: `image_url` is a URL or `{"url": URL}`.
+            url = fields.get("image_url")
+            if isinstance(url, dict):
+                url = url.get("url")
+            if isinstance(url, str) and url.startswith(HTTP_URL):
+                total += URL_IMAGE_COST
+            stack.extend((child, depth + 1) for child in fields.values())
+    return total
+
+
+def image_cost(data_url: str) -> float:
+    """What decoding the image of `data_url` (`data:image/...;base64,...`)
+    costs beyond its characters: `PIXEL_COST` per pixel, the size read from
+    the image's header (PIL's `Image.open` reads no more; at most
+    `IMAGE_HEADER_CHARACTERS` of the data are decoded for it). 0 when the
+    data is no image whose size shows there (it is then priced by its
+    characters alone)."""
+    head, sep, data = data_url[:IMAGE_HEADER_CHARACTERS].partition(",")
+    if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
+        return 0.0
+    try:
+        raw = base64.b64decode(data[: len(data) // 4 * 4])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as image:
+                width, height = image.size
+    except Image.DecompressionBombError:
+        # Past PIL's own bound: vLLM refuses to decode it, cheaply.
+        return 0.0
+    except Exception:  # any undecodable header: priced by its characters
+        return 0.0
+    return PIXEL_COST * width * height
 
 
 def prompts(value: Any) -> int:

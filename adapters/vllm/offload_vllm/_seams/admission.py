@@ -24,6 +24,10 @@ together cannot all pass the check at once. Measured: releasing the place
 after rendering let accepted requests pile up in the engine instead
 (docs/benchmarks.md#overload).
 
+A request costlier than `OFFLOAD_VLLM_MAX_REQUEST_COST` is answered 413
+(vLLM's error body, naming its cost, the cap and the setting) before
+admission, and one whose inputs nest past `_cost.MAX_DEPTH`, vLLM's 400.
+
 With engine priority on, the request's `priority` is set from its cost and
 lane first (`_priority.py`), unless the client set one.
 """
@@ -35,6 +39,7 @@ import contextvars
 import functools
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -45,6 +50,7 @@ from vllm.exceptions import QueueOverflowError
 
 import offload
 
+from .._cost import TooDeep, body_floor
 from .._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
 from .._priority import engine_priority
 from . import requests as requests_seam
@@ -71,6 +77,8 @@ class RequestPolicy:
     engine_priority: bool
     #: The `Retry-After` of a 503, in seconds.
     retry_after: int
+    #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
+    max_request_cost: float | None = None
 
 
 def overflow_response(retry_after: int) -> JSONResponse:
@@ -83,9 +91,27 @@ def overflow_response(retry_after: int) -> JSONResponse:
     )
 
 
-def unknown_lane_response(error: UnknownLane) -> JSONResponse:
-    """vLLM's own 400 answer, naming the lanes."""
+def bad_request_response(error: ValueError) -> JSONResponse:
+    """vLLM's own 400 answer, with `error`'s message (`UnknownLane`, `TooDeep`)."""
     response = create_error_response(str(error))
+    return JSONResponse(response.model_dump(), status_code=response.error.code)
+
+
+#: The setting named in a 413's message (`_config.MAX_REQUEST_COST_ENV`; not
+#: imported: the settings module is not loaded where this one is tested alone).
+MAX_REQUEST_COST_SETTING = "OFFLOAD_VLLM_MAX_REQUEST_COST"
+
+
+def too_costly_response(cost: float, cap: float, body_bytes: int | None = None) -> JSONResponse:
+    """vLLM's error body with HTTP 413: the request's cost (at least `cost`,
+    for a body of `body_bytes` not read yet), the cap and the setting."""
+    costs = f"costs {cost:.12g}" if body_bytes is None else f"of {body_bytes} bytes costs at least {cost:.12g}"
+    response = create_error_response(
+        f"this request {costs}, more than this server takes in one request "
+        f"({MAX_REQUEST_COST_SETTING}={cap:.12g}, in characters of input); send it in smaller requests",
+        err_type=HTTPStatus.REQUEST_ENTITY_TOO_LARGE.phrase,
+        status_code=HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    )
     return JSONResponse(response.model_dump(), status_code=response.error.code)
 
 
@@ -113,9 +139,11 @@ def _admitting(
         request, scope = _request_and_scope(args, kwargs)
         try:
             lane = _lane_of(policy, scope)
-        except UnknownLane as exc:
-            return unknown_lane_response(exc)
-        cost = requests_seam.request_cost(request)
+            cost = requests_seam.request_cost(request, 0 if scope is None else content_length(scope))
+        except (UnknownLane, TooDeep) as exc:
+            return bad_request_response(exc)
+        if policy.max_request_cost is not None and cost > policy.max_request_cost:
+            return too_costly_response(cost, policy.max_request_cost)
         if policy.engine_priority and not requests_seam.sets_own_priority(request):
             weight = executor.lanes[DEFAULT_LANE if lane is None else lane]
             requests_seam.set_engine_priority(request, engine_priority(cost, weight))
@@ -160,12 +188,18 @@ class RefuseWhenFull:
     reads it: `routes.route_of`) that finds the executor full is answered 503
     (vLLM's queue-overflow body, `Retry-After`) before its body is read, so a
     refusal costs the event loop no JSON parsing and no pydantic validation.
-    The cost is the body's `Content-Length` (`_cost.py`: characters are about
-    bytes; 0 without the header), the lane the request's. The check is
+    The cost is `_cost.body_floor` of the body's `Content-Length` (0 without
+    the header): the least admission can charge the request, so this refuses
+    nothing admission would admit. The lane is the request's. The check is
     `Executor.admission` entered and left at once: it counts the refusal in
     `offload_rejected_calls_total` and reserves nothing, so a request that
     passes here is admitted for real (and may still be refused) at the
-    serving seam. A header naming no lane is answered 400 here already."""
+    serving seam. A header naming a lane the server does not take is
+    answered 400 here already, and a request whose least cost is past
+    `OFFLOAD_VLLM_MAX_REQUEST_COST`, 413.
+
+    It runs inside vLLM's middleware and the operator's (`--middleware`),
+    after authentication: a request they refuse never reaches it."""
 
     def __init__(self, app: Any, policy: RequestPolicy) -> None:
         self.app = app
@@ -178,10 +212,16 @@ class RefuseWhenFull:
             try:
                 lane = _lane_of(self._policy, scope)
             except UnknownLane as exc:
-                await unknown_lane_response(exc)(scope, receive, send)
+                await bad_request_response(exc)(scope, receive, send)
+                return
+            body_bytes = content_length(scope)
+            cost = body_floor(body_bytes)
+            cap = self._policy.max_request_cost
+            if cap is not None and cost > cap:
+                await too_costly_response(cost, cap, body_bytes)(scope, receive, send)
                 return
             try:
-                with executor.admission(REQUEST_LABEL, cost=_content_length(scope), lane=lane):
+                with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass
             except offload.Overloaded:
                 await self._refusal(scope, receive, send)
@@ -189,15 +229,16 @@ class RefuseWhenFull:
         await self.app(scope, receive, send)
 
 
-def _content_length(scope: Any) -> float:
+def content_length(scope: Any) -> int:
+    """The request's `Content-Length` (0 without one, or a bad one)."""
     try:
-        return float(max(0, int(Headers(scope=scope).get("content-length", "0"))))
+        return max(0, int(Headers(scope=scope).get("content-length", "0")))
     except ValueError:
-        return 0.0
+        return 0
 
 
 def install_early_refusal(policy: RequestPolicy) -> None:
-    """Add `RefuseWhenFull` outside vLLM's own middleware, where vLLM builds its app."""
+    """Add `RefuseWhenFull` inside vLLM's own middleware and the operator's, where vLLM builds its app."""
     from vllm.entrypoints.launchers import app as app_module
 
     original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
@@ -206,10 +247,11 @@ def install_early_refusal(policy: RequestPolicy) -> None:
 
     @functools.wraps(original)
     def init_entrypoints_middleware(args: Any, app: Any, supported_tasks: Any) -> None:
-        original(args, app, supported_tasks)
-        # Added last, so outermost: it runs before CORS, authentication and the
-        # HTTP metrics (a refusal here is counted by offload's metrics only).
+        # Added before vLLM's (CORS, `--api-key` authentication, `--middleware`),
+        # so inside them all: a request they refuse gets their answer and
+        # nothing from offload (no lane named, no 503, no refusal counted).
         app.add_middleware(RefuseWhenFull, policy=policy)
+        original(args, app, supported_tasks)
 
     setattr(init_entrypoints_middleware, _MARK, True)
     setattr(app_module, "init_entrypoints_middleware", init_entrypoints_middleware)  # noqa: B010

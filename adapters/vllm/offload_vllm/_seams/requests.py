@@ -14,7 +14,15 @@ from typing import Any
 
 from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequestMixin
 
-from .._cost import PROMPT_COST, characters, inputs_cost, pairs_cost
+from .._cost import (
+    HTTP_URL,
+    PROMPT_COST,
+    URL_IMAGE_COST,
+    body_floor,
+    characters,
+    inputs_cost,
+    pairs_cost,
+)
 
 #: The fields of a pooling request that may hold its inputs: `input` (texts or
 #: token ids: embeddings, pooling, classify), `texts`, `images`, `inputs`
@@ -28,9 +36,22 @@ INPUT_FIELDS = ("input", "texts", "images", "inputs", "data")
 RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
 
 
-def request_cost(request: Any) -> float:
+#: The fields of a pooling request that shape its rendering and count their
+#: characters too: a chat template sent with the request, the arguments of
+#: the template and of the multimodal processor.
+TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
+
+
+def request_cost(request: Any, content_length: int = 0) -> float:
     """What rendering `request` costs, in characters (`_cost.py`), read from its
-    fields alone: cheap, and before anything is rendered."""
+    fields alone: cheap, and before anything is rendered; at least `body_floor`
+    of `content_length`, its body's bytes. Raises `TooDeep` for inputs nested
+    past `MAX_DEPTH`."""
+    cost = _inputs_cost(request) + sum(characters(getattr(request, name, None)) for name in TEMPLATE_FIELDS)
+    return max(cost, body_floor(content_length))
+
+
+def _inputs_cost(request: Any) -> float:
     if isinstance(request, RerankRequest):
         return pairs_cost(request.query, request.documents)
     if isinstance(request, ScoringRequestMixin):  # every form of ScoreRequest names its sides so
@@ -40,7 +61,10 @@ def request_cost(request: Any) -> float:
         # One conversation (a list of messages), or a batch of them (a list of lists).
         conversations = len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1
         return float(characters(messages) + PROMPT_COST * conversations)
-    return sum(inputs_cost(getattr(request, name, None)) for name in INPUT_FIELDS)
+    cost = sum(inputs_cost(getattr(request, name, None)) for name in INPUT_FIELDS)
+    # `/v2/embed`'s `images` are URLs: one fetched over http(s) is priced before it is.
+    images = getattr(request, "images", None) or ()
+    return cost + URL_IMAGE_COST * sum(1 for url in images if isinstance(url, str) and url.startswith(HTTP_URL))
 
 
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
