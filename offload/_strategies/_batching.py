@@ -103,7 +103,7 @@ def _exact(value: object) -> Hashable:
     if params is not None and getattr(params, "frozen", False) is True:
         import dataclasses
 
-        names = tuple(f.name for f in dataclasses.fields(kind))
+        names = tuple(f.name for f in dataclasses.fields(value))  # type: ignore[arg-type]
         state = getattr(value, "__dict__", None)
         # Anything besides the fields (a cached property's value, an attribute set
         # with object.__setattr__, slots) could tell two equal-looking ones apart.
