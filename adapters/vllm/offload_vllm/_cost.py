@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from . import _prefix
+
 #: What rendering one prompt costs beyond its characters: ~50 µs at ~0.36 µs a character.
 PROMPT_COST = 128
 
@@ -38,12 +40,14 @@ PIECE_COST = 16384
 POSTPROCESS_COST_PER_VALUE = 1.5
 
 
-def characters(value: Any) -> int:
+def characters(value: Any, cap: int | None = None) -> int:
     """The characters of every string in `value` (lists, tuples, dicts' values
     and pydantic models' fields, all the way down), plus one per token id.
-    Anything else (a number that is not a token id, a tensor) counts 0."""
+    Anything else (a number that is not a token id, a tensor) counts 0.
+    `cap`: a string counts at most this many (a truncated text prompt, which
+    prefix tokenization reads only the start of: `truncated_cap`)."""
     if isinstance(value, (str, bytes)):
-        return len(value)
+        return len(value) if cap is None else min(len(value), cap)
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
@@ -52,12 +56,22 @@ def characters(value: Any) -> int:
         # A token-id list is all ints (vLLM validated it): count it without a loop.
         if value and type(value[0]) is int:
             return len(value)
-        return sum(characters(item) for item in value)
+        return sum(characters(item, cap) for item in value)
     if isinstance(value, dict):
-        return sum(characters(item) for item in value.values())
+        return sum(characters(item, cap) for item in value.values())
     if isinstance(value, BaseModel):
-        return sum(characters(item) for item in vars(value).values())
+        return sum(characters(item, cap) for item in vars(value).values())
     return 0
+
+
+def truncated_cap(keep: Any) -> int | None:
+    """What a text prompt truncated to `keep` tokens costs at most, in characters,
+    when prefix tokenization is on: twice its first prefix (`_prefix.py`), which
+    covers one regrowth; `None` (its whole length) for any `keep` that is not a
+    positive count (no truncation, or the model's length: -1)."""
+    if type(keep) is not int or keep <= 0:
+        return None
+    return 2 * max(_prefix._MIN_CHARS, (keep + 1) * _prefix._CHARS_PER_TOKEN)
 
 
 def prompts(value: Any) -> int:
@@ -72,10 +86,10 @@ def prompts(value: Any) -> int:
     return 1
 
 
-def inputs_cost(value: Any) -> float:
+def inputs_cost(value: Any, cap: int | None = None) -> float:
     """The cost of rendering `value`, one request field of inputs (texts,
-    token ids, messages, images)."""
-    return float(characters(value) + PROMPT_COST * prompts(value))
+    token ids, messages, images); `cap` as `characters` takes it."""
+    return float(characters(value, cap) + PROMPT_COST * prompts(value))
 
 
 def pairs_cost(queries: Any, documents: Any) -> float:

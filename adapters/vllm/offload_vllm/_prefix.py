@@ -41,6 +41,7 @@ once (`plan`); a text is checked as it is tokenized.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -132,6 +133,20 @@ class Plan:
 
 _plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
+_logged: set[tuple[str, str | None]] = set()
+logger = logging.getLogger("vllm.offload_vllm")
+
+
+def _announce(tokenizer: Any, found: Plan) -> None:
+    """Say once per process and kind of tokenizer whether truncated texts are tokenized by prefix."""
+    key = (type(tokenizer).__name__, found.reason)
+    if key in _logged:
+        return
+    _logged.add(key)
+    if found.reason is None:
+        logger.info("offload-vllm: prefix tokenization on for %s", key[0])
+    else:
+        logger.info("offload-vllm: prefix tokenization off for %s (%s): whole texts are tokenized", key[0], found.reason)
 
 
 def plan(tokenizer: Any) -> Plan:
@@ -144,6 +159,7 @@ def plan(tokenizer: Any) -> Plan:
         found = Plan(unsound_because(tokenizer))
         with _plans_lock:
             _plans[tokenizer] = found
+            _announce(tokenizer, found)
     return found
 
 
@@ -216,8 +232,10 @@ def encode_truncated(
     results: list[list[int] | None] = [None] * len(texts)
     # Per text: the characters tried so far (grows by doubling).
     span = [max(_MIN_CHARS, need * _CHARS_PER_TOKEN)] * len(texts)
-    todo = list(range(len(texts)))
-    whole: list[int] = []
+    # A text shorter than twice the first prefix is tokenized whole at once: a
+    # prefix too short for it would be work thrown away.
+    todo = [i for i, text in enumerate(texts) if len(text) >= 2 * span[i]]
+    whole: list[int] = [i for i, text in enumerate(texts) if len(text) < 2 * span[i]]
     while todo:
         pieces: list[str] = []
         for i in todo:

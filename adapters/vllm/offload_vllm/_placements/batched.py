@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._cost import characters
 from .._kinds import BATCHED
 from .._seams import renderer as renderer_seam
+from .._seams import requests as requests_seam
 from .._seams.io_processor import RenderAll, RenderAsync
 from .base import Call, Placement
 
@@ -67,7 +67,7 @@ class Batched(Placement):
             # Off, `group` is the parameters' identity: one request's prompts
             # (which share the object) batch only with each other.
             group = None if across else id(params)
-            return await self.executor.options(cost=characters(prompt)).run(
+            return await self.executor.options(cost=requests_seam.prompt_cost(prompt, params)).run(
                 batched, prompt, params=params, group=group
             )
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -63,7 +64,7 @@ def tokenize_many(renderer: Any, prompts: list[Any], params: Any) -> list[Any]:
     if any(renderer._wants_offsets(p, params) for p in prompts):
         return [renderer._tokenize_prompt(p, params) for p in prompts]
     texts = [p["prompt"] for p in prompts]
-    ids = _prefix_ids(renderer, texts, params) if _prefix_installed() else None
+    ids = _prefix_ids(renderer, texts, params) if prefix_installed() else None
     if ids is None:
         ids = renderer.get_tokenizer()(texts, **params.get_encode_kwargs())["input_ids"]
     return [
@@ -112,10 +113,11 @@ def _prefix_ids(renderer: Any, texts: list[str], params: Any) -> list[list[int]]
 _WHOLE_TEXT = "_offload_vllm_whole_text_tokenize"
 
 
-def _prefix_installed() -> bool:
-    from vllm.renderers.base import BaseRenderer
-
-    return hasattr(BaseRenderer, _WHOLE_TEXT)
+def prefix_installed() -> bool:
+    """Whether this process's renderers tokenize truncated prompts by prefix."""
+    # Not installed before vLLM's renderers are imported: no import here (costs read it).
+    base = sys.modules.get("vllm.renderers.base")
+    return base is not None and hasattr(base.BaseRenderer, _WHOLE_TEXT)
 
 
 def install_prefix_tokenization() -> None:
