@@ -173,3 +173,18 @@ def test_lane_router_header_then_route_then_default() -> None:
     assert router.lane_for(None, None) is None
     with pytest.raises(UnknownLane, match="'bulk' is not a lane of this server; its lanes are default, ingest, query"):
         router.lane_for("/v1/embeddings", "bulk")
+
+
+def test_a_truncated_text_is_priced_by_what_prefix_tokenization_reads() -> None:
+    from offload_vllm._cost import characters, inputs_cost, truncated_cap
+
+    for no_count in (None, -1, 0):
+        assert truncated_cap(no_count) is None
+    assert truncated_cap(True) is None  # a bool is not a token count
+    assert truncated_cap(1) == 128
+    assert truncated_cap(32) == 2 * 33 * 6
+    long, short = "word " * 3000, "a short text"
+    cap = 2 * 33 * 6
+    assert characters([long, short], cap) == cap + len(short)
+    assert characters([[101, 102, 103]], cap) == 3  # token ids are not text: never capped
+    assert inputs_cost([long, long], cap) == 2 * (cap + 128)
