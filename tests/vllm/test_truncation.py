@@ -116,8 +116,8 @@ def test_concurrent_requests_share_tokenizer_batches(
     calls_after, batches_after = counts()
     calls, batches = calls_after - calls_before, batches_after - batches_before
     assert calls == 5 * 64
-    # Keyed by the parameters' identity, every call was a batch of one: 320
-    # batches. Measured here: 320 calls in 175 batches (mean 1.8; short texts
+    # Keyed by the parameters' identity (each request has its own object and one
+    # input), no call can join another: 320 batches. Measured here: 320 calls in 175 batches (mean 1.8; short texts
     # tokenize faster than the loop hands the next request over, so most calls
     # find the worker idle and start alone).
     # Shown with `pytest -s` (and in the junit XML): the figure the docs quote.
