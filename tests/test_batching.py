@@ -8,6 +8,7 @@ call sets, and "no batching window" through the worker's own waits.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib.util
 import os
 import pickle
@@ -277,6 +278,69 @@ def test_kwargs_of_different_types_never_share_a_batch(recorder: Recorder) -> No
     finally:
         ex.shutdown()
     assert recorder.batches() == [(0, 2), (1, 3)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Like vLLM's `TokenizeParams`: a new, equal one per request."""
+
+    limit: int | None
+    side: str | None = None
+    nested: tuple[Any, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("the batch key must never call a parameter's ==")
+
+    __hash__ = object.__hash__
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherParams:
+    limit: int | None
+    side: str | None = None
+    nested: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass
+class MutableParams:
+    limit: int | None
+
+
+def test_frozen_dataclass_kwargs_equal_by_value_share_a_batch(recorder: Recorder) -> None:
+    ex = offload.get_executor("async-renderer")
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    with_extra = Params(1)
+    object.__setattr__(with_extra, "cached", 2)  # state that is not a field: alone
+    same_mutable = MutableParams(1)
+    tags: list[Any] = [
+        Params(1),  # 0
+        Params(1),  # 1: a new object, equal by value: joins 0
+        Params(2),  # 2
+        OtherParams(1),  # 3: another type with the same fields: alone
+        Params(1, "left"),  # 4
+        Params(True),  # 5: True is not 1
+        Params(1, None, (Params(3),)),  # 6
+        Params(1, None, (Params(3),)),  # 7: nested, equal by value: joins 6
+        Params(1, None, ([1],)),  # 8: a list inside: only by identity
+        Params(1, None, ([1],)),  # 9
+        MutableParams(1),  # 10: mutable: only by identity
+        MutableParams(1),  # 11
+        with_extra,  # 12
+        Params(1),  # 13: joins 0
+        same_mutable,  # 14
+        same_mutable,  # 15: the very same object: joins 14
+        Params(2),  # 16: joins 2
+    ]
+    try:
+        gate = occupy(ex)
+        futures = [ex.submit(form, i, tag=tag) for i, tag in enumerate(tags)]
+        gate.release.set()
+        for f in futures:
+            f.result(PATIENCE)
+    finally:
+        ex.shutdown()
+    assert recorder.batches() == [(0, 1, 13), (2, 16), (6, 7), (14, 15)]
+    assert sorted(x for kind, (x,), _ in (e for e in recorder.log if e[0] == "one")) == [3, 4, 5, 8, 9, 10, 11, 12]
 
 
 def test_a_failing_item_fails_alone_with_its_own_exception(recorder: Recorder) -> None:

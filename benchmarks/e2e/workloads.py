@@ -46,6 +46,15 @@ def many_texts_factory(model: str, per_request: int = 256, words: int = 12) -> C
     return lambda i: embed_payload(model, batches[i % len(batches)])
 
 
+def truncated_texts_factory(
+    model: str, per_request: int = 16, words: int = 1500, keep: int = 32
+) -> Callable[[int], Payload]:
+    """Long inputs kept to a few tokens (`truncate_prompt_tokens`): what vLLM
+    tokenizes and then throws away is the work."""
+    batches = [long_texts(per_request, words, seed=s) for s in range(4)]
+    return lambda i: {**embed_payload(model, batches[i % len(batches)]), "truncate_prompt_tokens": keep}
+
+
 def jpeg_base64(size: int = 224, seed: int = 0) -> str:
     """A random-noise RGB JPEG, base64-encoded (noise does not compress: a realistic decode cost)."""
     import numpy as np

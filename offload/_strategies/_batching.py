@@ -86,7 +86,12 @@ _PLAIN = (type(None), bool, int, str, bytes)
 
 def _exact(value: object) -> Hashable:
     """A key for `value` that equals another's only when the batch form may take
-    either for the other: same types all the way down, and no user `==`."""
+    either for the other: same types all the way down, and no user `==`.
+
+    A frozen dataclass instance (vLLM's `TokenizeParams`, built anew for every
+    request) is keyed by its type and its fields' values, each keyed so in turn,
+    when its fields are all it holds (nothing else in its `__dict__`, no
+    `__slots__` of its own): its `__eq__` is never called."""
     kind = type(value)
     if kind in _PLAIN:
         return (kind, value)
@@ -94,6 +99,16 @@ def _exact(value: object) -> Hashable:
         return (float, value.hex())  # type: ignore[attr-defined]  # -0.0 is not 0.0; nan is nan
     if kind is tuple:
         return (tuple, tuple(_exact(item) for item in value))  # type: ignore[attr-defined]
+    params = getattr(kind, "__dataclass_params__", None)
+    if params is not None and getattr(params, "frozen", False) is True:
+        import dataclasses
+
+        names = tuple(f.name for f in dataclasses.fields(value))  # type: ignore[arg-type]
+        state = getattr(value, "__dict__", None)
+        # Anything besides the fields (a cached property's value, an attribute set
+        # with object.__setattr__, slots) could tell two equal-looking ones apart.
+        if type(state) is dict and tuple(state) == names and "__slots__" not in kind.__dict__:
+            return (_Same(kind), tuple((name, _exact(state[name])) for name in names))
     return _Same(value)
 
 
@@ -104,7 +119,9 @@ def _batch_key(call: Call[Any]) -> Hashable | None:
     batched, and only with calls of the same function and batch form and the
     same keyword arguments: `None`, `bool`, `int`, `float`, `str`, `bytes` and
     tuples of them by type and value, all the way down (`(True,)` never joins
-    `(1,)`), anything else (an array, a tensor, a list) only if it is the very
+    `(1,)`); a frozen dataclass instance by its type and its fields, keyed so in
+    turn (so calls of concurrent requests with equal parameter objects share a
+    batch); anything else (an array, a tensor, a list) only if it is the very
     same object. No value's own `==` is ever called, so no key can fail.
     """
     fn = call.fn

@@ -96,6 +96,8 @@ VALID = {
     "OFFLOAD_VLLM_ENGINE_PRIORITY": ("1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
+    "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
 }
 #: The settings that had a first name (VLLM_OFFLOAD_*); later ones never did.
 RENAMED = ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_WORKERS", "OFFLOAD_VLLM_MAX_QUEUE", "OFFLOAD_VLLM_RAY_ADDRESS")
@@ -202,7 +204,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 
@@ -503,3 +505,23 @@ def test_serve_help_names_every_flag_before_vllms_help(
 
     assert main(["serve", "--help"]) == 0  # vLLM's help is the recorder here
     assert capsys.readouterr().out.startswith(f"usage: {USAGE}")
+
+
+def test_prefix_tokenization_and_cross_request_batching_are_on_unless_turned_off() -> None:
+    on = read_settings({"OFFLOAD_VLLM_STRATEGY": "async-renderer"})
+    assert (on.prefix_tokenize, on.batch_across_requests) == (True, True)
+    off = read_settings(
+        {
+            "OFFLOAD_VLLM_STRATEGY": "async-renderer",
+            "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0",
+            "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": "off",
+        }
+    )
+    assert (off.prefix_tokenize, off.batch_across_requests) == (False, False)
+    assert "prefix_tokenize=off batch_across_requests=off" in off.summary()
+    # Prefix tokenization applies to every strategy; batching only where tokenization is batched.
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}).prefix_tokenize is False
+    with pytest.raises(OffloadVLLMConfigError, match="it does not batch tokenization"):
+        read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": "0"})
+    with pytest.raises(OffloadVLLMConfigError, match="is not a switch"):
+        read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "maybe"})

@@ -300,3 +300,18 @@ def test_the_body_floor_is_below_what_ordinary_json_costs(text: str, token_ids: 
         assert body_floor(len(body)) <= request_cost(request) == request_cost(request, len(body))
     padded = json.dumps({"model": "m", "input": "x"}).ljust(12_000)
     assert request_cost(_embedding(input="x"), len(padded)) == body_floor(len(padded)) == 1000
+
+
+def test_a_truncated_text_is_priced_by_what_prefix_tokenization_reads() -> None:
+    from offload_vllm._cost import characters, inputs_cost, truncated_cap
+
+    for no_count in (None, -1, 0):
+        assert truncated_cap(no_count) is None
+    assert truncated_cap(True) is None  # a bool is not a token count
+    assert truncated_cap(1) == 128
+    assert truncated_cap(32) == 2 * 33 * 6
+    long, short = "word " * 3000, "a short text"
+    cap = 2 * 33 * 6
+    assert characters([long, short], cap) == cap + len(short)
+    assert characters([[101, 102, 103]], cap) == 3  # token ids are not text: never capped
+    assert inputs_cost([long, long], cap) == 2 * (cap + 128)

@@ -131,7 +131,8 @@ def test_a_request_renders_in_pieces_of_bounded_cost(
 ) -> None:
     """A request's prompts are rendered in pieces of at most `PIECE_COST`
     (counted on /metrics): 32 short prompts in one call, not one call each; a
-    large request in several, each a call other requests' calls can go between."""
+    large request in several, each a call other requests' calls can go between;
+    the same texts truncated to a few tokens, priced by what is kept, in one."""
     if strategy not in AVAILABLE:
         pytest.skip(f"no {strategy} server here")
     server = servers[(strategy, "embed")]
@@ -149,7 +150,10 @@ def test_a_request_renders_in_pieces_of_bounded_cost(
     long = [f"{i} " + "offload keeps the event loop alive " * 120 for i in range(16)]
     pieces = split_by_cost([float(len(text) + PROMPT_COST) for text in long])
     assert len(pieces) > 2
-    for texts, calls, extra in ((short, 1, {}), (long, len(pieces), {"truncate_prompt_tokens": 16})):
+    # Kept to the model's length (-1), a long text is priced whole; kept to 16
+    # tokens, by what prefix tokenization reads of it: the 16 are then one piece.
+    cases = ((short, 1, {}), (long, len(pieces), {"truncate_prompt_tokens": -1}), (long, 1, {"truncate_prompt_tokens": 16}))
+    for texts, calls, extra in cases:
         before = render_calls()
         body = {"model": server.model, "input": texts, **extra}
         ours = np.array([d["embedding"] for d in ok(server, "/v1/embeddings", body)["data"]])

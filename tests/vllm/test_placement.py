@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from offload_vllm import _config, _kinds, read_settings
@@ -130,3 +131,71 @@ def test_the_executor_gets_the_settings_and_the_placements_options() -> None:
         assert (executor.lanes, executor.scheduling) == ({"default": 1.0, "query": 4.0}, "fifo")
     finally:
         executor.shutdown()
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_async_renderer_batches_tokenization_across_requests_unless_turned_off(
+    across: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM builds new `TokenizeParams` for every request: equal by value, they
+    share one tokenizer call; with `OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS=0`, each
+    request's prompts batch only with each other (its parameters' identity)."""
+    import asyncio
+    import threading
+
+    from offload_vllm._runtime import Runtime
+    from offload_vllm._seams import renderer as renderer_seam
+    from vllm.entrypoints.pooling.embed.io_processor import EmbedIOProcessor
+    from vllm.renderers.chat_utils import ChatTemplateConfig
+    from vllm.renderers.params import TokenizeParams
+
+    config = _vllm_config()
+    env = {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": "1" if across else "0"}
+    placement = Runtime(read_settings(env)).placement(config)
+    renderer = renderer_seam.renderer_from_config(config)
+    io = EmbedIOProcessor(vllm_config=config, renderer=renderer, chat_template_config=ChatTemplateConfig())
+    placement.render_async(io)  # installs the batched tokenization on `renderer`
+    batches: list[int] = []
+    real = renderer_seam.tokenize_many
+
+    def recording(renderer: Any, prompts: list[Any], params: Any) -> list[Any]:
+        batches.append(len(prompts))
+        return real(renderer, prompts, params)
+
+    monkeypatch.setattr(renderer_seam, "tokenize_many", recording)
+    release = threading.Event()
+    started = threading.Event()
+
+    def gate() -> None:
+        started.set()
+        release.wait(30)
+
+    async def requests() -> list[Any]:
+        busy = asyncio.ensure_future(placement.executor.run(gate))
+        await asyncio.to_thread(started.wait, 30)
+        # 4 requests of 2 prompts: each request its own (equal) parameters.
+        params = [TokenizeParams(max_total_tokens=256) for _ in range(4)]
+        calls = [
+            renderer._tokenize_prompt_async({"prompt": f"request {r} prompt {p}"}, params[r])
+            for r in range(4)
+            for p in range(2)
+        ]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        for _ in range(100):  # loop steps, not time: each call runs until it waits in the queue behind the gate
+            await asyncio.sleep(0)
+        release.set()
+        await busy
+        return list(await asyncio.gather(*tasks))
+
+    try:
+        results = asyncio.run(requests())
+    finally:
+        release.set()
+        placement.executor.shutdown()
+    tokenizer = renderer.get_tokenizer()
+    assert [r["prompt_token_ids"] for r in results] == [
+        tokenizer(f"request {r} prompt {p}", **TokenizeParams(max_total_tokens=256).get_encode_kwargs())["input_ids"]
+        for r in range(4)
+        for p in range(2)
+    ]
+    assert sorted(batches) == ([8] if across else [2, 2, 2, 2])

@@ -104,6 +104,10 @@ def register() -> None:
         admission.cover(type(serving_object))
         return runtime.postprocess(serving_object)
 
+    if settings.prefix_tokenize:
+        from ._seams import renderer as renderer_seam
+
+        renderer_seam.install_prefix_tokenization()
     io_processor.install(runtime.render)
     serving.install(serving_built)
     serving.install_preprocessing()

@@ -37,6 +37,10 @@ ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
+# ---- tokenization settings (prefix tokenization, cross-request batching) ----
+PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
+BATCH_ACROSS_REQUESTS_ENV = "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS"
+# ---- end of tokenization settings ----
 
 #: The names the adapter knows how to wire into vLLM.
 ADAPTER_STRATEGIES = tuple(STRATEGIES)
@@ -230,6 +234,21 @@ def _takes_worker_nice(row: StrategyRow) -> bool:
     return "worker_nice" in row.own_options
 
 
+# ---- tokenization settings (prefix tokenization, cross-request batching) ----
+def _batches(row: StrategyRow) -> bool:
+    return row.kind.batches
+
+
+_TOKENIZATION_OPTIONS = (
+    Option(PREFIX_TOKENIZE_ENV, "--offload-prefix-tokenize", "1|0", _parse_switch),
+    Option(
+        BATCH_ACROSS_REQUESTS_ENV, "--offload-batch-across-requests", "1|0", _parse_switch, _batches,
+        "it does not batch tokenization",
+    ),
+)
+# ---- end of tokenization settings ----
+
+
 #: Every setting, in the order messages and the usage line list them.
 OPTIONS = (
     # The strategy is read first, and on its own (it falls back to OFFLOAD_STRATEGY).
@@ -254,6 +273,7 @@ OPTIONS = (
         WORKER_NICE_ENV, "--offload-worker-nice", "N", _parse_nice, _takes_worker_nice,
         "its workers are not processes of this host it starts",
     ),
+    *_TOKENIZATION_OPTIONS,
 )
 
 #: Every variable this adapter reads; any other `OFFLOAD_VLLM_*` is a typo and refused.
@@ -301,6 +321,12 @@ class Settings:
     ray_address: str | None = None
     #: `process` workers' niceness increment (`None`: the strategy's default, 10).
     worker_nice: int | None = None
+    # ---- tokenization settings (prefix tokenization, cross-request batching) ----
+    #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
+    prefix_tokenize: bool = True
+    #: `async-renderer`: calls of different requests with equal parameters share a tokenizer call.
+    batch_across_requests: bool = True
+    # ---- end of tokenization settings ----
     #: The settings (by their `OFFLOAD_VLLM_*` names) given under their old name.
     legacy_names: tuple[str, ...] = field(default=(), compare=False)
 
@@ -338,6 +364,10 @@ class Settings:
             parts.append(f"max_request_cost={self.max_request_cost:g}")
         if self.engine_priority:
             parts.append("engine_priority=on")
+        if not self.prefix_tokenize:
+            parts.append("prefix_tokenize=off")
+        if not self.batch_across_requests:
+            parts.append("batch_across_requests=off")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -488,5 +518,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         engine_priority=values.get(ENGINE_PRIORITY_ENV, False),
         ray_address=values.get(RAY_ADDRESS_ENV),
         worker_nice=values.get(WORKER_NICE_ENV),
+        prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
+        batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         legacy_names=tuple(legacy),
     )

@@ -32,6 +32,8 @@ from typing import Any
 from PIL import Image
 from pydantic import BaseModel
 
+from . import _prefix
+
 #: What rendering one prompt costs beyond its characters: ~50 µs at ~0.36 µs a character.
 PROMPT_COST = 128
 
@@ -95,13 +97,15 @@ class TooDeep(ValueError):
     """A request's inputs nest deeper than `MAX_DEPTH` (answered HTTP 400)."""
 
 
-def characters(value: Any) -> float:
+def characters(value: Any, cap: int | None = None) -> float:
     """The cost of every string in `value` (lists, tuples, dicts' values and
     pydantic models' fields, all the way down): its characters, plus the
     pixels of an image it holds as a data URL (`image_cost`); plus one per
     token id, plus `URL_IMAGE_COST` per image given by an http(s) URL (under
     an `image_url` key). Anything else (a number that is not a token id, a
-    tensor) counts 0.
+    tensor) counts 0. `cap`: a string counts at most this many characters (a
+    truncated text prompt, which prefix tokenization reads only the start of:
+    `truncated_cap`); an image's pixels are counted whatever the cap.
 
     Walked with a stack, not recursion: any depth a parser gives is walked;
     deeper than `MAX_DEPTH` raises `TooDeep`."""
@@ -110,12 +114,12 @@ def characters(value: Any) -> float:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            total += len(item)
+            total += len(item) if cap is None else min(len(item), cap)
             if item.startswith(DATA_URL):
                 total += image_cost(item)
             continue
         if isinstance(item, bytes):
-            total += len(item)
+            total += len(item) if cap is None else min(len(item), cap)
             continue
         if isinstance(item, bool):
             continue
@@ -166,6 +170,16 @@ def image_cost(data_url: str) -> float:
     return PIXEL_COST * width * height
 
 
+def truncated_cap(keep: Any) -> int | None:
+    """What a text prompt truncated to `keep` tokens costs at most, in characters,
+    when prefix tokenization is on: twice its first prefix (`_prefix.py`), which
+    covers one regrowth; `None` (its whole length) for any `keep` that is not a
+    positive count (no truncation, or the model's length: -1)."""
+    if type(keep) is not int or keep <= 0:
+        return None
+    return 2 * max(_prefix._MIN_CHARS, (keep + 1) * _prefix._CHARS_PER_TOKEN)
+
+
 def prompts(value: Any) -> int:
     """How many inputs `value` holds: a string, a token-id list or a single
     object is one; a list of anything else is one per item; `None` is none."""
@@ -178,10 +192,10 @@ def prompts(value: Any) -> int:
     return 1
 
 
-def inputs_cost(value: Any) -> float:
+def inputs_cost(value: Any, cap: int | None = None) -> float:
     """The cost of rendering `value`, one request field of inputs (texts,
-    token ids, messages, images)."""
-    return float(characters(value) + PROMPT_COST * prompts(value))
+    token ids, messages, images); `cap` as `characters` takes it."""
+    return float(characters(value, cap) + PROMPT_COST * prompts(value))
 
 
 def pairs_cost(queries: Any, documents: Any) -> float:

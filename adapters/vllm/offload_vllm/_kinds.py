@@ -36,6 +36,8 @@ class PlacementKind:
     pool: bool
     #: Workers render with renderers of their own, built in another process.
     own_renderers: bool
+    #: Tokenization is micro-batched (`OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS` applies).
+    batches: bool = False
 
     def shares_one_renderer(self, workers: int | None) -> bool:
         """Whether every render runs with the one renderer the server built (so
@@ -47,7 +49,7 @@ class PlacementKind:
 ON_LOOP = PlacementKind("on the loop", queue=False, pool=False, own_renderers=False)
 IN_THREAD = PlacementKind("in-thread", queue=True, pool=True, own_renderers=False)
 REMOTE = PlacementKind("remote", queue=True, pool=True, own_renderers=True)
-BATCHED = PlacementKind("batched", queue=True, pool=False, own_renderers=False)
+BATCHED = PlacementKind("batched", queue=True, pool=False, own_renderers=False, batches=True)
 
 
 @dataclass(frozen=True)

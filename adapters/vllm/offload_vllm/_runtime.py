@@ -49,7 +49,9 @@ class Runtime:
             if self._placement is None or self._placement.executor.closed:
                 executor = self._build(vllm_config)
                 self._start(executor)
-                self._placement = self._placement_class(executor)
+                self._placement = self._placement_class(
+                    executor, batch_across_requests=self.settings.batch_across_requests
+                )
             placement = self._placement
         self._sample_loop_lag()
         return placement
@@ -91,7 +93,9 @@ class Runtime:
             value = getattr(settings, setting)
             if value is not None:
                 options[option] = value
-        options.update(self._placement_class.executor_options(vllm_config, row))
+        options.update(
+            self._placement_class.executor_options(vllm_config, row, prefix_tokenize=settings.prefix_tokenize)
+        )
         return offload.get_executor(self.strategy, **options)
 
     def _start(self, executor: offload.Executor) -> None:

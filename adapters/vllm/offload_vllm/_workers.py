@@ -112,11 +112,15 @@ class RemoteWorker:
 PROCESS_TITLE = "offload-vllm::renderer"
 
 
-def init_remote_worker(vllm_config: Any, retitle: bool) -> RemoteWorker:
+def init_remote_worker(vllm_config: Any, retitle: bool, prefix_tokenize: bool = True) -> RemoteWorker:
     """A remote worker's initializer: marks the process (`_process_role`) before
     vLLM runs here, then builds its renderer. `retitle`: show `PROCESS_TITLE`
-    in `ps` (`process`; a Ray actor keeps Ray's title, which Ray's tools show)."""
+    in `ps` (`process`; a Ray actor keeps Ray's title, which Ray's tools show).
+    `prefix_tokenize`: its renderers tokenize truncated prompts by prefix, as the
+    server's do (`_prefix.py`); the plugin patches nothing in a worker process."""
     mark_worker_process()
+    if prefix_tokenize:
+        renderer_seam.install_prefix_tokenization()
     if retitle:
         import setproctitle  # a vLLM dependency
 

@@ -40,12 +40,17 @@ class Placement(abc.ABC):
 
     kind: ClassVar[PlacementKind]
 
-    def __init__(self, executor: offload.Executor) -> None:
+    def __init__(self, executor: offload.Executor, *, batch_across_requests: bool = True) -> None:
         self.executor = executor
+        #: Micro-batched tokenization may join calls of different requests
+        #: (`OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS`); read by placements that batch.
+        self.batch_across_requests = batch_across_requests
 
     @classmethod
-    def executor_options(cls, vllm_config: Any, row: StrategyRow) -> dict[str, Any]:
-        """Options the executor needs for this placement (an initializer, ...)."""
+    def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
+        """Options the executor needs for this placement (an initializer, ...).
+        `prefix_tokenize`: workers that build renderers of their own install
+        prefix tokenization in them (`OFFLOAD_VLLM_PREFIX_TOKENIZE`)."""
         return {}
 
     @abc.abstractmethod

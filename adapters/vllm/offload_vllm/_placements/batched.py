@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._cost import characters
 from .._kinds import BATCHED
 from .._seams import renderer as renderer_seam
+from .._seams import requests as requests_seam
 from .._seams.io_processor import RenderAll, RenderAsync
 from .base import Call, Placement
 
@@ -17,7 +17,8 @@ class Batched(Placement):
     methods (`render_cmpl_async`, `render_chat_async`) on the loop; their
     tokenization step is replaced by a call on the executor that the strategy
     runs in micro-batches (one tokenizer call per batch of prompts with the
-    same parameters). What has no async path in vLLM (scoring pairs, a
+    same parameters, by value: concurrent requests share a batch, unless
+    `OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS=0`). What has no async path in vLLM (scoring pairs, a
     processor that overrides `render`) runs `render` on the executor, as does
     the offline path."""
 
@@ -49,16 +50,25 @@ class Batched(Placement):
         return render_all
 
     def _batch_tokenization(self, renderer: Any) -> None:
-        def tokenize(prompt: Any, /, *, params: Any) -> Any:
+        def tokenize(prompt: Any, /, *, params: Any, group: int | None) -> Any:
             return renderer_seam.tokenize_one(renderer, prompt, params)
 
-        def tokenize_batch(prompts: list[Any], *, params: Any) -> list[Any]:
+        def tokenize_batch(prompts: list[Any], *, params: Any, group: int | None) -> list[Any]:
             return renderer_seam.tokenize_many(renderer, prompts, params)
 
         batched = self.executor.strategy.batch_form(tokenize, tokenize_batch)
 
+        across = self.batch_across_requests
+
         async def tokenize_async(prompt: Any, params: Any) -> Any:
             # Its characters alone: a micro-batch shares the per-prompt work.
-            return await self.executor.options(cost=characters(prompt)).run(batched, prompt, params=params)
+            # Calls batch when their keyword arguments are equal by value (vLLM's
+            # TokenizeParams, new per request, by its fields): across requests.
+            # Off, `group` is the parameters' identity: one request's prompts
+            # (which share the object) batch only with each other.
+            group = None if across else id(params)
+            return await self.executor.options(cost=requests_seam.prompt_cost(prompt, params)).run(
+                batched, prompt, params=params, group=group
+            )
 
         renderer_seam.install_batched_tokenizer(renderer, tokenize_async)

@@ -18,7 +18,7 @@ class InThread(Placement):
     kind = IN_THREAD
 
     @classmethod
-    def executor_options(cls, vllm_config: Any, row: StrategyRow) -> dict[str, Any]:
+    def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
         return {"initializer": _workers.init_thread_worker, "thread_name_prefix": "offload-vllm"}
 
     def render_call(self, io_processor: Any) -> Call:

@@ -23,8 +23,11 @@ class Remote(Placement):
     kind = REMOTE
 
     @classmethod
-    def executor_options(cls, vllm_config: Any, row: StrategyRow) -> dict[str, Any]:
-        return {"initializer": _workers.init_remote_worker, "initargs": (vllm_config, row.titles_workers)}
+    def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
+        return {
+            "initializer": _workers.init_remote_worker,
+            "initargs": (vllm_config, row.titles_workers, prefix_tokenize),
+        }
 
     def render_call(self, io_processor: Any) -> Call:
         return _workers.render_in_process, (_spec_of(io_processor),)

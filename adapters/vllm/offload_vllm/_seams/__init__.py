@@ -172,6 +172,9 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_RENDERER, "BaseRenderer", "render_cmpl_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
     Seam(_RENDERER, "BaseRenderer", "render_chat_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "get_encode_kwargs", used_by=_S_RENDERER),
+    # Prefix tokenization reads what truncation keeps.
+    *_fields("vllm.renderers.params", "TokenizeParams", ("truncate_prompt_tokens", "truncation_side"), _S_RENDERER),
+    Seam("vllm.renderers.params", "TokenizeParams", "max_truncation_tokens", used_by=_S_RENDERER),
     Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
     Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),
     # The render parameters and engine input the async-renderer path reads and builds.

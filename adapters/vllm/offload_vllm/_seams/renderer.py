@@ -8,14 +8,18 @@
   methods (`render_cmpl_async`, `render_chat_async`), whose tokenization step
   (`BaseRenderer._tokenize_prompt_async`, an instance attribute set in `__init__`)
   we replace with a micro-batched one.
+- Prefix tokenization (`_prefix.py`): `BaseRenderer._tokenize_prompt` replaced,
+  on the class, by one that tokenizes only what vLLM's truncation keeps.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .. import _prefix
 from .io_processor import has_own_render
 
 
@@ -55,14 +59,89 @@ def tokenize_one(renderer: Any, prompt: Any, params: Any) -> Any:
 def tokenize_many(renderer: Any, prompts: list[Any], params: Any) -> list[Any]:
     """One tokenizer call for many prompts with the same parameters (fast tokenizers
     encode a list in parallel in Rust). Falls back per prompt where vLLM wants
-    character offsets, which `_tokenize_prompt` handles itself."""
+    character offsets, which `_tokenize_prompt` handles itself. With prefix
+    tokenization installed, truncated prompts are tokenized by prefix, together."""
     if any(renderer._wants_offsets(p, params) for p in prompts):
         return [renderer._tokenize_prompt(p, params) for p in prompts]
-    encoding = renderer.get_tokenizer()([p["prompt"] for p in prompts], **params.get_encode_kwargs())
+    texts = [p["prompt"] for p in prompts]
+    ids = _prefix_ids(renderer, texts, params) if prefix_installed() else None
+    if ids is None:
+        ids = renderer.get_tokenizer()(texts, **params.get_encode_kwargs())["input_ids"]
     return [
-        renderer._build_tokens_prompt(ids, prompt, offset_mapping=None)
-        for ids, prompt in zip(encoding["input_ids"], prompts, strict=True)
+        renderer._build_tokens_prompt(one, prompt, offset_mapping=None)
+        for one, prompt in zip(ids, prompts, strict=True)
     ]
+
+
+# ---- prefix tokenization ---------------------------------------------------
+
+
+def truncation_of(params: Any, tokenizer: Any) -> tuple[int, _prefix.Side] | None:
+    """The most tokens vLLM keeps of a text tokenized with `params`, and from
+    which side, or `None` where it keeps them all.
+
+    `get_encode_kwargs` either has the tokenizer truncate (`max_length`, from the
+    tokenizer's own side), which vLLM then truncates again to
+    `truncate_prompt_tokens` from the same side; or, with an explicit
+    `truncation_side`, has it tokenize everything and truncates to
+    `truncate_prompt_tokens` from that side (`TokenizeParams._token_truncation`)."""
+    kwargs = params.get_encode_kwargs()
+    limit = params.truncate_prompt_tokens
+    if limit is not None and limit < 0:
+        limit = params.max_truncation_tokens
+    if kwargs.get("truncation") and kwargs.get("max_length") is not None:
+        keep = int(kwargs["max_length"]) if limit is None else min(int(kwargs["max_length"]), int(limit))
+        side = tokenizer.truncation_side
+    elif limit is not None:
+        keep, side = int(limit), params.truncation_side or tokenizer.truncation_side
+    else:
+        return None
+    return (keep, "left" if side == "left" else "right")
+
+
+def _prefix_ids(renderer: Any, texts: list[str], params: Any) -> list[list[int]] | None:
+    tokenizer = renderer.get_tokenizer()
+    if _prefix.plan(tokenizer).reason is not None:
+        return None
+    truncation = truncation_of(params, tokenizer)
+    if truncation is None:
+        return None
+    keep, side = truncation
+    return _prefix.encode_truncated(tokenizer, texts, params.get_encode_kwargs(), keep, side)
+
+
+_WHOLE_TEXT = "_offload_vllm_whole_text_tokenize"
+
+
+def prefix_installed() -> bool:
+    """Whether this process's renderers tokenize truncated prompts by prefix."""
+    # Not installed before vLLM's renderers are imported: no import here (costs read it).
+    base = sys.modules.get("vllm.renderers.base")
+    return base is not None and hasattr(base.BaseRenderer, _WHOLE_TEXT)
+
+
+def install_prefix_tokenization() -> None:
+    """Make every renderer in this process tokenize truncated text prompts by
+    prefix (`_prefix.py`): `BaseRenderer._tokenize_prompt` replaced on the class,
+    so copies (thread workers' renderers) and renderers built later (remote
+    workers') have it too. Idempotent. The ids are exactly vLLM's own once
+    truncated; prompts that want character offsets, and tokenizers prefix
+    tokenization is not sound for, are tokenized whole, by vLLM's method."""
+    from vllm.renderers.base import BaseRenderer
+
+    if hasattr(BaseRenderer, _WHOLE_TEXT):
+        return
+    whole = BaseRenderer._tokenize_prompt
+
+    def _tokenize_prompt(self: Any, prompt: Any, params: Any) -> Any:
+        if not self._wants_offsets(prompt, params):
+            ids = _prefix_ids(self, [prompt["prompt"]], params)
+            if ids is not None:
+                return self._build_tokens_prompt(ids[0], prompt, offset_mapping=None)
+        return whole(self, prompt, params)
+
+    setattr(BaseRenderer, _WHOLE_TEXT, whole)
+    BaseRenderer._tokenize_prompt = _tokenize_prompt  # type: ignore[method-assign]
 
 
 # Set on a renderer whose tokenization this seam replaced; read by `install_batched_tokenizer` only.

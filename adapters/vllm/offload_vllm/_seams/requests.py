@@ -22,7 +22,9 @@ from .._cost import (
     characters,
     inputs_cost,
     pairs_cost,
+    truncated_cap,
 )
+from .renderer import prefix_installed
 
 #: The fields of a pooling request that may hold its inputs: `input` (texts or
 #: token ids: embeddings, pooling, classify), `texts`, `images`, `inputs`
@@ -61,7 +63,9 @@ def _inputs_cost(request: Any) -> float:
         # One conversation (a list of messages), or a batch of them (a list of lists).
         conversations = len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1
         return float(characters(messages) + PROMPT_COST * conversations)
-    cost = sum(inputs_cost(getattr(request, name, None)) for name in INPUT_FIELDS)
+    # A truncated text is tokenized only as far as its kept tokens need (prefix tokenization).
+    cap = truncated_cap(getattr(request, "truncate_prompt_tokens", None)) if prefix_installed() else None
+    cost = sum(inputs_cost(getattr(request, name, None), cap) for name in INPUT_FIELDS)
     # `/v2/embed`'s `images` are URLs: one fetched over http(s) is priced before it is.
     images = getattr(request, "images", None) or ()
     return cost + URL_IMAGE_COST * sum(1 for url in images if isinstance(url, str) and url.startswith(HTTP_URL))
@@ -69,8 +73,17 @@ def _inputs_cost(request: Any) -> float:
 
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
     """What rendering one prompt's render parameters costs (a scoring pair's
-    query and document together)."""
-    return float(sum(characters(render_params.get(key)) for key in RENDER_INPUT_KEYS) + PROMPT_COST)
+    query and document together); a truncated text prompt's as `request_cost` prices it."""
+    cap = None
+    if "prompts" in render_params and prefix_installed():
+        cap = truncated_cap(getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None))
+    return float(sum(characters(render_params.get(key), cap) for key in RENDER_INPUT_KEYS) + PROMPT_COST)
+
+
+def prompt_cost(prompt: Any, tok_params: Any) -> int:
+    """What tokenizing one text prompt with `tok_params` costs (`async-renderer`'s calls)."""
+    cap = truncated_cap(getattr(tok_params, "truncate_prompt_tokens", None)) if prefix_installed() else None
+    return characters(prompt, cap)
 
 
 def sets_own_priority(request: Any) -> bool:
