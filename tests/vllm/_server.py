@@ -19,6 +19,8 @@ from typing import TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from offload._strategies._wire import SHM_DIR, shm_prefix
+
 K = TypeVar("K")
 
 READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420"))
@@ -42,12 +44,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def group_pids(pgid: int) -> set[int]:
+    """The live processes of process group `pgid` (the server, its engine,
+    its renderer workers): what `stop()` signals."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.add(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def offload_shm_files(pids: set[int]) -> list[str]:
+    """offload's shared-memory files in `/dev/shm` made by any of `pids` (each
+    file's name starts with its maker's pid, `shm_prefix`). offload makes them
+    itself, not through `multiprocessing.shared_memory`, so Python's resource
+    tracker neither counts nor removes them: one left after its maker exited
+    stays until reboot."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    prefixes = tuple(shm_prefix(pid) for pid in pids)
+    return sorted(name for name in names if prefixes and name.startswith(prefixes))
+
+
 @dataclass
 class Server:
     url: str
     model: str
     proc: subprocess.Popen[bytes]
     log: Path
+    #: offload's shared-memory files that outlived the server (`stop()` sets it).
+    shm_left: tuple[str, ...] = ()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -65,6 +97,8 @@ class Server:
         return "\n".join(lines[-n:])
 
     def stop(self) -> None:
+        # The group's pids while it runs: once stopped, their files are orphans.
+        pids = group_pids(self.proc.pid) | {self.proc.pid}
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -76,6 +110,12 @@ class Server:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+        left = offload_shm_files(pids)
+        if left:
+            self.shm_left = (*self.shm_left, *left)
+            for name in left:  # reported by `servers_started`; not left on the host
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, name))
 
 
 def start_server(
@@ -114,7 +154,14 @@ def start_server(
 def servers_started(starts: Mapping[K, Callable[[], Server]]) -> Iterator[dict[K, Server]]:
     """Start every server of `starts` (each `start()` returns at once), wait
     until all are ready, together; stop them all when the block ends, however
-    it ends (a server that failed to start included)."""
+    it ends (a server that failed to start included).
+
+    Once they are stopped, fails if offload left a shared-memory file of any
+    of them behind (`Server.shm_left`). vLLM's own segments are not checked:
+    its engine and model worker make one `multiprocessing.shared_memory`
+    segment each (the executor's message queues) and do not remove them when
+    stopped by a signal; Python's resource tracker removes them, with its
+    "leaked shared_memory objects" warning in the server's log."""
     started: dict[K, Server] = {}
     try:
         for key, start in starts.items():
@@ -125,6 +172,8 @@ def servers_started(starts: Mapping[K, Callable[[], Server]]) -> Iterator[dict[K
     finally:
         for server in started.values():
             server.stop()
+    left = {key: server.shm_left for key, server in started.items() if server.shm_left}
+    assert not left, f"offload's shared-memory files outlived their servers: {left}"
 
 
 def wait_ready(server: Server) -> None:

@@ -8,15 +8,18 @@ is what one slot does with its actor.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, final
 
 import ray
 import ray.exceptions
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import offload
 from offload.strategy import (
@@ -44,6 +47,18 @@ DEFAULT_OBJECT_STORE_THRESHOLD = 100 << 10
 #: for a cold worker process that imports a tokenizer on a busy node; an actor
 #: that asks for resources no node has would otherwise wait forever.
 DEFAULT_ACTOR_START_TIMEOUT = 120.0
+
+#: How long `shutdown(wait=True)` waits for the actors it killed to be dead and
+#: for the cluster to count their resources as free again. Ray frees them within
+#: a fraction of a second; a node that stopped answering takes Ray up to its
+#: health-check period (about 30 s) to declare dead.
+DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
+
+#: Resource amounts closer than this are equal: Ray counts resources in
+#: units of 1/10000.
+_RESOURCE_SLACK = 0.5e-4
+
+logger = logging.getLogger("offload_ray")
 
 _pool_ids = itertools.count()
 
@@ -155,13 +170,15 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
 class _Slot:
     """One slot's actor. `actor` and `killed` change under the dispatcher's lock."""
 
-    __slots__ = ("actor", "killed", "number")
+    __slots__ = ("actor", "killed", "number", "placed")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.actor: Any = None
         #: offload killed (or is killing) its actor on purpose.
         self.killed = False
+        #: `actor` was placed (it holds its resources) and initialized.
+        self.placed = False
 
 
 @final
@@ -207,6 +224,13 @@ class RayStrategy(Strategy):
     process too, through any number of executors. `shutdown()` kills the
     actors. `aclose(timeout=...)` kills the actors still running a call, or
     still starting, when the timeout passes (their callers get `WorkerCrashed`).
+    With `wait`, `shutdown()` returns once Ray reports every actor it killed
+    dead and the cluster's resource view (`ray.available_resources()`) counts
+    their reservations as free again, so a pool started next can take them at
+    once; if that takes longer than `actor_stop_timeout` seconds, it logs a
+    warning (logger `offload_ray`) saying what is still held and returns. Actors
+    placed in a placement group give their resources back to the group, not
+    to the cluster: for those it waits until they are dead only.
 
     **Fork.** Ray's connection does not survive `os.fork()`: in a child of a
     process connected to Ray, calls fail with `OffloadError` saying so.
@@ -233,6 +257,8 @@ class RayStrategy(Strategy):
         actor_start_timeout: seconds an actor may take to be placed and
             initialized before the call waiting for it fails with `OffloadError`
             (no node has the resources asked for).
+        actor_stop_timeout: seconds `shutdown(wait=True)` waits for the actors
+            it killed to be dead and their resources free (see Lifetime).
         ray_init_options: extra keyword arguments for `ray.init` when this
             executor starts the connection (`num_cpus`, `object_store_memory`, ...).
     """
@@ -255,6 +281,7 @@ class RayStrategy(Strategy):
         scheduling_strategy: Any = None,
         object_store_threshold: int | None = DEFAULT_OBJECT_STORE_THRESHOLD,
         actor_start_timeout: float = DEFAULT_ACTOR_START_TIMEOUT,
+        actor_stop_timeout: float = DEFAULT_ACTOR_STOP_TIMEOUT,
         ray_init_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._max_workers = usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
@@ -274,6 +301,7 @@ class RayStrategy(Strategy):
         if object_store_threshold is not None:
             check_max_workers(object_store_threshold, source="object_store_threshold")
         self._actor_start_timeout = _number("actor_start_timeout", actor_start_timeout)
+        self._actor_stop_timeout = _number("actor_stop_timeout", actor_stop_timeout)
         if ray_init_options is not None and not isinstance(ray_init_options, Mapping):
             raise offload.ConfigError(f"ray_init_options must be a mapping, got {ray_init_options!r}")
         self._initializer = initializer
@@ -293,6 +321,13 @@ class RayStrategy(Strategy):
         )
         self._stopping = False
         self._terminating = False
+        #: Set when shutdown begins: the actors placed then, and the cluster's
+        #: free resources then (`None`: not connected, or Ray did not answer).
+        self._placed_at_stop: list[Any] | None = None
+        self._free_at_stop: dict[str, float] | None = None
+        #: The actors killed since shutdown began, until `shutdown(wait=True)`
+        #: has waited for them.
+        self._stopped: list[Any] = []
 
     def actors(self) -> list[Any]:
         """The live actor handles (for tests and diagnostics)."""
@@ -333,10 +368,77 @@ class RayStrategy(Strategy):
         return True
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        if self._placed_at_stop is None:
+            # Before any actor is killed: what they hold is not free yet.
+            slots = self._dispatch.slots()
+            with self._dispatch.lock:
+                placed = [s.actor for s in slots if s.actor is not None and s.placed]
+            if placed and ray.is_initialized():
+                try:
+                    self._free_at_stop = ray.available_resources()
+                except Exception:  # noqa: S110 (Ray going away: nothing to measure against)
+                    pass
+            self._placed_at_stop = placed
         self._stopping = True
         self._dispatch.close(cancel_futures)
         if wait:
             self._dispatch.join()
+            self._await_release()
+
+    def _await_release(self) -> None:
+        """Wait until the actors killed since shutdown began are dead and the
+        cluster counts what they held as free again, or `actor_stop_timeout`."""
+        with self._dispatch.lock:
+            stopped, self._stopped = self._stopped, []
+        if not stopped:
+            return
+        deadline = time.monotonic() + self._actor_stop_timeout
+        alive = [actor for actor in stopped if not _dead_by(actor, deadline)]
+        if alive:
+            logger.warning(
+                "ray strategy: shutdown waited %g s and Ray does not report %d of its %d "
+                "actors dead yet; returning without them",
+                self._actor_stop_timeout, len(alive), len(stopped),
+            )
+            return
+        placed = self._placed_at_stop or []
+        held = sum(1 for actor in stopped if any(actor is p for p in placed))
+        free_before = self._free_at_stop
+        if not held or free_before is None or isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy):
+            return
+        reservation = {"CPU": self._num_cpus, **self._resources}
+        try:
+            total = ray.cluster_resources()
+        except Exception:  # Ray going away: nothing left to wait for
+            return
+        # What was free before plus what the actors held, at most the cluster's
+        # total (a node may have left since).
+        target = {
+            name: min(total.get(name, 0.0), free_before.get(name, 0.0) + amount * held)
+            for name, amount in reservation.items()
+            if amount > 0
+        }
+        while True:
+            try:
+                free = ray.available_resources()
+            except Exception:  # Ray going away
+                return
+            short = {
+                name: round(want - free.get(name, 0.0), 4)
+                for name, want in target.items()
+                if free.get(name, 0.0) < want - _RESOURCE_SLACK
+            }
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "ray strategy: shutdown waited %g s and the cluster still counts %s of what its "
+                    "%d actors held as taken (other work waiting for those resources may have "
+                    "taken them); returning",
+                    self._actor_stop_timeout, short, held,
+                )
+                return
+            time.sleep(0.02)
 
     def after_fork_in_child(self) -> None:
         # The parent's slot threads do not exist here, its actors are its own
@@ -387,13 +489,17 @@ class RayStrategy(Strategy):
             self._retire(slot)
             cause = _rebuild_error(init_error)
             raise initializer_failed(self._initializer, cause) from cause
+        with self._dispatch.lock:
+            slot.placed = slot.actor is actor
 
     def stop_worker(self, slot: _Slot) -> None:
         self._retire(slot)
 
     def _retire(self, slot: _Slot) -> None:
         with self._dispatch.lock:
-            actor, slot.actor = slot.actor, None
+            actor, slot.actor, slot.placed = slot.actor, None, False
+            if actor is not None and self._stopping:
+                self._stopped.append(actor)
         if actor is not None:
             _kill(actor)
 
@@ -478,3 +584,21 @@ def _kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: S110 (already gone, or Ray is shutting down)
         pass
+
+
+def _dead_by(actor: Any, deadline: float) -> bool:
+    """Whether Ray reports the killed `actor` dead before `deadline`. Ray
+    answers a call to a dead actor with `RayActorError`; a kill still on its
+    way may let a call through first."""
+    while True:
+        try:
+            ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        except Exception:  # Ray going away: nothing left to wait for
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -211,6 +211,8 @@ async def test_bad_options_fail_at_construction() -> None:
         offload.Executor(RayStrategy(1, address=""))
     with pytest.raises(offload.ConfigError, match="resources"):
         offload.Executor(RayStrategy(1, resources={"gpu_like": -2}))
+    with pytest.raises(offload.ConfigError, match="actor_stop_timeout"):
+        offload.Executor(RayStrategy(1, actor_stop_timeout=0))
     with pytest.raises(offload.ConfigError, match="takes no option"):
         offload.get_executor("ray", num_gpus=1)
 

@@ -130,3 +130,36 @@ def test_a_forked_child_is_told_ray_did_not_come_with_it() -> None:
     assert "os.fork()" in out, out
     assert "child exit 0" in out, out
     assert "parent still works True" in out, out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_shutdown_with_wait_returns_once_the_actors_resources_are_back() -> None:
+    # Every CPU of the local Ray held by the pool's actors: `shutdown(wait=True)`
+    # used to return as soon as it had asked Ray to kill them, while the
+    # cluster still counted their CPUs as taken, so the next executor's actors
+    # had nowhere to go.
+    out = run_python(
+        """
+        import time
+        import ray_settings
+        import ray
+        import offload
+        from offload_ray import RayStrategy
+
+        options = {**ray_settings.LOCAL_RAY, "num_cpus": 2}
+        for attempt in range(3):
+            ex = offload.Executor(RayStrategy(2, ray_init_options=options, actor_start_timeout=120))
+            ex.start()  # both actors placed; fails if one is not within 120 s
+            held_by_then = time.monotonic() + 120
+            while ray.available_resources().get("CPU", 0.0) > 0 and time.monotonic() < held_by_then:
+                time.sleep(0.05)
+            print("free while running", attempt, ray.available_resources().get("CPU", 0.0), flush=True)
+            ex.shutdown(wait=True)
+            print("free after shutdown", attempt, ray.available_resources().get("CPU", 0.0), flush=True)
+        print("done", flush=True)
+        """
+    )
+    for attempt in range(3):
+        assert f"free while running {attempt} 0.0" in out, out
+        assert f"free after shutdown {attempt} 2.0" in out, out
+    assert "done" in out, out
