@@ -37,7 +37,7 @@ help:
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
-	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (issue 18; about 12 min) into benchmarks/results/"
+	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 12 min) into benchmarks/results/"
 
 venv: $(STAMP)
 
@@ -117,7 +117,7 @@ test-core: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_paired
 
-# Mixed traffic (issue 18): small requests alone, then under a flood of heavy
+# Mixed traffic: small requests alone, then under a flood of heavy
 # ones, every row's server side by side; the preprocess variant (long inputs
 # truncated to 32 tokens), 5 rounds. Other variants: --variant engine|score|multimodal.
 bench-mixed: $(STAMP)

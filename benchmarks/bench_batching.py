@@ -1,4 +1,4 @@
-"""Micro-batching benchmark (issue 4): tokenization under concurrent callers.
+"""Micro-batching benchmark: tokenization under concurrent callers.
 
 Tokenizes with the packaged all-MiniLM-L6-v2 fast tokenizer (loaded from
 site-packages, `HF_HUB_OFFLINE=1`) texts of 20 and 200 words, with 1, 2, 8, 32
