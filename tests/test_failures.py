@@ -529,7 +529,7 @@ async def test_deep_traceback_keeps_the_exception_type(executor: offload.Executo
 
 
 async def test_functions_survive_their_shared_executor_being_shut_down() -> None:
-    options = {"strategy": "thread", "max_workers": 3, "thread_name_prefix": "issue9-shared"}
+    options = {"strategy": "thread", "max_workers": 3, "thread_name_prefix": "failures-shared"}
     first = offload.make_async(helpers.add, **options)
     second = offload.make_async(helpers.identity, **options)
     assert first.executor is second.executor  # type: ignore[attr-defined]
