@@ -41,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import importlib
 import random
 import sys
@@ -76,12 +77,18 @@ class Scenario:
     name: str
     #: Lane weights, or None: both clients are flows of the default lane (weight 1).
     lanes: dict[str, float] | None
+    #: False: a fresh executor for every run (both clients start level). True:
+    #: one executor for all runs, after one unmeasured run, so each measured
+    #: run starts with lanes that were idle since the previous one ended, one
+    #: of them left ahead of the other in served cost (at most about a piece).
+    reused: bool = False
 
 
 SCENARIOS = (
     Scenario("lanes 4:1", {"a": 4.0, "b": 1.0}),
     Scenario("lanes 1:1", {"a": 1.0, "b": 1.0}),
     Scenario("flows, one lane", None),
+    Scenario("lanes 4:1, after idle", {"a": 4.0, "b": 1.0}, reused=True),
 )
 #: name -> (strategy, workers)
 EXECUTORS = {"thread, 1 worker": ("thread", 1), "thread, 2 workers": ("thread", 2), "process, 2 workers": ("process", 2)}
@@ -103,7 +110,13 @@ def _work() -> Callable[[float, float], tuple[float, float]]:
 
 
 def run_once(
-    executor: offload.Executor, scenario: Scenario, rng: random.Random, calls: int, unit_s: float, workers: int
+    executor: offload.Executor,
+    scenario: Scenario,
+    rng: random.Random,
+    calls: int,
+    unit_s: float,
+    workers: int,
+    gate_s: float = GATE_S,
 ) -> dict[str, Any]:
     """One run: both clients' calls queued, measured until one has none left to start."""
     fn = _work()
@@ -121,7 +134,7 @@ def run_once(
         block = executor.admission(f"client-{client}", cost=sum(costs[client]), lane=lane, refuse=False)
         ctx.run(block.__enter__)
         contexts[client], blocks[client] = ctx, block
-    gates = [executor.submit(time.sleep, GATE_S) for _ in range(workers)]
+    gates = [executor.submit(time.sleep, gate_s) for _ in range(workers)]
     futures: dict[str, list[concurrent.futures.Future[tuple[float, float]]]] = {"a": [], "b": []}
     left = {"a": calls, "b": calls}
     lock = threading.Lock()
@@ -181,22 +194,39 @@ def measure(events: list[tuple[float, str, float]], weights: dict[str, float], c
         "largest_gap": max(gap) - min(gap),
         "largest_gap_pieces": (max(gap) - min(gap)) / piece,
         "share_ratio": weighted["a"] / weighted["b"] if weighted["b"] else float("inf"),
-        "trace": [round(g, 2) for g in gap],
+        "trace": [round(g, 1) for g in gap],
     }
 
 
-def bench(calls: int, repeats: int, unit_s: float, seed: int, executors: dict[str, tuple[str, int]]) -> dict[str, Any]:
+def _executor(strategy: str, workers: int, lanes: dict[str, float] | None, scheduling: str) -> offload.Executor:
+    executor = offload.get_executor(strategy, max_workers=workers, lanes=lanes, scheduling=scheduling)
+    executor.start()
+    return executor
+
+
+def bench(
+    calls: int,
+    repeats: int,
+    unit_s: float,
+    seed: int,
+    executors: dict[str, tuple[str, int]],
+    gate_s: float = GATE_S,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     results: dict[str, Any] = {}
     for scenario in SCENARIOS:
         for label, (strategy, workers) in executors.items():
             for scheduling in ("fair", "fifo"):
-                executor = offload.get_executor(
-                    strategy, max_workers=workers, lanes=scenario.lanes, scheduling=scheduling
-                )
-                with executor:
-                    executor.start()
-                    runs = [run_once(executor, scenario, rng, calls, unit_s, workers) for _ in range(repeats)]
+                executor = functools.partial(_executor, strategy, workers, scenario.lanes, scheduling)
+                runs = []
+                if scenario.reused:
+                    with executor() as shared:
+                        run_once(shared, scenario, rng, calls, unit_s, workers, gate_s)  # leaves the lanes uneven
+                        runs = [run_once(shared, scenario, rng, calls, unit_s, workers, gate_s) for _ in range(repeats)]
+                else:
+                    for _ in range(repeats):
+                        with executor() as fresh:
+                            runs.append(run_once(fresh, scenario, rng, calls, unit_s, workers, gate_s))
                 key = f"{scenario.name} | {label} | {scheduling}"
                 results[key] = {
                     "scenario": scenario.name, "executor": label, "scheduling": scheduling,
@@ -265,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unit-ms", type=float, default=0.25, help="sleep per unit of cost")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
+    gate_s = GATE_S
     if args.smoke:
-        args.repeats, args.calls, args.unit_ms = 2, 12, 0.1
-    results = bench(args.calls, args.repeats, args.unit_ms / 1e3, args.seed, EXECUTORS)
+        args.repeats, args.calls, args.unit_ms, gate_s = 2, 12, 0.1, 0.05
+    results = bench(args.calls, args.repeats, args.unit_ms / 1e3, args.seed, EXECUTORS, gate_s)
     coverage = stats.median_interval([0.0] * args.repeats).coverage
     data = {
         "smoke": args.smoke, "machine": _common.machine(), "calls": args.calls, "repeats": args.repeats,
