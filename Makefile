@@ -38,7 +38,7 @@ help:
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
 	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 12 min) into benchmarks/results/"
-	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 3 min)"
+	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
 
 venv: $(STAMP)
 

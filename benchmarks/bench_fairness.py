@@ -28,7 +28,7 @@ with fresh random costs and order; the report gives medians with
 distribution-free intervals (`benchmarks/e2e/stats.py`). First come, first
 served is `scheduling="fifo"` on the same executor: the reference.
 
-    python -m benchmarks.bench_fairness                 # make bench-fairness (~2-3 min)
+    python -m benchmarks.bench_fairness                 # make bench-fairness (~5 min on 2 cores)
     python -m benchmarks.bench_fairness --repeats 3 --unit-ms 1
     python -m benchmarks.bench_fairness --smoke --out DIR
 
@@ -232,8 +232,8 @@ def bench(
                     "scenario": scenario.name, "executor": label, "scheduling": scheduling,
                     "weights": scenario.lanes or {"a": 1.0, "b": 1.0},
                     "runs": [{k: v for k, v in r.items() if k != "trace"} for r in runs],
-                    # One run's weighted gap after each piece, for a picture.
-                    "trace": runs[0]["trace"],
+                    # One run's weighted gap after each piece, for the picture (benchmarks/plots.py).
+                    "trace": runs[0]["trace"] if scenario is SCENARIOS[0] else None,
                     "largest_gap_pieces": _interval([r["largest_gap_pieces"] for r in runs]),
                     "share_ratio": _interval([r["share_ratio"] for r in runs]),
                 }

@@ -10,8 +10,7 @@ committed results and checks it matches what is committed.
     python -m benchmarks.plots --out DIR       # elsewhere (the test)
 
 Writes `decision.md` (the table, between snippet markers) into
-benchmarks/results/, and `small_under_flood.svg` and `api_cpu.svg` into
-docs/img/.
+benchmarks/results/, and the pictures (`PICTURES`) into docs/img/.
 """
 
 from __future__ import annotations
@@ -140,7 +139,7 @@ def _images(r: Path) -> str:
         f"{fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`), "
         f"{fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} (`process`, at heavy "
         f"requests/s {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'heavy_per_s', r))}); "
-        f"`/health` p99 at 64 clients {process:.0f} ms with `process` against {default:.0f} ms (one sweep run)"
+        f"`/health` p99 at 64 clients {process:.0f} ms with `process`, {default:.0f} ms with vLLM's default (one sweep run)"
     )
 
 
@@ -294,15 +293,54 @@ def api_cpu(path: Path, results: Path = RESULTS) -> None:
     plt.close(fig)
 
 
+FAIRNESS_ROWS = (
+    "lanes 4:1 | thread, 1 worker | fair",
+    "lanes 4:1 | process, 2 workers | fair",
+    "lanes 4:1 | thread, 1 worker | fifo",
+    "lanes 4:1 | process, 2 workers | fifo",
+)
+
+
+def fairness(path: Path, results: Path = RESULTS) -> None:
+    """One run's weighted served-cost gap between two backlogged lanes (4:1), piece by piece."""
+    plt = _pyplot()
+    data = load("fairness/fairness.json", results)
+    piece = max(data["max_cost"][c] / w for c, w in data["results"][FAIRNESS_ROWS[0]]["weights"].items())
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for key in FAIRNESS_ROWS:
+        trace = data["results"][key]["trace"]
+        _, executor, scheduling = key.split(" | ")
+        label = f"{executor}, {'fair (lanes)' if scheduling == 'fair' else 'first come, first served'}"
+        ax.plot(range(len(trace)), [g / piece for g in trace], label=label, linewidth=1)
+    ax.set_yscale("symlog", linthresh=2)
+    ax.axhspan(-1, 1, color="grey", alpha=0.2, linewidth=0)
+    ax.set_xlabel("calls started")
+    ax.set_ylabel("weighted served cost,\na minus b (pieces)")
+    ax.set_title("Two backlogged lanes, weights 4:1 (make bench-fairness; grey: within one piece)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+
+
+#: The pictures: file name -> how it is drawn.
+PICTURES: dict[str, Callable[[Path, Path], None]] = {
+    "small_under_flood.svg": small_under_flood,
+    "api_cpu.svg": api_cpu,
+    "fairness.svg": fairness,
+}
+
+
 def write(out: Path, img: Path, results: Path = RESULTS) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     img.mkdir(parents=True, exist_ok=True)
     table = out / "decision.md"
     table.write_text(decision_table(results))
-    small, cpu = img / "small_under_flood.svg", img / "api_cpu.svg"
-    small_under_flood(small, results)
-    api_cpu(cpu, results)
-    return [table, small, cpu]
+    written = [table]
+    for name, draw in PICTURES.items():
+        draw(img / name, results)
+        written.append(img / name)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:

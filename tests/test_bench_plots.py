@@ -34,7 +34,7 @@ def test_the_decision_table_is_the_one_the_committed_results_give(regenerated: P
     )
 
 
-@pytest.mark.parametrize("name", ["small_under_flood.svg", "api_cpu.svg"])
+@pytest.mark.parametrize("name", list(plots.PICTURES))
 def test_the_pictures_are_the_ones_the_committed_results_give(regenerated: Path, name: str) -> None:
     import matplotlib
 
