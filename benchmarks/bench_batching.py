@@ -14,7 +14,7 @@ the last one returns), on asyncio, for:
   it on one thread. Written here as the anchor; it is not vLLM's code.
 
 Reports calls/s, p50/p99 latency and mean batch size (calls per tokenizer
-invocation, warm-up included), and checks the issue's targets: at 1 caller,
+invocation, warm-up included), and checks the micro-batching targets: at 1 caller,
 `async-renderer+batch` p50 latency <= 1.05x `thread`; at 32+ callers, its
 throughput >= 1.4x `thread`.
 
