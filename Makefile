@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu bench-mixed clean
+.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -37,7 +37,8 @@ help:
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
-	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (issue 18; about 12 min) into benchmarks/results/"
+	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 12 min) into benchmarks/results/"
+	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
 
 venv: $(STAMP)
 
@@ -113,12 +114,21 @@ test-core: $(STAMP)
 # order per round, CPU per request from /proc (about 15 min on 2 cores).
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_paired
+	$(BIN)/python -m benchmarks.plots
 
-# Mixed traffic (issue 18): small requests alone, then under a flood of heavy
+# Mixed traffic: small requests alone, then under a flood of heavy
 # ones, every row's server side by side; the preprocess variant (long inputs
 # truncated to 32 tokens), 5 rounds. Other variants: --variant engine|score|multimodal.
 bench-mixed: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_mixed
+	$(BIN)/python -m benchmarks.plots
+
+# Fairness at library level (no vLLM): two backlogged lanes (4:1, 1:1) or flows,
+# fair scheduling against FIFO, served cost counted by declared costs in start
+# order; into benchmarks/results/fairness/.
+bench-fairness: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_fairness
+	$(BIN)/python -m benchmarks.plots
 
 # The concurrency sweep (1..128 clients) and the library-level image run.
 bench-sweep: $(STAMP)

@@ -1,4 +1,4 @@
-"""Micro-batching benchmark (issue 4): tokenization under concurrent callers.
+"""Micro-batching benchmark: tokenization under concurrent callers.
 
 Tokenizes with the packaged all-MiniLM-L6-v2 fast tokenizer (loaded from
 site-packages, `HF_HUB_OFFLINE=1`) texts of 20 and 200 words, with 1, 2, 8, 32
@@ -14,7 +14,7 @@ the last one returns), on asyncio, for:
   it on one thread. Written here as the anchor; it is not vLLM's code.
 
 Reports calls/s, p50/p99 latency and mean batch size (calls per tokenizer
-invocation, warm-up included), and checks the issue's targets: at 1 caller,
+invocation, warm-up included), and checks the micro-batching targets: at 1 caller,
 `async-renderer+batch` p50 latency <= 1.05x `thread`; at 32+ callers, its
 throughput >= 1.4x `thread`.
 

@@ -1,4 +1,4 @@
-"""Mixed traffic (issue #18): how long a small request waits while heavy ones flood the server.
+"""Mixed traffic: how long a small request waits while heavy ones flood the server.
 
 All rows' servers run side by side (tiny models with random weights, built
 here). Each round visits the rows in a fresh random order, and only the row
@@ -16,7 +16,7 @@ clients ran, `/health` p99 during the flood, and every request by its answer
 (200, 503, other statuses, lost: sent and never answered, which must be 0).
 The report gives medians over rounds with distribution-free intervals
 (`benchmarks/e2e/stats.py`), per-round paired ratios between rows, and a
-verdict per target of issue #18, computed from the run.
+verdict per target (`targets` below), computed from the run.
 
     python -m benchmarks.bench_mixed                          # make bench-mixed: preprocess, 5 rounds
     python -m benchmarks.bench_mixed --variant engine --rounds 5
@@ -223,7 +223,7 @@ VARIANTS: dict[str, Variant] = {
 
 # ---- measurement -----------------------------------------------------------
 
-# Issue 18's measurement on main: 2 small clients against 8 heavy ones.
+# The mixed-traffic measurement: 2 small clients against 8 heavy ones.
 SMALL_CLIENTS = 2
 HEAVY_CLIENTS = 8
 #: 5 rounds: the fewest whose median interval ([min, max]) reaches 93.8% coverage.
@@ -345,7 +345,7 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 # ---- targets ---------------------------------------------------------------
 
-#: Issue #18's bounds.
+#: The mixed-traffic targets' bounds.
 SMALL_P50_BOUND = 3.0  # small p50 flooded <= 3x alone
 SMALL_P99_BOUND = 5.0  # small p99 flooded <= 5x alone
 HEAVY_VS_FIFO_BOUND = 0.9  # heavy throughput >= 0.9x the same strategy under FIFO
@@ -365,7 +365,7 @@ class Target:
 
 
 def targets(rows: list[str]) -> list[Target]:
-    """Issue #18's targets that the rows run can be checked against."""
+    """The mixed-traffic targets that the rows run can be checked against."""
     out: list[Target] = []
     for name in rows:
         row = ROWS[name]

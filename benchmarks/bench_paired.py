@@ -24,7 +24,7 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
         thread "thread switch 1ms" "thread 1 worker"       # what keeps the loop waiting
     python -m benchmarks.bench_paired --smoke --out DIR
 
-Workloads: `tiny` (issue 11's: one 160-word text per request), `batch` (32
+Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
 texts of 24 words per request: what a request's several prompts cost) and
 `truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
 what tokenizing only the kept part saves; rows `thread`, `thread no prefix`).
@@ -60,7 +60,7 @@ SMOKE_TIMEOUT_S = 900
 DEFAULT = "vLLM default"
 #: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
 #: They measure, one step at a time, what keeps the event loop waiting
-#: beside the workers (issue 18, item 4): the process workers' niceness (10
+#: beside the workers (the loop-first targets): the process workers' niceness (10
 #: by default), the GIL's switch interval (5 ms by default), the thread pool's size.
 _SWITCH_INTERVAL_DIR = str(ROOT / "benchmarks" / "e2e" / "switch_interval")
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
@@ -187,7 +187,7 @@ def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) ->
 
 
 def targets(summary: dict[str, Any]) -> list[str]:
-    """Issue 11's targets, read from this run."""
+    """The CPU-per-request targets, read from this run."""
     lines = []
 
     def check(row: str, metric: str, bound: float, what: str, *, at_least: bool = False) -> None:
@@ -225,7 +225,7 @@ def targets(summary: dict[str, Any]) -> list[str]:
 
 
 def loop_targets(summary: dict[str, Any]) -> list[str]:
-    """Issue 18's targets for the batch workload: the loop first."""
+    """The loop-first targets for the batch workload: `/health` no worse than default's."""
     lines = []
     for row, bound in (("process", 0.5), ("thread", 1.0)):
         health = summary.get(row, {}).get("ratio", {}).get("health_p99_ms")

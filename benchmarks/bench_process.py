@@ -13,7 +13,7 @@ Four parts, all in one run on asyncio:
 2. Per-call overhead of a no-op, `process` against the stdlib pool.
 3. Round-trip time of a float64 array of 1 KiB .. 32 MiB, with shared memory
    and through the pipe only.
-4. The issue's targets, met or missed.
+4. The process strategy's targets, met or missed.
 
 Every pool has 2 workers and uses the `forkserver` start method.
 """

@@ -1,6 +1,6 @@
 """Where the API server's event-loop thread spends its time, per strategy.
 
-Issue 11's CPU table says how much loop-thread CPU a request costs; this says
+The paired benchmark's CPU table says how much loop-thread CPU a request costs; this says
 on what. For each row (one server at a time: tiny BERT, 160-word inputs, 64
 closed-loop clients, as `bench_paired`), py-spy samples the API server's
 threads while the load runs, and every sample of the event-loop thread

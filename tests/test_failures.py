@@ -1,4 +1,4 @@
-"""Failure paths (issue 9): each test injects a real failure (rlimits, fork,
+"""Failure paths: each test injects a real failure (rlimits, fork,
 SIGKILL, a full /dev/shm, cancellation) and fails on the code before the fix.
 
 Tests that could hang on a regression run their scenario in a subprocess with
@@ -350,7 +350,7 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
 
 # ---- 5. an already-cancelled caller never starts the call -----------------------
 
-#: The issue saw `fn` run in 45 to 199 of 300 tries for thread and async-renderer.
+#: Before the fix, `fn` ran in 45 to 199 of 300 tries for thread and async-renderer.
 TRIES = 300
 
 
@@ -529,7 +529,7 @@ async def test_deep_traceback_keeps_the_exception_type(executor: offload.Executo
 
 
 async def test_functions_survive_their_shared_executor_being_shut_down() -> None:
-    options = {"strategy": "thread", "max_workers": 3, "thread_name_prefix": "issue9-shared"}
+    options = {"strategy": "thread", "max_workers": 3, "thread_name_prefix": "failures-shared"}
     first = offload.make_async(helpers.add, **options)
     second = offload.make_async(helpers.identity, **options)
     assert first.executor is second.executor  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Failure paths, second round (issue 19): each test injects the failure for
+"""Failure paths, second round: each test injects the failure for
 real (a real fork, rlimits, a thread that cannot start, a worker still
 starting) and failed on the code before the fix.
 

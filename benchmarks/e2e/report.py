@@ -78,7 +78,7 @@ def detail_table(workload: dict[str, Any], key: str = "sweep") -> str:
 
 
 def targets(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, as ratios; each entry says met / missed / not measurable."""
+    """The sweep's targets (docs/benchmarks.md), as ratios; each entry says met / missed / not measurable."""
     rows = _ok_rows(workload)
     out: list[dict[str, Any]] = []
     default = rows.get(DEFAULT_ROW)

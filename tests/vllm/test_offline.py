@@ -2,7 +2,7 @@
 
 With a queue bound set (`OFFLOAD_VLLM_MAX_QUEUE=0`, one worker: one call in
 flight), as a server's settings would be: an offline batch is never refused
-(issue 19, item 5), whatever its size.
+(an offline batch has no client to refuse), whatever its size.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ async def overload(server: Server, seconds: float) -> tuple[Counter[int], list[f
     accepted: list[float] = []
     missing_retry_after = 0
     # Short texts: the engine is quick, so the frontend (render, post-process) is
-    # what saturates, as with the tiny model of the issue's measurements.
+    # what saturates, as with the benchmarks' tiny model.
     text = "offload keeps the loop alive under load"
     stop = time.monotonic() + seconds
     async with load_client(CLIENTS + 4, timeout=120) as client:

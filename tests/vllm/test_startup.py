@@ -1,4 +1,4 @@
-"""Workers are up before the server's port opens (issue 11): no renderer worker
+"""Workers are up before the server's port opens: no renderer worker
 is spawned under load unless one died."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_workers_start_before_the_port_opens(servers: dict[tuple[str | None, str
     ready = log.find("Application startup complete")
     assert ready != -1, server.log_tail()
     assert started.start() < ready, "workers were started after the port opened"
-    print(f"{strategy}: {started.group(0)}")  # noqa: T201 (the figure the issue asks for)
+    print(f"{strategy}: {started.group(0)}")  # noqa: T201 (the figure a reader checks)
 
 
 @pytest.mark.skipif("process" not in AVAILABLE, reason="no process server")
@@ -47,7 +47,7 @@ def test_vllm_does_not_warn_about_the_adapters_settings(
     servers: dict[tuple[str | None, str], Server], strategy: str
 ) -> None:
     """vLLM warns about every VLLM_* variable it does not know; the adapter's are
-    OFFLOAD_VLLM_* (issue 17)."""
+    OFFLOAD_VLLM_*, so vLLM has nothing to warn about."""
     for kind in ("embed", "cross-encoder"):
         log = servers[(strategy, kind)].log.read_text(errors="replace")
         assert "Application startup complete" in log

@@ -1,4 +1,4 @@
-"""Failure paths of the `ray` strategy (issue 19), each injected for real.
+"""Failure paths of the `ray` strategy, each injected for real.
 
 These run in fresh interpreters, as a new user's program would: no fixture
 starts Ray for them, and a regression (a hang, a dead GCS) fails the test
