@@ -22,7 +22,7 @@ from .._worker_state import _NO_STATE, _swap_state
 T = TypeVar("T")
 P = ParamSpec("P")
 
-#: One fast-tokenizer call on 64 texts is where issue 4 measured its ~1.5x gain over
+#: One fast-tokenizer call on 64 texts is where the batching benchmark (bench_batching) measured its ~1.5x gain over
 #: 64 single calls; larger batches mostly add to the slowest caller's latency, since
 #: every caller in a batch waits for the whole batch.
 DEFAULT_MAX_BATCH_SIZE = 64

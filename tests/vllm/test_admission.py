@@ -1,5 +1,5 @@
 """Every pooling request is admitted exactly once, before any work, and refused only
-with vLLM's 503 (issue 19, items 3 and 9): late-interaction scoring, which
+with vLLM's 503: late-interaction scoring, which
 `ServingScores.__call__` runs without the base `__call__`; scoring that enters
 both; and the early refusal behind a proxy's `--root-path`. Real servers on
 127.0.0.1, one worker and `OFFLOAD_VLLM_MAX_QUEUE=0`: one request in flight

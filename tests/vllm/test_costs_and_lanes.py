@@ -1,4 +1,4 @@
-"""Costs, flows and lanes through real servers (issue 18, item 3): a small request
+"""Costs, flows and lanes through real servers: a small request
 served ahead of a heavy one's pieces (and not under `--offload-scheduling fifo`),
 the cost bound's 503 before any work, lanes by route and by header with their
 metrics on `/metrics`, and engine priorities as vLLM's scheduler receives them.

@@ -80,7 +80,7 @@ def render_params_cost(render_params: Mapping[str, Any]) -> float:
     return float(sum(characters(render_params.get(key), cap) for key in RENDER_INPUT_KEYS) + PROMPT_COST)
 
 
-def prompt_cost(prompt: Any, tok_params: Any) -> int:
+def prompt_cost(prompt: Any, tok_params: Any) -> float:
     """What tokenizing one text prompt with `tok_params` costs (`async-renderer`'s calls)."""
     cap = truncated_cap(getattr(tok_params, "truncate_prompt_tokens", None)) if prefix_installed() else None
     return characters(prompt, cap)
