@@ -349,7 +349,10 @@ async def test_kills_offload_orders_are_counted_as_stopped_calls_not_crashes(tmp
         )
         pending = ex.submit(helpers.sleep_and_return, 60)
         await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 1)
-        await anyio.sleep(0.2)  # sent to the worker
+        # Claimed by its slot (a busy machine can take a while to restart the
+        # killed worker), then sent to the worker.
+        await wait_until(pending.running)
+        await anyio.sleep(0.2)
     finally:
         await ex.aclose(timeout=0.2)
     with pytest.raises(offload.WorkerCrashed):
