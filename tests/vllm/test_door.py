@@ -47,6 +47,9 @@ def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         "OFFLOAD_VLLM_LANE_HEADER": "query",
         "OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST),
         "OFFLOAD_VLLM_MAX_REQUEST_COST": str(MAX_REQUEST_COST),
+        # The early-refusal test holds the one worker with a long text cut to 16
+        # tokens: tokenized whole, it takes seconds; by its prefix, microseconds.
+        "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0",
         # The operator's middleware module, importable in the server.
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
