@@ -8,6 +8,12 @@ import sys
 import traceback
 from typing import Any, final
 
+# Makes tracebacks picklable, so the caller sees the function's own frames.
+# Imported with the module, not when an error is described: a worker out of
+# file descriptors could not import it then, and would die instead of
+# reporting the error.
+from tblib import pickling_support
+
 from ._errors import OffloadError
 
 
@@ -62,9 +68,6 @@ def by_reference(fn: Any) -> Any:
 def describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
     """`exc`, made to pickle with its traceback where it can (`None` if it
     cannot be pickled at all), and its formatted traceback text."""
-    # Makes tracebacks picklable, so the caller sees the function's own frames.
-    from tblib import pickling_support
-
     text = "".join(traceback.format_exception(exc))
     # Per instance: the class (and those of its cause and context) may have
     # been defined after the worker started, so a blanket install misses it.
