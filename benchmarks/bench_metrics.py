@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from offload._admission import CallTracker  # noqa: E402
 from offload._call import Call  # noqa: E402
-from offload._metrics import CallTracker  # noqa: E402
 
 
 def _identity(x: int) -> int:

@@ -7,6 +7,7 @@ uvloop and trio. Writing a strategy: `offload.strategy`.
 
 from . import strategy as strategy
 from ._call import Call as Call
+from ._calling import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
 from ._errors import ConfigError as ConfigError
@@ -14,13 +15,12 @@ from ._errors import ExecutorClosed as ExecutorClosed
 from ._errors import OffloadError as OffloadError
 from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
-from ._executor import Admission as Admission
-from ._executor import CallOptions as CallOptions
 from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
 from ._metrics import sample_loop_lag as sample_loop_lag
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
+from ._unit import Admission as Admission
 from ._worker_state import worker_state as worker_state
 
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from ._worker_state import _NO_STATE, _swap_state
 
 if TYPE_CHECKING:
-    from ._queue import Flow, Lane
+    from ._lanes import Flow, Lane
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from typing_extensions import ParamSpec
 
 from ._errors import ConfigError
 from ._executor import Executor
-from ._queue import check_cost
+from ._lanes import check_cost
 from ._registry import build, resolve
 
 T = TypeVar("T")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
-import math
-import time
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, final
@@ -15,109 +13,22 @@ import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
-from ._call import CANCELLED, DEADLINE, Call
-from ._errors import ConfigError, ExecutorClosed, executor_closed
+from . import _unit
+from ._admission import CallTracker, check_max_queue, check_max_queued_cost
+from ._call import Call
+from ._calling import CallOptions, check_timeout, run_call, submit_call
+from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
-from ._metrics import (
-    CallTracker,
-    Hold,
-    check_max_queue,
-    check_max_queued_cost,
-    function_label,
-    metrics_enabled,
-)
-from ._queue import DEFAULT_LANE_NAME, Flow, Lane, check_cost
+from ._lanes import DEFAULT_LANE_NAME, Flow, Lane, check_cost
+from ._metrics import function_label, metrics_enabled
 from ._strategy import Strategy
-from ._waiter import checkpoint_if_cancelled, current_waiter
+from ._unit import Admission
+from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 SCHEDULING = ("fair", "fifo")
-
-# The admission block the current task is in (`Executor.admission`).
-_admitted: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
-    "offload_admitted", default=None
-)
-
-
-def _check_timeout(timeout: object, *, allow_zero: bool) -> None:
-    if timeout is None:
-        return
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or math.isnan(timeout)
-        or not (timeout >= 0 if allow_zero else timeout > 0)
-    ):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"timeout must be a number of seconds {bound} or None, got {timeout!r}")
-
-
-@final
-class Admission:
-    """An admitted unit of work (`Executor.admission`): the place it holds,
-    its cost, and the flow its calls share."""
-
-    __slots__ = ("_executor", "_hold", "flow", "lane")
-
-    def __init__(self, executor: Executor, hold: Hold | None, flow: Flow) -> None:
-        self._executor = executor
-        self._hold = hold
-        #: The flow the block's calls share (one fair share of `lane`).
-        self.flow = flow
-        #: The lane it was admitted to.
-        self.lane = flow.lane.name
-
-    def release(self) -> None:
-        """Give the place and the unspent cost back now (idempotent); calls
-        made later in the block are still admitted, and still share its flow."""
-        hold, self._hold = self._hold, None
-        tracker = self._executor._tracker
-        if hold is not None and tracker is not None:
-            tracker.unhold(hold)
-
-
-@final
-class CallOptions:
-    """`Executor.options(...)`: the executor's `run`, `run_with_timeout` and
-    `submit` with a cost and a lane for each call made through it."""
-
-    __slots__ = ("_cost", "_executor", "_lane")
-
-    def __init__(self, executor: Executor, cost: float, lane: Lane | None) -> None:
-        self._executor = executor
-        self._cost = cost
-        self._lane = lane
-
-    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """`Executor.run` with these options."""
-        await checkpoint_if_cancelled()
-        return await self._executor._run_call(self._call(fn, args, kwargs), None)
-
-    async def run_with_timeout(
-        self,
-        timeout: float | None,  # noqa: ASYNC109 (see Executor.run_with_timeout)
-        fn: Callable[P, T],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> T:
-        """`Executor.run_with_timeout` with these options."""
-        _check_timeout(timeout, allow_zero=True)
-        await checkpoint_if_cancelled()
-        return await self._executor._run_call(self._call(fn, args, kwargs), timeout)
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
-        """`Executor.submit` with these options."""
-        return self._executor._submit_call(self._call(fn, args, kwargs))
-
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call[T]:
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        call.cost = self._cost
-        call.lane = self._lane
-        return call
-
 
 @final
 class Executor(concurrent.futures.Executor):
@@ -396,12 +307,12 @@ class Executor(concurrent.futures.Executor):
         chosen = self._lane(lane)
         tracker = self._tracker
         hold = None if tracker is None else tracker.hold(cost, chosen, function, refuse=refuse)
-        admission = Admission(self, hold, Flow(chosen))
-        token = _admitted.set(admission)
+        admission = Admission(self, tracker, hold, Flow(chosen))
+        token = _unit.enter(admission)
         try:
             yield admission
         finally:
-            _admitted.reset(token)
+            _unit.leave(token)
             admission.release()
 
     # ---- calling -------------------------------------------------------------------
@@ -413,13 +324,13 @@ class Executor(concurrent.futures.Executor):
         Raises `ConfigError` at once for a bad cost or an unknown lane. Inside
         an `admission()` block the block's flow (and lane) wins over `lane`.
         """
-        return CallOptions(self, check_cost(cost), None if lane is None else self._lane(lane))
+        return CallOptions(
+            self._start, self._strategy, check_cost(cost), None if lane is None else self._lane(lane)
+        )
 
     def _start(self, call: Call[Any]) -> None:
         tracker = self._tracker
-        admission = _admitted.get()
-        if admission is not None and admission._executor is not self:
-            admission = None
+        admission = _unit.current_admission(self)
         if admission is not None:
             call.lane = admission.flow.lane
             call.flow = admission.flow
@@ -432,7 +343,7 @@ class Executor(concurrent.futures.Executor):
         if tracker is None:
             self._strategy.schedule(call)
             return
-        tracker.admit(call, None if admission is None else _hold_of(admission, tracker))
+        tracker.admit(call, None if admission is None else _unit.calls_hold(admission))
         try:
             self._strategy.schedule(call)
         except BaseException:
@@ -470,7 +381,7 @@ class Executor(concurrent.futures.Executor):
         # An already-cancelled caller must not start a call (as anyio.to_thread).
         await checkpoint_if_cancelled()
         call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        return await self._run_call(call, None)
+        return await run_call(call, None, self._start, self._strategy)
 
     # ASYNC109: not a plain `fail_after`: the deadline is stamped on the call, so a
     # worker that reaches it late skips it even when the loop is slow to notice.
@@ -492,41 +403,10 @@ class Executor(concurrent.futures.Executor):
         (The timeout is a separate argument so that `fn` keeps every keyword,
         `timeout=` included.)
         """
-        _check_timeout(timeout, allow_zero=True)
+        check_timeout(timeout, allow_zero=True)
         await checkpoint_if_cancelled()
         call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        return await self._run_call(call, timeout)
-
-    async def _run_call(self, call: Call[T], timeout: float | None) -> T:  # noqa: ASYNC109
-        waiter = current_waiter()
-        call.on_done = waiter.wake
-        if timeout is not None:
-            call.deadline = call.queued_at + timeout
-        self._start(call)
-        if not call.done:
-            try:
-                if timeout is None:
-                    await waiter.wait()
-                else:
-                    with anyio.move_on_after(max(0.0, call.deadline - time.perf_counter())):  # type: ignore[operator]
-                        await waiter.wait()
-            except BaseException:
-                if not call.cancel() and not call.done:
-                    self._strategy.cancel_running(call, CANCELLED)
-                raise
-            if not call.done:  # the deadline passed
-                if not call.cancel(DEADLINE) and not call.done:
-                    self._strategy.cancel_running(call, DEADLINE)
-                raise TimeoutError(
-                    f"offloaded call {getattr(call.fn, '__qualname__', call.fn)!r} did not finish "
-                    f"within its timeout of {timeout}s"
-                )
-        if call.state == CANCELLED:
-            error = call.error
-            if error is not None:  # a worker found its deadline passed
-                raise error
-            raise ExecutorClosed(f"the {self.name} executor was shut down before this call started")
-        return call.outcome()
+        return await run_call(call, timeout, self._start, self._strategy)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
         """Schedule `fn(*args, **kwargs)` and return a `concurrent.futures.Future`.
@@ -534,41 +414,7 @@ class Executor(concurrent.futures.Executor):
         Cancelling the future before the call starts withdraws the call: it
         never runs, and gives its place in the queue back at once.
         """
-        return self._submit_call(Call(fn, args, kwargs, contextvars.copy_context()))
-
-    def _submit_call(self, call: Call[T]) -> concurrent.futures.Future[T]:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        call.on_claim = future.set_running_or_notify_cancel
-
-        def settle() -> None:
-            if call.state == CANCELLED:
-                # Withdrawn before any worker claimed it (a claim tells the
-                # future itself). `concurrent.futures.wait`/`as_completed`
-                # count a cancelled future as done only once it is notified.
-                error = call.error
-                if error is None:
-                    future.cancel()
-                if future.set_running_or_notify_cancel() and error is not None:
-                    future.set_exception(error)  # its deadline passed
-                return
-            try:
-                result = call.outcome()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        def withdraw_if_cancelled(done: concurrent.futures.Future[T]) -> None:
-            # `future.cancel()` by its holder (`run_in_executor`'s task was
-            # cancelled, say): the call must not keep its place while it waits.
-            if done.cancelled() and call.cancel():
-                # `wait`/`as_completed` count a cancelled future only once notified.
-                done.set_running_or_notify_cancel()
-
-        call.on_done = settle
-        self._start(call)
-        future.add_done_callback(withdraw_if_cancelled)
-        return future
+        return submit_call(Call(fn, args, kwargs, contextvars.copy_context()), self._start)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the executor. See the class docstring. Idempotent."""
@@ -593,7 +439,7 @@ class Executor(concurrent.futures.Executor):
 
         A bad `timeout` raises `ConfigError` before anything changes.
         """
-        _check_timeout(timeout, allow_zero=True)
+        check_timeout(timeout, allow_zero=True)
         self._closed = True
         if timeout is None:
             await anyio.to_thread.run_sync(self.shutdown)
@@ -626,10 +472,3 @@ class Executor(concurrent.futures.Executor):
         state = "closed" if self._closed else "open"
         return f"<offload.Executor strategy={self.name!r} {state}>"
 
-
-def _hold_of(admission: Admission, tracker: CallTracker) -> Hold:
-    hold = admission._hold
-    if hold is None:
-        # Released, or made with no tracker: its calls are still admitted.
-        hold = admission._hold = Hold(0, admission.flow.lane, place=False)
-    return hold

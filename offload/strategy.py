@@ -30,13 +30,15 @@ Helpers, public for strategy authors:
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
+from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._config import check_initializer, check_max_workers, usable_cpu_count
 from ._dispatch import Dispatcher, SlotWorker
 from ._errors import executor_closed, initializer_failed
-from ._metrics import count_batch, count_worker_restart
+from ._lanes import Flow, Lane, check_cost
+from ._metrics import count_worker_restart
 from ._portable import by_reference, portable_error
-from ._queue import CallQueue, Flow, Lane, check_cost
+from ._queue import CallQueue
 from ._startup import Startup
 from ._strategy import Strategy
 from ._worker_state import set_worker_state

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import offload
-from offload._strategies._batching import BatchedFunction, BatchingStrategy
+from offload._strategies._batch_form import BatchedFunction
+from offload._strategies._batching import BatchingStrategy
 
 BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),

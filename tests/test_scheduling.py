@@ -651,7 +651,7 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
     """The per-lane rule exactly: admitted when the total stays within the
     bound or the lane within its share; never refused otherwise; the queued
     cost returns to exactly 0 once every call has left."""
-    from offload._metrics import CallTracker
+    from offload._admission import CallTracker
 
     weights = {"default": 1.0, "query": 4.0, "bulk": 1.0}
     lanes = {name: Lane(name, weight) for name, weight in weights.items()}

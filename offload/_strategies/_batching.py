@@ -6,18 +6,19 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar, final
+from typing import Any, TypeVar, final
 
 from typing_extensions import ParamSpec
 
+from .._admission import count_batch
 from .._call import Call
 from .._config import check_initializer
 from .._errors import ConfigError, OffloadError, executor_closed, initializer_failed
-from .._metrics import count_batch
 from .._queue import CallQueue
 from .._startup import Startup
 from .._strategy import Strategy
 from .._worker_state import _NO_STATE, _swap_state
+from ._batch_form import BatchedFunction, batch_key
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -33,106 +34,6 @@ DEFAULT_MAX_WAIT = 0.0
 
 _lane_ids = itertools.count()
 _UNSTARTED: Any = object()
-
-
-@final
-class BatchedFunction(Generic[P, T]):
-    """A function together with its batch form, as `make_async(fn, batch=...)` builds it
-    for the micro-batching strategy.
-
-    Calling it calls `fn` (so it behaves as `fn` anywhere else); the strategy
-    recognises it and may run several pending calls as one `batch(...)` call.
-    It pickles when `fn` and `batch` do.
-    """
-
-    __slots__ = ("__wrapped__", "batch", "fn")
-
-    def __init__(self, fn: Callable[P, T], batch: Callable[..., list[Any]]) -> None:
-        self.fn = fn
-        self.batch = batch
-        # What metrics label it by (`offload_*{function=...}`), as for any wrapper.
-        self.__wrapped__ = fn
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.fn(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (BatchedFunction, (self.fn, self.batch))
-
-    def __repr__(self) -> str:
-        return f"<BatchedFunction fn={self.fn!r} batch={self.batch!r}>"
-
-
-@final
-class _Same:
-    """Stands for a value in a batch key that is equal only to itself: comparing
-    it never runs the value's own `==` (a NumPy array's or a tensor's raises,
-    or answers with an array)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Same and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-
-_PLAIN = (type(None), bool, int, str, bytes)
-
-
-def _exact(value: object) -> Hashable:
-    """A key for `value` that equals another's only when the batch form may take
-    either for the other: same types all the way down, and no user `==`.
-
-    A frozen dataclass instance (vLLM's `TokenizeParams`, built anew for every
-    request) is keyed by its type and its fields' values, each keyed so in turn,
-    when its fields are all it holds (nothing else in its `__dict__`, no
-    `__slots__` of its own): its `__eq__` is never called."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)
-    if kind is float:
-        return (float, value.hex())  # type: ignore[attr-defined]  # -0.0 is not 0.0; nan is nan
-    if kind is tuple:
-        return (tuple, tuple(_exact(item) for item in value))  # type: ignore[attr-defined]
-    params = getattr(kind, "__dataclass_params__", None)
-    if params is not None and getattr(params, "frozen", False) is True:
-        import dataclasses
-
-        names = tuple(f.name for f in dataclasses.fields(value))  # type: ignore[arg-type]
-        state = getattr(value, "__dict__", None)
-        # Anything besides the fields (a cached property's value, an attribute set
-        # with object.__setattr__, slots) could tell two equal-looking ones apart.
-        if type(state) is dict and tuple(state) == names and "__slots__" not in kind.__dict__:
-            return (_Same(kind), tuple((name, _exact(state[name])) for name in names))
-    return _Same(value)
-
-
-def _batch_key(call: Call[Any]) -> Hashable | None:
-    """What a call must share with others to join their batch, or None if it runs alone.
-
-    Only a `BatchedFunction` called with exactly one positional argument can be
-    batched, and only with calls of the same function and batch form and the
-    same keyword arguments: `None`, `bool`, `int`, `float`, `str`, `bytes` and
-    tuples of them by type and value, all the way down (`(True,)` never joins
-    `(1,)`); a frozen dataclass instance by its type and its fields, keyed so in
-    turn (so calls of concurrent requests with equal parameter objects share a
-    batch); anything else (an array, a tensor, a list) only if it is the very
-    same object. No value's own `==` is ever called, so no key can fail.
-    """
-    fn = call.fn
-    if type(fn) is not BatchedFunction or len(call.args) != 1:
-        return None
-    try:
-        # Keyword names are unique, so sorting never compares the values.
-        kwargs = tuple((name, _exact(value)) for name, value in sorted(call.kwargs.items()))
-    except RecursionError:  # absurdly deep tuples: run alone
-        return None
-    return (_Same(fn.fn), _Same(fn.batch), kwargs)
 
 
 @final
@@ -261,7 +162,7 @@ class BatchingStrategy(Strategy):
     # ---- caller side ---------------------------------------------------------
 
     def schedule(self, call: Call[Any]) -> None:
-        key = _batch_key(call)
+        key = batch_key(call)
         with self._cond:
             if self._stopping:
                 raise executor_closed(self.name)

