@@ -69,6 +69,10 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "has no effect with strategy 'process'; unset it, or set OFFLOAD_VLLM_STRATEGY=ray"),
         ({"OFFLOAD_VLLM_RAY_ADDRESS": "auto"}, "OFFLOAD_VLLM_RAY_ADDRESS='auto' has no effect with no strategy set"),
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "20"}, "is not a niceness increment"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_BATCH_WAIT": "-0.1"}, "is not a wait"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_BATCH_WAIT": "nan"}, "is not a wait"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_BATCH_WAIT": "2ms"}, "is not a wait"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_WAIT": "0.002"}, "has no effect with strategy 'thread'"),
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "-5"}, "is not a niceness increment"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}, "has no effect with strategy 'thread'"),
     ],
@@ -98,6 +102,7 @@ VALID = {
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
+    "OFFLOAD_VLLM_BATCH_WAIT": ("0.002", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
 }
 #: The settings that had a first name (VLLM_OFFLOAD_*); later ones never did.
 RENAMED = ("OFFLOAD_VLLM_STRATEGY", "OFFLOAD_VLLM_WORKERS", "OFFLOAD_VLLM_MAX_QUEUE", "OFFLOAD_VLLM_RAY_ADDRESS")
@@ -204,7 +209,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 

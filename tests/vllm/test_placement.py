@@ -133,6 +133,20 @@ def test_the_executor_gets_the_settings_and_the_placements_options() -> None:
         executor.shutdown()
 
 
+@pytest.mark.parametrize(("raw", "expected"), [(None, 0.0), ("0.002", 0.002)])
+def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
+    from offload_vllm._runtime import Runtime
+
+    env = {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}
+    if raw is not None:
+        env["OFFLOAD_VLLM_BATCH_WAIT"] = raw
+    executor = Runtime(read_settings(env)).placement(_vllm_config()).executor
+    try:
+        assert executor.strategy.max_wait == expected  # type: ignore[attr-defined]
+    finally:
+        executor.shutdown()
+
+
 @pytest.mark.parametrize("across", [True, False])
 def test_async_renderer_batches_tokenization_across_requests_unless_turned_off(
     across: bool, monkeypatch: pytest.MonkeyPatch

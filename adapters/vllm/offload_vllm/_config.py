@@ -40,6 +40,7 @@ FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
 BATCH_ACROSS_REQUESTS_ENV = "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS"
+BATCH_WAIT_ENV = "OFFLOAD_VLLM_BATCH_WAIT"
 # ---- end of tokenization settings ----
 
 #: The names the adapter knows how to wire into vLLM.
@@ -192,6 +193,16 @@ def _parse_switch(name: str, raw: str) -> bool:
     raise OffloadVLLMConfigError(f"{name}={raw!r} is not a switch; give 1 or 0 (true/false, yes/no, on/off)")
 
 
+def _parse_batch_wait(name: str, raw: str) -> float:
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 1:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not a wait; give seconds from 0 to 1, such as 0.002")
+    return seconds
+
+
 def _parse_text(name: str, raw: str) -> str:
     return raw
 
@@ -243,6 +254,10 @@ _TOKENIZATION_OPTIONS = (
     Option(PREFIX_TOKENIZE_ENV, "--offload-prefix-tokenize", "1|0", _parse_switch),
     Option(
         BATCH_ACROSS_REQUESTS_ENV, "--offload-batch-across-requests", "1|0", _parse_switch, _batches,
+        "it does not batch tokenization",
+    ),
+    Option(
+        BATCH_WAIT_ENV, "--offload-batch-wait", "SECONDS", _parse_batch_wait, _batches,
         "it does not batch tokenization",
     ),
 )
@@ -326,6 +341,9 @@ class Settings:
     prefix_tokenize: bool = True
     #: `async-renderer`: calls of different requests with equal parameters share a tokenizer call.
     batch_across_requests: bool = True
+    #: `async-renderer`: seconds a tokenizer batch that is not full waits for more
+    #: calls (the strategy's `max_wait`); `None`: the adapter's default.
+    batch_wait: float | None = None
     # ---- end of tokenization settings ----
     #: The settings (by their `OFFLOAD_VLLM_*` names) given under their old name.
     legacy_names: tuple[str, ...] = field(default=(), compare=False)
@@ -368,6 +386,8 @@ class Settings:
             parts.append("prefix_tokenize=off")
         if not self.batch_across_requests:
             parts.append("batch_across_requests=off")
+        if self.batch_wait is not None:
+            parts.append(f"batch_wait={self.batch_wait:g}s")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -520,5 +540,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         worker_nice=values.get(WORKER_NICE_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
+        batch_wait=values.get(BATCH_WAIT_ENV),
         legacy_names=tuple(legacy),
     )
