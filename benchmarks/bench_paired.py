@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -265,7 +266,7 @@ def markdown(result: dict[str, Any]) -> str:
     rows = list(summary)
     lines = [
         "<!-- --8<-- [start:meta] -->",
-        (f"`python -m benchmarks.bench_paired {' '.join(result['argv'])}` on {result['machine']}, "
+        (f"`python -m benchmarks.bench_paired {shlex.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: tiny BERT embedding (random weights), {WORKLOADS[result.get('workload', 'tiny')][0]}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "

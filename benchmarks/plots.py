@@ -106,6 +106,17 @@ def _loop(r: Path) -> str:
     )
 
 
+def _truncated_alone(r: Path) -> str:
+    return (
+        f"requests/s {fmt(paired('paired-truncated.json', 'thread', 'requests_per_s', r))} (`thread`), "
+        f"{fmt(paired('paired-truncated.json', 'async-renderer', 'requests_per_s', r))} (`async-renderer`); "
+        f"`thread` with prefix tokenization off: "
+        f"{fmt(paired('paired-truncated.json', 'thread no prefix', 'requests_per_s', r))}; "
+        f"the price: `/health` p99 {fmt(paired('paired-truncated.json', 'thread', 'health_p99_ms', r))} "
+        f"(`thread`) at five times the requests/s"
+    )
+
+
 def _truncated(r: Path) -> str:
     return (
         f"small request's p50 under a flood {fmt(mixed_pair('preprocess', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} "
@@ -173,6 +184,12 @@ DECISIONS = (
         "`process` (workers at `nice` 10, the default)",
         _loop,
         "#the-loop-first-health-under-the-batch-workload",
+    ),
+    Decision(
+        "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
+        "`thread`, the default (prefix tokenization is on by default, for every strategy)",
+        _truncated_alone,
+        "#truncated-long-inputs-workload-truncated",
     ),
     Decision(
         "Long texts truncated, mixed small and heavy traffic",
