@@ -1,19 +1,37 @@
 """Mixed traffic: how long a small request waits while heavy ones flood the server.
 
-All rows' servers run side by side (tiny models with random weights, built
-here). Each round visits the rows in a fresh random order, and only the row
-being measured gets traffic. Per row, two phases:
+All rows' servers are started side by side (tiny models with random weights,
+built here). Each round visits the rows in a fresh random order, and only the
+row being measured gets traffic. With `--idle-servers paused` (the default)
+every other server's process group is stopped (SIGSTOP) meanwhile, and a
+server is resumed (SIGCONT, then `/health` answers) just before its row runs:
+a server whose row is not measured still uses CPU (a smoke run saw one use
+0.56 CPU-s/s just after its own flood), and up to six of them share the
+cores with the one measured. `--idle-servers running` leaves them all running (every
+result before this option existed). Either way the CPU that the servers not
+being measured use during each measured phase is read from `/proc` and
+reported (CPU seconds per second: ~0 when paused).
 
-1. *alone*: 2 closed-loop clients send small requests for `--seconds`;
+Small requests (`--small-arrivals`): `poisson` (the default) sends them
+open-loop at `--small-rate` a second, exponential gaps drawn from `--seed`
+(every row gets the same schedule in a round), each in its own task whatever
+the earlier ones' answers, at most `mixed.MAX_IN_FLIGHT` in flight (one due
+beyond that is counted as unsent): every row is offered the same load.
+`closed` is `--small-clients` clients each sending its next request when the
+last is answered (every result before this option existed): a row that
+answers fast is sent more. Per row, two phases:
+
+1. *alone*: small requests for `--seconds`;
 2. *flooded*: 8 closed-loop clients send heavy requests from another process
-   (`benchmarks/e2e/mixed.py`); after a short ramp the same 2 small clients run
-   for `--seconds` again, then the flood stops and its requests in flight are
-   answered. `/health` is probed from a third process throughout.
+   (`benchmarks/e2e/mixed.py`); after a short ramp small requests are sent as
+   alone for `--seconds` again, then the flood stops and its requests in
+   flight are answered. `/health` is probed from a third process throughout.
 
 Per row and round: small-request p50/p99 alone and flooded and their ratios
 (flooded / alone), heavy requests completed per second while the small
-clients ran, `/health` p99 during the flood, and every request by its answer
-(200, 503, other statuses, lost: sent and never answered, which must be 0).
+requests ran, `/health` p99 during the flood, every request by its answer
+(200, 503, other statuses, lost: sent and never answered, which must be 0),
+small requests sent (and unsent) per phase, and the idle servers' CPU.
 The report gives medians over rounds with distribution-free intervals
 (`benchmarks/e2e/stats.py`), per-round paired ratios between rows, and a
 verdict per target (`targets` below), computed from the run.
@@ -21,6 +39,7 @@ verdict per target (`targets` below), computed from the run.
     python -m benchmarks.bench_mixed                          # make bench-mixed: preprocess, 5 rounds
     python -m benchmarks.bench_mixed --variant engine --rounds 5
     python -m benchmarks.bench_mixed --rows "vLLM default" "thread fifo" --rounds 3
+    python -m benchmarks.bench_mixed --small-arrivals closed --idle-servers running   # the method before
     python -m benchmarks.bench_mixed --smoke --out DIR
 
 Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
@@ -38,27 +57,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+
+from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `-m`
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, models  # noqa: E402
-from benchmarks.e2e import load, mixed, stats  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers  # noqa: E402
+from benchmarks.e2e import load, mixed, procstat, stats  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, wait_healthy  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -223,40 +247,145 @@ VARIANTS: dict[str, Variant] = {
 
 # ---- measurement -----------------------------------------------------------
 
-# The mixed-traffic measurement: 2 small clients against 8 heavy ones.
+# The mixed-traffic measurement: small requests against 8 heavy clients.
+SMALL_ARRIVALS = ("poisson", "closed")
+#: 10 small requests a second: about what the 2 closed-loop clients sent per
+#: second under a FIFO flood (170 in 25 s, docs/benchmarks.md), so the flood
+#: still dominates, and some 50 small requests per 5 s phase.
+SMALL_RATE = 10.0
+#: `--small-arrivals closed`: 2 clients, the method before open-loop arrivals.
 SMALL_CLIENTS = 2
 HEAVY_CLIENTS = 8
+IDLE_SERVERS = ("paused", "running")
+#: A resumed server answers `/health` within milliseconds; a minute means it is broken.
+RESUME_TIMEOUT_S = 60.0
 #: 5 rounds: the fewest whose median interval ([min, max]) reaches 93.8% coverage.
 ROUNDS = 5
 #: 5 s phases: at the flooded p50 measured on main (0.5-1 s) each phase still
 #: times about ten small requests, and a row's round takes about 15 s.
 SECONDS = 5.0
-#: The flood runs this long before the small clients start: every heavy client
+#: The flood runs this long before the small requests start: every heavy client
 #: has a request in the server within milliseconds, and a heavy request takes
 #: about 0.1 s alone here, so a second is several of them in a row.
 RAMP_S = 1.0
 WARMUP_S = 1.0
 
 
+@dataclass(frozen=True)
+class SmallTraffic:
+    """How the small requests of a phase are sent (`--small-arrivals`)."""
+
+    arrivals: str = "poisson"
+    #: Requests a second (`poisson`).
+    rate: float = SMALL_RATE
+    #: Closed-loop clients (`closed`).
+    clients: int = SMALL_CLIENTS
+    seed: int = 0
+    max_in_flight: int = mixed.MAX_IN_FLIGHT
+
+    def schedule(self, seconds: float, round_number: int, phase: str) -> list[float]:
+        """Send times of a `poisson` phase: one schedule per round and phase, the
+        same for every row, so that rows are offered the same requests."""
+        rng = random.Random(f"small {self.seed} {round_number} {phase}")
+        return mixed.poisson_arrivals(self.rate, seconds, rng)
+
+    def run(self, url: str, bodies: list[bytes], seconds: float, round_number: int, phase: str) -> mixed.Tally:
+        if self.arrivals == "closed":
+            return mixed.run_for(url, bodies, self.clients, seconds)
+        return mixed.run_open(url, bodies, self.schedule(seconds, round_number, phase), self.max_in_flight)
+
+    def describe(self) -> str:
+        if self.arrivals == "closed":
+            return f"{self.clients} closed-loop clients"
+        return (f"open-loop, Poisson arrivals at {self.rate:g}/s (seed {self.seed}, the same schedule for every "
+                f"row in a round; at most {self.max_in_flight} in flight)")
+
+
+class IdleServers:
+    """The servers whose row is not being measured: with `paused`, their process
+    groups stay stopped (SIGSTOP) except while `serving` their row; with
+    `running`, nothing is stopped. Every stopped server is resumed on exit,
+    whatever ended the run, so none is left stopped for its shutdown."""
+
+    def __init__(self, servers: dict[str, tuple[str, int]], mode: str) -> None:
+        self.mode = mode
+        self._urls = {row: url for row, (url, _) in servers.items()}
+        # running_servers starts each server in its own session: its process
+        # group's id is the API server's pid.
+        self._groups = {row: pid for row, (_, pid) in servers.items()}
+        self._stopped: set[str] = set()
+
+    def __enter__(self) -> Self:
+        if self.mode == "paused":
+            for row in self._groups:
+                self._stop(row)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        for row in list(self._stopped):
+            self._resume(row)
+
+    def _stop(self, row: str) -> None:
+        self._stopped.add(row)
+        # A server that died is reported when its row is served next (`/health`).
+        with suppress(ProcessLookupError):
+            os.killpg(self._groups[row], signal.SIGSTOP)
+
+    def _resume(self, row: str) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self._groups[row], signal.SIGCONT)
+        self._stopped.discard(row)
+
+    @contextmanager
+    def serving(self, row: str) -> Iterator[None]:
+        """`row`'s server running (resumed and answering `/health`) for the block."""
+        if row in self._stopped:
+            self._resume(row)
+            wait_healthy(self._urls[row], RESUME_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            if self.mode == "paused":
+                self._stop(row)
+
+    def others_cpu(self, row: str) -> float:
+        """CPU seconds used so far by every process of the servers other than `row`'s."""
+        return procstat.group_cpu({pgid for name, pgid in self._groups.items() if name != row})
+
+
 def measure(
-    url: str, small: list[bytes], heavy: mixed.Bodies, small_clients: int, heavy_clients: int,
-    seconds: float, ramp_s: float,
+    url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, heavy_clients: int,
+    seconds: float, ramp_s: float, round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0,
 ) -> dict[str, Any]:
-    """One row's two phases: small requests alone, then under the flood."""
-    start = time.monotonic()
-    alone = mixed.run_for(url, small, small_clients, seconds)
+    """One row's two phases: small requests alone, then under the flood; `idle_cpu()`
+    reads the CPU used so far by the servers not being measured."""
+    cpu_before, start = idle_cpu(), time.monotonic()
+    alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
+    idle = {"alone": _per_s(idle_cpu() - cpu_before, alone_window)}
     with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
         time.sleep(ramp_s)
-        begin = time.monotonic()
-        flooded = mixed.run_for(url, small, small_clients, seconds)
+        cpu_before, begin = idle_cpu(), time.monotonic()
+        flooded = traffic.run(url, small, seconds, round_number, "flooded")
         window = (begin, time.monotonic())
+        idle["flooded"] = _per_s(idle_cpu() - cpu_before, window)
     return {
         "alone": alone.summary(alone_window),
         "flooded": flooded.summary(window),
         "heavy": flood.tally.summary(window),
         "health": prober.summary(),
+        "idle_cpu_per_s": idle,
     }
+
+
+def _per_s(amount: float, window: tuple[float, float]) -> float:
+    begin, end = window
+    return amount / (end - begin) if end > begin else 0.0
 
 
 def _base(url: str) -> str:
@@ -280,6 +409,8 @@ METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
     "heavy_per_s": ("heavy requests/s flooded", lambda b: b["heavy"]["requests_per_s"]),
     "health_p99_ms": ("/health p99 flooded (ms)", lambda b: b["health"]["p99_ms"]),
 }
+#: The phases small requests are sent in.
+PHASES = ("alone", "flooded")
 #: Metrics compared between rows, round by round.
 PAIRED = ("flooded_p50_ms", "flooded_p99_ms", "heavy_per_s", "health_p99_ms")
 
@@ -328,10 +459,17 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "sent": sum(b[kind]["sent"] for b in row_blocks),
                 "statuses": statuses,
                 "lost": sum(b[kind]["lost"] for b in row_blocks),
+                # Due by an open-loop schedule, not sent: the in-flight bound was reached.
+                "unsent": sum(b[kind].get("unsent", 0) for b in row_blocks),
             }
+        idle = [b["idle_cpu_per_s"] for b in row_blocks if "idle_cpu_per_s" in b]
         summary["rows"][row] = {
             "values": {m: _interval(_values(row_blocks, m)) for m in METRICS},
             "counts": counts,
+            # Per round, so that rows' offered loads can be compared.
+            "small_sent": {phase: [b[phase]["sent"] for b in row_blocks] for phase in PHASES},
+            "small_unsent": {phase: [b[phase].get("unsent", 0) for b in row_blocks] for phase in PHASES},
+            "idle_cpu_per_s": {phase: _interval([i[phase] for i in idle]) for phase in PHASES} if idle else None,
             "health_failures": sum(int(b["health"].get("failures", 0)) for b in row_blocks),
         }
     for row, base in pairs(rows):
@@ -432,6 +570,33 @@ def _statuses(counts: dict[str, Any]) -> str:
     return f"{counts['sent']} / {statuses.get('200', 0)} / {statuses.get('503', 0)} / {other} / {counts['lost']}"
 
 
+def _small_traffic(result: dict[str, Any]) -> str:
+    """The small traffic a result was measured with (results before open-loop arrivals: closed loop)."""
+    small = result.get("small") or {"arrivals": "closed", "clients": result["small_clients"]}
+    return SmallTraffic(**small).describe()
+
+
+def _idle_servers(result: dict[str, Any]) -> str:
+    if result.get("idle_servers", "running") == "running":
+        return "every row's server running throughout, idle ones included"
+    return "every server stopped (SIGSTOP) while another row was measured, resumed before its own"
+
+
+def _idle_cpu_values(result: dict[str, Any]) -> list[float]:
+    return [b["idle_cpu_per_s"][phase] for blocks in result["blocks"].values() for b in blocks
+            if "idle_cpu_per_s" in b for phase in PHASES]
+
+
+def _idle_line(result: dict[str, Any]) -> str:
+    values = sorted(_idle_cpu_values(result))
+    if not values:
+        return "CPU of the servers not being measured: not recorded (results from before it was)."
+    return (f"CPU of the servers not being measured (idle servers {result.get('idle_servers', 'running')}; "
+            f"every process of their groups, from /proc) during the measured phases: "
+            f"{stats.median_interval(values).median:.3f} CPU-s/s at the median over {len(values)} phases, "
+            f"{values[-1]:.3f} at most.")
+
+
 def _server_command(config: ServerConfig, server_args: tuple[str, ...]) -> str:
     argv = dataclasses.replace(config, extra_args=(*server_args, *config.extra_args)).command(Path("MODEL"), 8000)
     return " ".join(["python", *argv[1:]])
@@ -453,9 +618,10 @@ def markdown(result: dict[str, Any]) -> str:
          f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
          f"{result['loadavg_before']} before, {result['loadavg_after']} after."),
         "",
-        (f"{VARIANTS[result['variant']].description}. {result['small_clients']} small clients alone, then with "
+        (f"{VARIANTS[result['variant']].description}. Small requests: {_small_traffic(result)}, alone and then with "
          f"{result['heavy_clients']} heavy clients (after a {result['ramp_s']:g} s ramp); {result['rounds']} "
-         f"round{'s' if result['rounds'] != 1 else ''} of {result['seconds']:g} s phases, rows in a fresh random order each round. Medians over rounds, "
+         f"round{'s' if result['rounds'] != 1 else ''} of {result['seconds']:g} s phases, rows in a fresh random order each round; "
+         f"{_idle_servers(result)}. Medians over rounds, "
          f"[intervals] from order statistics (coverage {100 * coverage:.1f}% with {result['rounds']} rounds). "
          f"Run took {result['wall_s']:.0f} s, of which server start-up {result['startup_s']:.0f} s."),
         "<!-- --8<-- [end:meta] -->",
@@ -470,17 +636,27 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Requests, all rounds (sent / 200 / 503 / other status / lost: sent, never answered):",
+        ("Requests, all rounds (sent / 200 / 503 / other status / lost: sent, never answered), and the small "
+         "requests sent in each round (alone; flooded):"),
         "",
-        "| row | small alone | small flooded | heavy | /health probes failed |",
-        "|---|---|---|---|---|",
+        "| row | small alone | small flooded | heavy | /health probes failed | small sent per round |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         counts = summary["rows"][row]["counts"]
+        per_round = summary["rows"][row].get("small_sent") or {
+            phase: [b[phase]["sent"] for b in result["blocks"][row]] for phase in PHASES
+        }
         lines.append(
             f"| {row} | {_statuses(counts['alone'])} | {_statuses(counts['flooded'])} | "
-            f"{_statuses(counts['heavy'])} | {summary['rows'][row]['health_failures']} |"
+            f"{_statuses(counts['heavy'])} | {summary['rows'][row]['health_failures']} | "
+            f"{' '.join(map(str, per_round['alone']))}; {' '.join(map(str, per_round['flooded']))} |"
         )
+    unsent = {row: sum(summary["rows"][row]["counts"][phase].get("unsent", 0) for phase in PHASES) for row in rows}
+    if any(unsent.values()):
+        lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
+                  + ", ".join(f"{row} {n}" for row, n in unsent.items())]
+    lines += ["", _idle_line(result)]
     if summary["pairs"]:
         lines += [
             "",
@@ -540,12 +716,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", choices=list(ROWS), help="default: the variant's rows")
     p.add_argument("--rounds", type=int, default=ROUNDS)
     p.add_argument("--seconds", type=float, default=SECONDS, help="length of each phase")
-    p.add_argument("--small-clients", type=int, default=SMALL_CLIENTS)
+    p.add_argument("--small-arrivals", choices=SMALL_ARRIVALS, default=SMALL_ARRIVALS[0],
+                   help="poisson: open loop at --small-rate; closed: --small-clients clients, each waiting for its answer")
+    p.add_argument("--small-rate", type=float, default=SMALL_RATE, help="small requests a second (poisson)")
+    p.add_argument("--small-clients", type=int, default=SMALL_CLIENTS, help="closed-loop small clients (closed)")
     p.add_argument("--heavy-clients", type=int, default=HEAVY_CLIENTS)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--idle-servers", choices=IDLE_SERVERS, default=IDLE_SERVERS[0],
+                   help="paused: stop every server but the measured row's (SIGSTOP); running: leave them running")
+    p.add_argument("--seed", type=int, default=0, help="the rows' order and the small requests' arrivals")
     p.add_argument("--out", type=Path, default=_common.RESULTS)
     args = p.parse_args(argv)
+    if args.small_rate <= 0:
+        p.error("--small-rate must be above 0")
     variant = VARIANTS[args.variant]
+    traffic = SmallTraffic(args.small_arrivals, args.small_rate, args.small_clients, args.seed)
     if args.smoke:  # proves the whole run works in a few minutes; measures nothing
         wanted, rounds, seconds, ramp_s, warmup_s = list(SMOKE_ROWS), 1, 1.5, 0.5, 0.5
     else:
@@ -559,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
         "variant": args.variant, "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
         "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
+        "small_arrivals": traffic.arrivals, "small_rate": traffic.rate if traffic.arrivals == "poisson" else None,
+        "small": dataclasses.asdict(traffic), "idle_servers": args.idle_servers,
     }
 
     usage = adapter_usage()
@@ -604,24 +790,33 @@ def main(argv: list[str] | None = None) -> int:
             return _skip(args.out, result, f"a server did not start ({exc})")
         servers = {row: url + variant.path for row, (url, _) in running.items()}
         result["startup_s"] = time.monotonic() - started
+        # Entered after the servers: every stopped one is resumed before they are stopped.
+        idle = stack.enter_context(IdleServers(running, args.idle_servers))
         heavy_bodies = heavy()
-        for url in servers.values():  # warm-up, not measured
-            mixed.run_for(url, small, args.small_clients, warmup_s)
-            mixed.run_for(url, heavy_bodies, 2, warmup_s)
+        for row, url in servers.items():  # warm-up, not measured
+            with idle.serving(row):
+                mixed.run_for(url, small, args.small_clients, warmup_s)
+                mixed.run_for(url, heavy_bodies, 2, warmup_s)
         for round_number in range(rounds):
             order = list(rows)
             shuffle.shuffle(order)
             for row in order:
                 t0 = time.monotonic()
-                block = measure(servers[row], small, heavy, args.small_clients, args.heavy_clients, seconds, ramp_s)
+                with idle.serving(row):
+                    block = measure(servers[row], small, heavy, traffic, args.heavy_clients, seconds, ramp_s,
+                                    round_number, functools.partial(idle.others_cpu, row))
                 block["wall_s"] = time.monotonic() - t0
                 blocks[row].append(block)
                 print(
-                    f"round {round_number} {row} ({block['wall_s']:.0f} s): small p50 "
+                    f"round {round_number} {row} ({block['wall_s']:.0f} s): small sent "
+                    f"{block['alone']['sent']} + {block['flooded']['sent']} "
+                    f"(unsent {block['alone']['unsent'] + block['flooded']['unsent']}), p50 "
                     f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms, p99 "
                     f"{block['alone']['p99_ms']:.1f} -> {block['flooded']['p99_ms']:.1f} ms; heavy "
                     f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms; "
-                    f"lost {block['alone']['lost'] + block['flooded']['lost'] + block['heavy']['lost']}",
+                    f"lost {block['alone']['lost'] + block['flooded']['lost'] + block['heavy']['lost']}; "
+                    f"idle servers' CPU {block['idle_cpu_per_s']['alone']:.3f} / "
+                    f"{block['idle_cpu_per_s']['flooded']:.3f} CPU-s/s",
                     flush=True,
                 )
     result.update(

@@ -1,11 +1,18 @@
 """The mixed-traffic benchmark's parts that need no vLLM: which rows today's adapter
-can run, the request tally (lost requests included), and verdicts from made-up rounds."""
+can run, the request tally (lost and unsent requests included), the small requests'
+Poisson schedule, pausing the idle servers, and verdicts from made-up rounds."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import random
 import socket
+import statistics
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,7 +67,10 @@ def test_verdicts_come_from_the_rounds() -> None:
     assert {(p["row"], p["baseline"]) for p in summary["pairs"]} == {
         ("thread fifo", bench_mixed.DEFAULT), ("thread lanes", bench_mixed.DEFAULT), ("thread lanes", "thread fifo"),
     }
-    assert summary["rows"]["thread lanes"]["counts"]["heavy"] == {"sent": 50, "statuses": {"200": 50}, "lost": 0}
+    assert summary["rows"]["thread lanes"]["counts"]["heavy"] == {
+        "sent": 50, "statuses": {"200": 50}, "lost": 0, "unsent": 0,
+    }
+    assert summary["rows"]["thread lanes"]["small_sent"] == {"alone": [10] * 5, "flooded": [10] * 5}
     line = bench_mixed.verdict_line(lanes)
     assert "**met**" in line
     assert "2.20" in line
@@ -68,7 +78,7 @@ def test_verdicts_come_from_the_rounds() -> None:
 
 @pytest.fixture
 def answering_server() -> Iterator[str]:
-    """A loopback HTTP server: /ok answers 200, /busy 503, /drop closes the connection unanswered."""
+    """A loopback HTTP server: /ok and /health answer 200, /busy 503, /drop closes the connection unanswered."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -91,7 +101,7 @@ def answering_server() -> Iterator[str]:
                 path = head.split(b" ")[1]
                 if path == b"/drop":
                     return
-                status = b"200 OK" if path == b"/ok" else b"503 Service Unavailable"
+                status = b"200 OK" if path in (b"/ok", b"/health") else b"503 Service Unavailable"
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}")
 
     def accept() -> None:
@@ -121,3 +131,132 @@ def test_tally_counts_every_answer_and_every_lost_request(answering_server: str,
     assert len(tally.latencies_s) == (6 if status == "200" else 0)
     summary = tally.summary((0.0, float("inf")))
     assert summary["lost"] == tally.lost
+
+
+def test_poisson_schedule_is_seeded_at_its_rate_with_exponential_gaps() -> None:
+    rate, seconds = 10.0, 2000.0
+    times = mixed.poisson_arrivals(rate, seconds, random.Random(7))
+    assert times == mixed.poisson_arrivals(rate, seconds, random.Random(7))
+    assert times != mixed.poisson_arrivals(rate, seconds, random.Random(8))
+    assert times == sorted(times)
+    assert 0 < times[0]
+    assert times[-1] < seconds
+    assert 0.9 * rate < len(times) / seconds < 1.1 * rate
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    mean = statistics.fmean(gaps)
+    # An exponential distribution's standard deviation is its mean, and e^-1 of it lies above the mean.
+    assert 0.8 < statistics.pstdev(gaps) / mean < 1.2
+    assert 0.3 < sum(g > mean for g in gaps) / len(gaps) < 0.45
+
+
+def test_every_row_gets_the_same_small_schedule_in_a_round() -> None:
+    traffic = bench_mixed.SmallTraffic("poisson", rate=10.0, seed=3)
+    alone = traffic.schedule(100.0, 0, "alone")
+    assert alone == bench_mixed.SmallTraffic("poisson", rate=10.0, seed=3).schedule(100.0, 0, "alone")
+    assert alone != traffic.schedule(100.0, 0, "flooded")
+    assert alone != traffic.schedule(100.0, 1, "alone")
+    assert alone != bench_mixed.SmallTraffic("poisson", rate=10.0, seed=4).schedule(100.0, 0, "alone")
+
+
+def test_requests_beyond_the_in_flight_bound_are_counted_unsent(answering_server: str) -> None:
+    tally = mixed.Tally()
+    # Ten due at once: none can be answered before the loop has looked at all ten.
+    # The last comes once the first three are answered (loopback: milliseconds).
+    arrivals = [0.0] * 10 + [1.0]
+    asyncio.run(mixed.open_loop(answering_server + "/ok", [b"{}"], arrivals, tally, max_in_flight=3))
+    assert (tally.sent, tally.unsent) == (4, 7)
+    assert tally.statuses == {"200": 4}
+    assert tally.lost == 0
+    assert tally.summary((0.0, float("inf")))["unsent"] == 7
+    assert mixed.run_open(answering_server + "/ok", [b"{}"], [0.0] * 10).sent == 10
+
+
+def test_open_loop_counts_lost_requests(answering_server: str) -> None:
+    tally = mixed.run_open(answering_server + "/drop", [b"{}"], [0.0, 0.0, 0.01])
+    assert (tally.sent, tally.lost, tally.unsent) == (3, 3, 0)
+    assert tally.first_error
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_state(pid: int, stopped: bool) -> bool:
+    deadline = time.monotonic() + 10  # signals arrive within milliseconds; this bounds a hang
+    while (_state(pid) == "T") != stopped:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def two_groups() -> Iterator[list[int]]:
+    """Two processes, each leading its own process group (as the servers do)."""
+    code = "import time\nwhile True: time.sleep(0.01)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(2)]
+    yield [proc.pid for proc in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _fail_while_paused(servers: dict[str, tuple[str, int]]) -> None:
+    """Serve `a` then `b` with the others paused, checking who is stopped; fail while serving `b`."""
+    (_, a), (_, b) = servers["a"], servers["b"]
+    with bench_mixed.IdleServers(servers, "paused") as idle:
+        assert _wait_state(a, stopped=True)
+        assert _wait_state(b, stopped=True)
+        with idle.serving("a"):
+            assert _wait_state(a, stopped=False)
+            assert _state(b) == "T"
+            before = idle.others_cpu("a")
+            time.sleep(0.2)
+            assert idle.others_cpu("a") == before  # a stopped process uses no CPU
+        assert _wait_state(a, stopped=True)
+        with idle.serving("b"):
+            raise RuntimeError("the run failed")
+
+
+def test_idle_servers_stay_stopped_and_are_all_resumed(answering_server: str, two_groups: list[int]) -> None:
+    a, b = two_groups
+    servers = {"a": (answering_server, a), "b": (answering_server, b)}
+    with pytest.raises(RuntimeError, match="the run failed"):
+        _fail_while_paused(servers)
+    assert _wait_state(a, stopped=False)
+    assert _wait_state(b, stopped=False)
+    with bench_mixed.IdleServers(servers, "running") as idle, idle.serving("a"):
+        assert _state(a) != "T"
+        assert _state(b) != "T"
+
+
+def _result(blocks: dict[str, list[dict[str, Any]]], **method: Any) -> dict[str, Any]:
+    machine = {"cpus": 2, "platform": "Linux", "date": "today", "commit": "abc", "versions": {"vllm": "0"}}
+    return {
+        "variant": "preprocess", "command": "python -m benchmarks.bench_mixed", "machine": machine, "dirty": False,
+        "loadavg_before": "0", "loadavg_after": "0", "rounds": 5, "seconds": 5.0, "ramp_s": 1.0,
+        "small_clients": 2, "heavy_clients": 8, "wall_s": 1.0, "startup_s": 1.0, "blocks": blocks,
+        "summary": bench_mixed.summarize(blocks), "targets": [], "notes": {},
+        "servers": {row: {"command": "python -m vllm"} for row in blocks}, **method,
+    }
+
+
+def test_the_report_says_how_small_requests_were_sent_and_what_idle_servers_cost() -> None:
+    old = {bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(old))
+    assert "Small requests: 2 closed-loop clients, alone" in report
+    assert "every row's server running throughout" in report
+    assert "not recorded" in report
+    new = {
+        bench_mixed.DEFAULT: [
+            {**block(10, 1000, 20), "idle_cpu_per_s": {"alone": 0.001 * r, "flooded": 0.0}} for r in range(5)
+        ]
+    }
+    traffic = bench_mixed.SmallTraffic()
+    report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), idle_servers="paused"))
+    assert "Small requests: open-loop, Poisson arrivals at 10/s" in report
+    assert "stopped (SIGSTOP)" in report
+    assert "idle servers paused" in report
+    assert "0.004 at most" in report
+    assert "| 10 10 10 10 10; 10 10 10 10 10 |" in report

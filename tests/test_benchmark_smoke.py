@@ -63,24 +63,35 @@ _MIXED = ROOT / "benchmarks" / "bench_mixed.py"
 @pytest.mark.e2e
 @pytest.mark.timeout(int(_constant(_MIXED, "SMOKE_TIMEOUT_S")))
 def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One round of both phases on vLLM default and thread: every kind of request
-    was sent and answered, none lost, and a verdict computed for each target."""
+    """One round of both phases on vLLM default and thread, with the defaults (Poisson
+    small requests, idle servers paused): every kind of request was sent and answered,
+    none lost or unsent, the paused server used next to no CPU, and a verdict computed
+    for each target."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from benchmarks import bench_mixed
 
     assert bench_mixed.main(["--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "mixed-preprocess.json").read_text())
     assert set(result["blocks"]) == set(bench_mixed.SMOKE_ROWS)
+    assert (result["small_arrivals"], result["small_rate"]) == ("poisson", bench_mixed.SMALL_RATE)
+    assert result["idle_servers"] == "paused"
     for row, summary in result["summary"]["rows"].items():
         for kind, counts in summary["counts"].items():
             assert counts["sent"] > 0, (row, kind)
             assert counts["statuses"].get("200", 0) > 0, (row, kind)
             assert counts["lost"] == 0, (row, kind)
+            assert counts["unsent"] == 0, (row, kind)
+        assert all(n > 0 for sent in summary["small_sent"].values() for n in sent), row
         assert summary["values"]["p50_ratio"]["median"] > 0
         assert summary["values"]["heavy_per_s"]["median"] > 0
+        for phase in ("alone", "flooded"):
+            # Paused: 0 but for the odd clock tick; a running idle server burns a good part of a core.
+            assert [b["idle_cpu_per_s"][phase] < 0.5 for b in result["blocks"][row]] == [True], (row, phase)
     assert result["summary"]["pairs"]
     assert result["targets"]
     assert all(t["met"] is not None for t in result["targets"])
     report = (tmp_path / "mixed-preprocess.md").read_text()
     for section in ("meta", "tables", "targets"):
         assert f"[start:{section}]" in report
+    assert "Poisson arrivals" in report
+    assert "CPU of the servers not being measured (idle servers paused" in report

@@ -1,8 +1,13 @@
 """Mixed traffic: small requests timed here while a flood of heavy ones runs in another process.
 
-    small clients (this process)    ----\\
+    small requests (this process)   ----\\
     heavy clients (flood process)   -----+--> one vLLM server
     GET /health (prober process)    ----/
+
+Small requests are sent open-loop (`open_loop`: at the times of a schedule,
+such as `poisson_arrivals`, each in its own task, whatever the earlier ones'
+answers) or by closed-loop clients (`closed_loop`: each sends its next
+request when the last is answered); the flood is always closed-loop.
 
 The flood has its own process so that the small requests' latencies are timed
 on an event loop that is not also pushing the heavy requests' bodies (up to a
@@ -10,7 +15,7 @@ few MB each); the `/health` prober has its own for the same reason
 (`load.HealthProber`). Every request is tallied by its answer: an HTTP status,
 or *lost* (sent, never answered: connection dropped or timed out). The clocks
 are `time.monotonic()`, which Linux shares between processes, so the flood's
-completions can be counted inside the window the small clients ran in.
+completions can be counted inside the window the small requests ran in.
 
 Request bodies are JSON bytes built once (the client's own JSON encoding is not
 part of the measurement); the flood builds its own in its process from a
@@ -44,6 +49,10 @@ from benchmarks.e2e.load import REQUEST_TIMEOUT_S, summarize_ms
 Bodies = Callable[[], list[bytes]]
 
 FLOOD_START_TIMEOUT_S = 120.0
+#: Open-loop requests in flight at once, at most: far above what a few small
+#: requests a second keep in flight (about rate x latency, under 10 here even
+#: flooded), so it binds only when the server has all but stopped answering.
+MAX_IN_FLIGHT = 256
 # The flood's in-flight requests are answered before its results come back:
 # at most one request timeout, plus its process's start and exit.
 FLOOD_RESULT_TIMEOUT_S = REQUEST_TIMEOUT_S + 60.0
@@ -59,6 +68,9 @@ class Tally:
     """Every request one kind of client sent, by how it ended."""
 
     sent: int = 0
+    #: Open loop: requests due by the schedule and not sent, because
+    #: `max_in_flight` requests were already waiting for their answers.
+    unsent: int = 0
     #: HTTP status (as a string, so the tally survives JSON) -> answers.
     statuses: Counter[str] = field(default_factory=Counter)
     #: Latency (s) and completion time (`time.monotonic()`) of each 200.
@@ -76,14 +88,14 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "sent": self.sent, "statuses": dict(self.statuses), "latencies_s": self.latencies_s,
-            "finished_at": self.finished_at, "first_error": self.first_error,
+            "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
+            "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
-        return cls(data["sent"], Counter(data["statuses"]), data["latencies_s"], data["finished_at"],
-                   data["first_error"])
+        return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
+                   data["finished_at"], data["first_error"])
 
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
@@ -93,6 +105,7 @@ class Tally:
         done = sum(begin <= t <= end for t in self.finished_at)
         return {
             "sent": self.sent,
+            "unsent": self.unsent,
             "statuses": dict(self.statuses),
             "lost": self.lost,
             "ok": len(self.latencies_s),
@@ -104,41 +117,85 @@ class Tally:
         }
 
 
+async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
+    """POST one request and tally how it ended."""
+    import aiohttp
+
+    tally.sent += 1
+    t0 = time.monotonic()
+    try:
+        async with session.post(url, data=body, headers=_JSON) as resp:
+            await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if not tally.first_error:
+            tally.first_error = f"{type(exc).__name__}: {exc}"
+        return
+    done = time.monotonic()
+    tally.statuses[str(status)] += 1
+    if status == 200:
+        tally.latencies_s.append(done - t0)
+        tally.finished_at.append(done)
+    elif not tally.first_error:
+        tally.first_error = f"HTTP {status}"
+
+
+def _session(connections: int) -> Any:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+
+
 async def closed_loop(
     url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally
 ) -> None:
     """`clients` clients, each sending its next request when the last one is
     answered, while `keep_going()`; returns once every request sent is answered or lost."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=clients, keepalive_timeout=KEEPALIVE_S)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _session(clients) as session:
 
         async def client(first: int) -> None:
             n = first
             while keep_going():
                 body = bodies[n % len(bodies)]
                 n += clients
-                tally.sent += 1
-                t0 = time.monotonic()
-                try:
-                    async with session.post(url, data=body, headers=_JSON) as resp:
-                        await resp.read()
-                        status = resp.status
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    if not tally.first_error:
-                        tally.first_error = f"{type(exc).__name__}: {exc}"
-                    continue
-                done = time.monotonic()
-                tally.statuses[str(status)] += 1
-                if status == 200:
-                    tally.latencies_s.append(done - t0)
-                    tally.finished_at.append(done)
-                elif not tally.first_error:
-                    tally.first_error = f"HTTP {status}"
+                await _send(session, url, body, tally)
 
         await asyncio.gather(*(client(i) for i in range(clients)))
+
+
+def poisson_arrivals(rate: float, seconds: float, rng: random.Random) -> list[float]:
+    """Send times (s from the start, below `seconds`) of a Poisson process of
+    `rate` requests a second: exponential gaps of mean `1 / rate`."""
+    times: list[float] = []
+    t = rng.expovariate(rate)
+    while t < seconds:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+async def open_loop(
+    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT
+) -> None:
+    """Send request `n` at `arrivals[n]` s from now, each in its own task, without
+    waiting for earlier answers; a request due while `max_in_flight` are in flight
+    is counted in `tally.unsent` instead. Returns once every request sent is
+    answered or lost."""
+    in_flight: set[asyncio.Task[None]] = set()
+    async with _session(max_in_flight) as session:
+        start = time.monotonic()
+        for n, at in enumerate(arrivals):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(in_flight) >= max_in_flight:
+                tally.unsent += 1
+                continue
+            task = asyncio.create_task(_send(session, url, bodies[n % len(bodies)], tally))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        await asyncio.gather(*in_flight)
 
 
 def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
@@ -146,6 +203,13 @@ def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tall
     tally = Tally()
     deadline = time.monotonic() + seconds
     asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally))
+    return tally
+
+
+def run_open(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
+    """`open_loop` from now until the last arrival (its requests in flight then are still waited for)."""
+    tally = Tally()
+    asyncio.run(open_loop(url, bodies, arrivals, tally, max_in_flight))
     return tally
 
 

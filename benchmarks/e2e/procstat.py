@@ -8,6 +8,10 @@ everything else below the API server (vLLM's engine core and model worker,
 multiprocessing's helpers). The difference of two snapshots over a block of
 load, divided by the requests it completed, is CPU per request.
 
+`group_cpu` adds up the CPU of every process in some process groups (a
+server started in its own session: its API server, engine core and workers),
+for what servers that take no traffic burn meanwhile.
+
 For the event-loop thread it also keeps the kernel's share of its CPU
 (`stime`) and its context switches: voluntary ones (it went to sleep: the loop
 waited for I/O or for the GIL) and involuntary ones (the scheduler took the
@@ -17,6 +21,7 @@ core away: more runnable threads than cores).
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import psutil
@@ -36,6 +41,28 @@ def _stat_times(path: str) -> tuple[float, float]:
     # The command name (field 2) may hold spaces: count fields after its ")".
     fields = text[text.rindex(")") + 2 :].split()
     return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def group_cpu(pgids: Collection[int]) -> float:
+    """utime + stime (seconds) of every live process whose process group is in `pgids`.
+
+    A process that exits between two readings takes its CPU with it (its
+    parent's `cutime` is not counted): nothing in a running server should."""
+    wanted = set(pgids)
+    total = 0.0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue  # exited since the listing
+        # After the command name's ")": state, ppid, pgrp, ..., utime (12th), stime (13th).
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) in wanted:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
 
 
 def _stat_cpu(path: str) -> float:

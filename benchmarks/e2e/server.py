@@ -110,6 +110,16 @@ class ServerFailed(RuntimeError):
     pass
 
 
+def wait_healthy(url: str, timeout: float) -> float:
+    """Wait until `url`'s `/health` answers 200; the seconds it took. `ServerFailed` after `timeout`."""
+    start = time.monotonic()
+    while not _healthy(url):
+        if time.monotonic() - start > timeout:
+            raise ServerFailed(f"{url}: /health did not answer within {timeout:.0f} s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
 @contextlib.contextmanager
 def running_server(
     config: ServerConfig,
