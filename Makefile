@@ -91,7 +91,9 @@ test-vllm: $(STAMP)
 # offload's contract suite against the ray strategy (adapters/ray/tests/test_contract.py),
 # then the vLLM adapter's end-to-end suite with ray servers.
 test-ray: $(RAY_STAMP)
-	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests $(PYTEST_ARGS)
+	# timeout_method=thread: a call stuck inside Ray's C++ core, which the default
+	# (signal) method cannot interrupt, fails the run with every thread's stack.
+	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests -o timeout_method=thread $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
 	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_VLLM_STRATEGIES=ray $(BIN)/python -m pytest \
 		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)

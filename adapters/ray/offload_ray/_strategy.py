@@ -150,6 +150,34 @@ def _connect(address: str | None, options: Mapping[str, Any]) -> None:
         raise error
 
 
+#: Ray jobs (connections) of this process that were connected when it forked.
+#: In such a parent Ray's answers that come through its GCS can stop (seen
+#: with Ray 2.60 once a child had tried the inherited executor and been told
+#: it cannot: `ray.available_resources()` never returned in the parent, and
+#: after a second fork no new actor started), while calls to running actors
+#: still work; so shutdown does not wait on the GCS there.
+_forked_jobs: set[str] = set()
+
+
+def _current_job() -> str | None:
+    try:
+        return str(ray.get_runtime_context().get_job_id()) if ray.is_initialized() else None
+    except Exception:  # Ray going away: no job
+        return None
+
+
+def _after_fork_in_parent() -> None:
+    job = _current_job()
+    if job is not None:
+        _forked_jobs.add(job)
+
+
+def _gcs_answers() -> bool:
+    """Whether shutdown may wait on Ray's GCS (actor deaths, free resources):
+    not in a process that forked while on its current connection."""
+    return ray.is_initialized() and _current_job() not in _forked_jobs
+
+
 def _after_fork_in_child() -> None:
     # The connector thread is the parent's; so is the connection.
     global _connector, _connect_requests, _connector_lock, _inherited_connection
@@ -160,7 +188,7 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent)
 
 
 # ---- the strategy --------------------------------------------------------------------
@@ -233,7 +261,10 @@ class RayStrategy(Strategy):
     to the cluster: for those it waits until they are dead only.
 
     **Fork.** Ray's connection does not survive `os.fork()`: in a child of a
-    process connected to Ray, calls fail with `OffloadError` saying so.
+    process connected to Ray, calls fail with `OffloadError` saying so. In
+    the parent, what Ray answers through its GCS can stop after a fork (Ray
+    2.60), so after a fork on the same connection `shutdown(wait=True)` kills
+    the actors and returns without waiting for their death or resources.
 
     Args:
         max_workers: the number of actors (and of concurrent calls). `None`:
@@ -373,7 +404,7 @@ class RayStrategy(Strategy):
             slots = self._dispatch.slots()
             with self._dispatch.lock:
                 placed = [s.actor for s in slots if s.actor is not None and s.placed]
-            if placed and ray.is_initialized():
+            if placed and _gcs_answers():
                 try:
                     self._free_at_stop = ray.available_resources()
                 except Exception:  # noqa: S110 (Ray going away: nothing to measure against)
@@ -390,7 +421,7 @@ class RayStrategy(Strategy):
         cluster counts what they held as free again, or `actor_stop_timeout`."""
         with self._dispatch.lock:
             stopped, self._stopped = self._stopped, []
-        if not stopped:
+        if not stopped or not _gcs_answers():
             return
         deadline = time.monotonic() + self._actor_stop_timeout
         alive = [actor for actor in stopped if not _dead_by(actor, deadline)]
@@ -404,7 +435,11 @@ class RayStrategy(Strategy):
         placed = self._placed_at_stop or []
         held = sum(1 for actor in stopped if any(actor is p for p in placed))
         free_before = self._free_at_stop
-        if not held or free_before is None or isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy):
+        if (
+            not held
+            or free_before is None
+            or isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy)
+        ):
             return
         reservation = {"CPU": self._num_cpus, **self._resources}
         try:

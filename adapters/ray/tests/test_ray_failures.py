@@ -163,3 +163,40 @@ def test_shutdown_with_wait_returns_once_the_actors_resources_are_back() -> None
         assert f"free while running {attempt} 0.0" in out, out
         assert f"free after shutdown {attempt} 2.0" in out, out
     assert "done" in out, out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_shutdown_with_wait_returns_in_a_process_that_forked() -> None:
+    # After a fork, what Ray answers through its GCS
+    # can stop in the parent: `shutdown(wait=True)` used to ask it for the free
+    # resources and never returned. Calls to running actors still work.
+    out = run_python(
+        """
+        import os, signal, time
+        import ray_settings
+        import ray
+        import offload
+
+        ray.init(**ray_settings.LOCAL_RAY)
+        for round_ in range(2):  # a new actor may never start after the second fork
+            ex = offload.get_executor("ray", max_workers=2, num_cpus=0.5)
+            assert ex.submit(os.getpid).result(timeout=300) > 0
+            pid = os.fork()
+            if pid == 0:  # the child tries the parent's executor, and is told
+                signal.alarm(60)
+                try:
+                    ex.submit(os.getpid).result(timeout=30)
+                except offload.OffloadError:
+                    pass
+                os._exit(0)
+            os.waitpid(pid, 0)
+            assert ex.submit(os.getpid).result(timeout=60) > 0
+            started = time.monotonic()
+            ex.shutdown(wait=True)
+            print("shutdown", round_, "took", round(time.monotonic() - started, 2), flush=True)
+        os._exit(0)  # ray.shutdown() would ask the GCS too
+        """
+    )
+    assert "shutdown 0 took" in out, out
+    took = float(out.split("shutdown 1 took ")[1].split()[0])
+    assert took < 30, out  # without the fix: never (the test's timeout)
