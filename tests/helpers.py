@@ -9,40 +9,28 @@ from typing import Any
 
 import offload
 
-
-def add(a: int, b: int = 0) -> int:
-    return a + b
-
-
-def identity(x: Any) -> Any:
-    return x
-
-
-def echo_args(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return args, kwargs
-
-
-class CustomError(Exception):
-    pass
-
-
-def raise_custom(message: str) -> None:
-    raise CustomError(message)
-
-
-def raise_value_error(message: str) -> None:
-    raise ValueError(message)
+# The functions the contract suite runs too: one definition, in offload.testing.
+from offload.testing._functions import (  # noqa: F401 (re-exported for the tests)
+    CustomError,
+    add,
+    count_init,
+    echo_args,
+    fail_init,
+    identity,
+    make_state,
+    pid,
+    raise_custom,
+    raise_value_error,
+    read_state,
+    sleep_and_return,
+    write_marker,
+)
 
 
 def fail_if(x: int, bad: int) -> int:
     if x == bad:
         raise ValueError(f"bad item {x}")
     return x * 2
-
-
-def sleep_and_return(seconds: float, value: Any = None) -> Any:
-    time.sleep(seconds)
-    return value
 
 
 def busy(seconds: float) -> int:
@@ -56,23 +44,6 @@ def busy(seconds: float) -> int:
 
 def worker_identity() -> tuple[int, int]:
     return os.getpid(), threading.get_ident()
-
-
-def make_state(tag: str) -> dict[str, Any]:
-    return {"tag": tag, "pid": os.getpid(), "thread": threading.get_ident(), "calls": 0}
-
-
-def read_state() -> dict[str, Any]:
-    state = offload.worker_state()
-    state["calls"] += 1
-    return dict(state)
-
-
-def write_marker(path: str, delay: float = 0.0) -> str:
-    time.sleep(delay)
-    with open(path, "a") as f:
-        f.write("ran\n")
-    return path
 
 
 def hold_slot(directory: str, hold: float) -> int:
@@ -92,10 +63,6 @@ def hold_slot(directory: str, hold: float) -> int:
 
 
 # ---- for the process strategy ------------------------------------------------
-
-
-def pid() -> int:
-    return os.getpid()
 
 
 def write_pid_and_sleep(directory: str, seconds: float) -> int:
@@ -126,19 +93,8 @@ def segfault() -> None:
     ctypes.string_at(0)
 
 
-def count_init(directory: str) -> int:
-    """Initializer: one line per run in a file named after the worker's pid."""
-    with open(os.path.join(directory, str(os.getpid())), "a") as f:
-        f.write("init\n")
-    return os.getpid()
-
-
 def state_and_pid() -> tuple[Any, int]:
     return offload.worker_state(), os.getpid()
-
-
-def fail_init() -> None:
-    raise RuntimeError("initializer broke")
 
 
 def rss_and_pid() -> tuple[int, int]:

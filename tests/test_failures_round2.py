@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 import offload
+from offload import _metrics
 
 from . import faults, helpers
 from .conftest import has_pool, small_options
@@ -196,13 +197,14 @@ async def test_aclose_timeout_stops_a_replacement_still_starting(tmp_path: Path)
 THREAD_CANNOT_START = """
 import resource, sys, threading, time
 import offload, prometheus_client
+from offload import _metrics
 from tests import faults, helpers
 
 strategy, busy = sys.argv[1], sys.argv[2] == "busy"
 
 def queued():
     return prometheus_client.REGISTRY.get_sample_value(
-        "offload_queued_calls", {"strategy": strategy, "function": "tests.helpers.write_marker"}
+        "offload_queued_calls", {"strategy": strategy, "function": _metrics.function_label(helpers.write_marker)}
     ) or 0.0
 
 if __name__ == "__main__":
@@ -327,7 +329,7 @@ def test_a_failed_start_is_retried_by_the_next_call(strategy: str, tmp_path: Pat
 
 async def test_kills_offload_orders_are_counted_as_stopped_calls_not_crashes(tmp_path: Path) -> None:
     ex = offload.get_executor("process", max_workers=1, cancel="kill")
-    fn = "tests.helpers.sleep_and_return"
+    fn = _metrics.function_label(helpers.sleep_and_return)
     crashed = sample("offload_crashed_calls_total", strategy="process", function=fn)
     dropped = {
         reason: sample("offload_dropped_calls_total", strategy="process", function=fn, reason=reason)
@@ -397,7 +399,7 @@ def test_a_child_forked_while_a_metric_lock_was_held_can_count() -> None:
                 assert ex.submit(helpers.add, 1, 2).result(60) == 3
                 families = _metrics._Families.get()
                 # A worker of the parent counting a call at the fork holds this lock.
-                child = families.queued.labels("thread", "tests.helpers.add")
+                child = families.queued.labels("thread", _metrics.function_label(helpers.add))
                 child._value._lock.acquire()
                 pid = os.fork()
                 if pid == 0:
