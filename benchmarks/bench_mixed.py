@@ -62,27 +62,23 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
-
-from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `-m`
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, models  # noqa: E402
-from benchmarks.e2e import load, mixed, procstat, stats  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, wait_healthy  # noqa: E402
+from benchmarks.e2e import idle_servers, load, mixed, stats  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -256,9 +252,7 @@ SMALL_RATE = 10.0
 #: `--small-arrivals closed`: 2 clients, the method before open-loop arrivals.
 SMALL_CLIENTS = 2
 HEAVY_CLIENTS = 8
-IDLE_SERVERS = ("paused", "running")
-#: A resumed server answers `/health` within milliseconds; a minute means it is broken.
-RESUME_TIMEOUT_S = 60.0
+IDLE_SERVERS = idle_servers.MODES
 #: 5 rounds: the fewest whose median interval ([min, max]) reaches 93.8% coverage.
 ROUNDS = 5
 #: 5 s phases: at the flooded p50 measured on main (0.5-1 s) each phase still
@@ -299,63 +293,6 @@ class SmallTraffic:
             return f"{self.clients} closed-loop clients"
         return (f"open-loop, Poisson arrivals at {self.rate:g}/s (seed {self.seed}, the same schedule for every "
                 f"row in a round; at most {self.max_in_flight} in flight)")
-
-
-class IdleServers:
-    """The servers whose row is not being measured: with `paused`, their process
-    groups stay stopped (SIGSTOP) except while `serving` their row; with
-    `running`, nothing is stopped. Every stopped server is resumed on exit,
-    whatever ended the run, so none is left stopped for its shutdown."""
-
-    def __init__(self, servers: dict[str, tuple[str, int]], mode: str) -> None:
-        self.mode = mode
-        self._urls = {row: url for row, (url, _) in servers.items()}
-        # running_servers starts each server in its own session: its process
-        # group's id is the API server's pid.
-        self._groups = {row: pid for row, (_, pid) in servers.items()}
-        self._stopped: set[str] = set()
-
-    def __enter__(self) -> Self:
-        if self.mode == "paused":
-            for row in self._groups:
-                self._stop(row)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        for row in list(self._stopped):
-            self._resume(row)
-
-    def _stop(self, row: str) -> None:
-        self._stopped.add(row)
-        # A server that died is reported when its row is served next (`/health`).
-        with suppress(ProcessLookupError):
-            os.killpg(self._groups[row], signal.SIGSTOP)
-
-    def _resume(self, row: str) -> None:
-        with suppress(ProcessLookupError):
-            os.killpg(self._groups[row], signal.SIGCONT)
-        self._stopped.discard(row)
-
-    @contextmanager
-    def serving(self, row: str) -> Iterator[None]:
-        """`row`'s server running (resumed and answering `/health`) for the block."""
-        if row in self._stopped:
-            self._resume(row)
-            wait_healthy(self._urls[row], RESUME_TIMEOUT_S)
-        try:
-            yield
-        finally:
-            if self.mode == "paused":
-                self._stop(row)
-
-    def others_cpu(self, row: str) -> float:
-        """CPU seconds used so far by every process of the servers other than `row`'s."""
-        return procstat.group_cpu({pgid for name, pgid in self._groups.items() if name != row})
 
 
 def measure(
@@ -743,7 +680,6 @@ def main(argv: list[str] | None = None) -> int:
         "variant": args.variant, "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
         "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
-        "small_arrivals": traffic.arrivals, "small_rate": traffic.rate if traffic.arrivals == "poisson" else None,
         "small": dataclasses.asdict(traffic), "idle_servers": args.idle_servers,
     }
 
@@ -791,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         servers = {row: url + variant.path for row, (url, _) in running.items()}
         result["startup_s"] = time.monotonic() - started
         # Entered after the servers: every stopped one is resumed before they are stopped.
-        idle = stack.enter_context(IdleServers(running, args.idle_servers))
+        idle = stack.enter_context(idle_servers.IdleServers(running, args.idle_servers))
         heavy_bodies = heavy()
         for row, url in servers.items():  # warm-up, not measured
             with idle.serving(row):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_mixed
-from benchmarks.e2e import mixed
+from benchmarks.e2e import idle_servers, mixed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
 LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority]"
@@ -205,7 +205,7 @@ def two_groups() -> Iterator[list[int]]:
 def _fail_while_paused(servers: dict[str, tuple[str, int]]) -> None:
     """Serve `a` then `b` with the others paused, checking who is stopped; fail while serving `b`."""
     (_, a), (_, b) = servers["a"], servers["b"]
-    with bench_mixed.IdleServers(servers, "paused") as idle:
+    with idle_servers.IdleServers(servers, "paused") as idle:
         assert _wait_state(a, stopped=True)
         assert _wait_state(b, stopped=True)
         with idle.serving("a"):
@@ -226,7 +226,7 @@ def test_idle_servers_stay_stopped_and_are_all_resumed(answering_server: str, tw
         _fail_while_paused(servers)
     assert _wait_state(a, stopped=False)
     assert _wait_state(b, stopped=False)
-    with bench_mixed.IdleServers(servers, "running") as idle, idle.serving("a"):
+    with idle_servers.IdleServers(servers, "running") as idle, idle.serving("a"):
         assert _state(a) != "T"
         assert _state(b) != "T"
 

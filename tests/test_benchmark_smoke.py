@@ -73,7 +73,7 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
     assert bench_mixed.main(["--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "mixed-preprocess.json").read_text())
     assert set(result["blocks"]) == set(bench_mixed.SMOKE_ROWS)
-    assert (result["small_arrivals"], result["small_rate"]) == ("poisson", bench_mixed.SMALL_RATE)
+    assert (result["small"]["arrivals"], result["small"]["rate"]) == ("poisson", bench_mixed.SMALL_RATE)
     assert result["idle_servers"] == "paused"
     for row, summary in result["summary"]["rows"].items():
         for kind, counts in summary["counts"].items():

@@ -31,15 +31,23 @@ WORKER_TITLE = "offload-vllm::renderer"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_times(path: str) -> tuple[float, float]:
-    """(utime, stime) in seconds from a `/proc/.../stat` file; zeros if it is gone."""
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a `/proc/.../stat` file after the command name (state,
+    ppid, pgrp, ...); None if it is gone."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError:
-        return 0.0, 0.0
+        return None
     # The command name (field 2) may hold spaces: count fields after its ")".
-    fields = text[text.rindex(")") + 2 :].split()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _stat_times(path: str) -> tuple[float, float]:
+    """(utime, stime) in seconds from a `/proc/.../stat` file; zeros if it is gone."""
+    fields = _stat_fields(path)
+    if fields is None:
+        return 0.0, 0.0
     return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
@@ -51,17 +59,8 @@ def group_cpu(pgids: Collection[int]) -> float:
     wanted = set(pgids)
     total = 0.0
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue  # exited since the listing
-        # After the command name's ")": state, ppid, pgrp, ..., utime (12th), stime (13th).
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[2]) in wanted:
-            total += (int(fields[11]) + int(fields[12])) / _TICK
+        if name.isdigit() and (fields := _stat_fields(f"/proc/{name}/stat")) and int(fields[2]) in wanted:
+            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
     return total
 
 
