@@ -5,9 +5,9 @@ built here). Each round visits the rows in a fresh random order, and only the
 row being measured gets traffic. With `--idle-servers paused` (the default)
 every other server's process group is stopped (SIGSTOP) meanwhile, and a
 server is resumed (SIGCONT, then `/health` answers) just before its row runs:
-a server whose row is not measured still uses CPU (a smoke run saw one use
-0.56 CPU-s/s just after its own flood), and up to six of them share the
-cores with the one measured. `--idle-servers running` leaves them all running (every
+a server whose row is not measured still uses CPU (docs/benchmarks.md says
+how much one smoke run saw), and up to six of them share the cores with the
+one measured. `--idle-servers running` leaves them all running (every
 result before this option existed). Either way the CPU that the servers not
 being measured use during each measured phase is read from `/proc` and
 reported (CPU seconds per second: ~0 when paused).

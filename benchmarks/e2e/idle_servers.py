@@ -1,7 +1,7 @@
 """Servers started side by side, measured one at a time: the others' process
 groups stopped (SIGSTOP) while one is measured, so that they take none of its
-cores (an idle vLLM server still uses CPU: one used 0.56 CPU-s/s just after a
-flood), and the CPU they use meanwhile read from `/proc`."""
+cores (an idle vLLM server still uses CPU, most just after a flood of its
+own), and the CPU they use meanwhile read from `/proc`."""
 
 from __future__ import annotations
 
