@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import unittest.mock
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from benchmarks import bench_mixed
 from benchmarks.e2e import idle_servers, mixed
+from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
 LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority]"
@@ -229,6 +231,24 @@ def test_idle_servers_stay_stopped_and_are_all_resumed(answering_server: str, tw
     with idle_servers.IdleServers(servers, "running") as idle, idle.serving("a"):
         assert _state(a) != "T"
         assert _state(b) != "T"
+
+
+def test_a_resumed_server_that_does_not_answer_fails_the_run(two_groups: list[int]) -> None:
+    # Nothing listens on the port: the server "resumed" never answers /health.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    a, b = two_groups
+    servers = {"a": (dead, a), "b": (dead, b)}
+    with (
+        pytest.raises(ServerFailed, match="did not answer"),
+        unittest.mock.patch.object(idle_servers, "RESUME_TIMEOUT_S", 0.5),
+        idle_servers.IdleServers(servers, "paused") as idle,
+        idle.serving("a"),
+    ):
+        pytest.fail("the block ran although the server did not answer")
+    assert _wait_state(a, stopped=False)  # resumed all the same
+    assert _wait_state(b, stopped=False)
 
 
 def _result(blocks: dict[str, list[dict[str, Any]]], **method: Any) -> dict[str, Any]:
