@@ -226,6 +226,74 @@ def test_shutdown_cancel_futures_drops_a_batch_held_by_max_wait(recorder: Record
     assert recorder.log == []
 
 
+class InFlight:
+    """A count of calls in flight, as a server would keep it."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return self.count
+
+
+def test_with_in_flight_a_lone_call_does_not_wait_out_max_wait(recorder: Recorder) -> None:
+    """Nothing else in flight: the hour-long window is not spent."""
+    in_flight = InFlight(1)
+    ex = offload.get_executor("async-renderer", max_batch_size=8, max_wait=3600, in_flight=in_flight)
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    try:
+        assert ex.submit(form, 1).result(PATIENCE) == (1, 0)
+        assert in_flight.reads >= 1
+    finally:
+        ex.shutdown(wait=True)
+
+
+def test_with_in_flight_a_batch_waits_for_the_others_and_no_longer(recorder: Recorder) -> None:
+    """Four calls in flight: the first waits for the other three (the window
+    is an hour) and runs as soon as they have joined, all four together."""
+    in_flight = InFlight(4)
+    ex = offload.get_executor("async-renderer", max_batch_size=8, max_wait=3600, in_flight=in_flight)
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    try:
+        first = ex.submit(form, 0)
+        with pytest.raises(TimeoutError):
+            first.result(0.2)  # held back: others are in flight
+        futures = [first, *(ex.submit(form, i) for i in (1, 2, 3))]
+        assert [f.result(PATIENCE) for f in futures] == [(i, 0) for i in range(4)]
+        # One of them is over: the next lone call does not wait.
+        in_flight.count = 1
+        assert ex.submit(form, 4).result(PATIENCE) == (4, 0)
+    finally:
+        ex.shutdown(wait=True)
+    assert recorder.batches() == [(0, 1, 2, 3)]
+
+
+def test_in_flight_that_raises_stops_the_wait_and_the_worker_goes_on(
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> int:
+        raise RuntimeError("no count")
+
+    ex = offload.get_executor("async-renderer", max_batch_size=8, max_wait=3600, in_flight=broken)
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    try:
+        assert ex.submit(form, 1).result(PATIENCE) == (1, 0)
+        assert ex.submit(form, 2).result(PATIENCE) == (2, 0)
+    finally:
+        ex.shutdown(wait=True)
+    assert [r.message for r in caplog.records].count(
+        f"{ex.strategy.name}: in_flight() raised; batches no longer wait for calls in flight"
+    ) == 1
+
+
+@pytest.mark.parametrize("bad", [3, "count"])
+def test_in_flight_must_be_callable(bad: object) -> None:
+    with pytest.raises(offload.ConfigError, match="in_flight must be a callable"):
+        offload.get_executor("async-renderer", in_flight=bad)
+
+
 # ---- batching under load -----------------------------------------------------
 
 

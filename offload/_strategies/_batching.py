@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -32,8 +33,13 @@ DEFAULT_MAX_BATCH_SIZE = 64
 #: vLLM's micro-batcher ~2 ms a request at low load (its 2 ms `batch_wait_timeout`).
 DEFAULT_MAX_WAIT = 0.0
 
+#: How often a batch waiting on `in_flight` reads it again: the callable's count
+#: changes without telling the strategy, and one read is a few attribute lookups.
+IN_FLIGHT_POLL_S = 0.0005
+
 _lane_ids = itertools.count()
 _UNSTARTED: Any = object()
+logger = logging.getLogger(__name__)
 
 
 @final
@@ -90,7 +96,17 @@ class BatchingStrategy(Strategy):
             counted from when its oldest call was queued. Default 0: never
             wait. A positive value trades latency for bigger batches, and then
             applies even to a call on an idle worker (vLLM's async renderer
-            behaved like `max_wait=0.002`).
+            behaved like `max_wait=0.002`), unless `in_flight` is given.
+        in_flight: how many calls are in flight or on their way, the batch's
+            own included; e.g. a server's requests being served, each making
+            one call. With it, a batch that is not full waits for more calls
+            (up to `max_wait`) only while this is more than the batch's size:
+            a lone call starts at once, and the window is spent only under
+            load, when other work is in the server. It is read on the worker
+            thread, with the strategy's lock held, every `IN_FLIGHT_POLL_S`
+            while a batch waits: it must be cheap, thread-safe and never
+            block (read a counter). If it raises, batches stop waiting; the
+            error is logged once.
         initializer: run once in the worker thread; its return value is that
             thread's `worker_state()`, e.g. the worker's own tokenizer. If it
             raises, the next queued call fails with `OffloadError` (the
@@ -110,6 +126,7 @@ class BatchingStrategy(Strategy):
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         max_wait: float = DEFAULT_MAX_WAIT,
+        in_flight: Callable[[], int] | None = None,
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-batch",
@@ -122,9 +139,13 @@ class BatchingStrategy(Strategy):
             or not 0 <= max_wait < float("inf")
         ):
             raise ConfigError(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
+        if in_flight is not None and not callable(in_flight):
+            raise ConfigError(f"in_flight must be a callable returning a count, got {in_flight!r}")
         check_initializer(initializer, initargs)
         self._max_batch_size = max_batch_size
         self._max_wait = float(max_wait)
+        self._in_flight = in_flight
+        self._in_flight_failed = False
         self._initializer = initializer
         self._initargs = initargs
         self._name = f"{thread_name_prefix}-{next(_lane_ids)}"
@@ -277,10 +298,27 @@ class BatchingStrategy(Strategy):
                     remaining = deadline - time.perf_counter()
                     if remaining <= 0:
                         break
+                    if self._in_flight is not None:
+                        if not self._others_in_flight(len(group)):
+                            break
+                        remaining = min(remaining, IN_FLIGHT_POLL_S)
                     self._cond.wait(remaining)
                     self._gather(key, group)
                 self._collecting = []
             return group
+
+    def _others_in_flight(self, batched: int) -> bool:
+        """Whether `in_flight` counts calls beyond the `batched` ones (False once it failed)."""
+        assert self._in_flight is not None
+        if self._in_flight_failed:
+            return False
+        try:
+            return self._in_flight() > batched
+        except Exception:
+            # A broken count must not stop the worker: batches stop waiting.
+            self._in_flight_failed = True
+            logger.exception("%s: in_flight() raised; batches no longer wait for calls in flight", self.name)
+            return False
 
     def _forget_withdrawn(self) -> None:
         # The queue drops withdrawn calls as it reaches them; their keys go

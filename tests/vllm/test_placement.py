@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from offload_vllm import _config, _kinds, read_settings
-from offload_vllm._config import OffloadVLLMConfigError
+from offload_vllm._config import DEFAULT_BATCH_WAIT_S, OffloadVLLMConfigError
 from offload_vllm._placements import Batched, InThread, OnLoop, Placement, Remote, placement_class
 
 import offload
@@ -133,16 +133,20 @@ def test_the_executor_gets_the_settings_and_the_placements_options() -> None:
         executor.shutdown()
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, 0.0), ("0.002", 0.002)])
+@pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
+    """The window, and the door's count of requests in flight that it waits on."""
     from offload_vllm._runtime import Runtime
+    from offload_vllm._seams.admission import RequestsInFlight
 
     env = {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}
     if raw is not None:
         env["OFFLOAD_VLLM_BATCH_WAIT"] = raw
-    executor = Runtime(read_settings(env)).placement(_vllm_config()).executor
+    in_flight = RequestsInFlight()
+    executor = Runtime(read_settings(env), in_flight).placement(_vllm_config()).executor
     try:
         assert executor.strategy.max_wait == expected  # type: ignore[attr-defined]
+        assert executor.strategy._in_flight is in_flight  # type: ignore[attr-defined]
     finally:
         executor.shutdown()
 

@@ -88,7 +88,9 @@ def register() -> None:
     from ._runtime import Runtime
     from ._seams import admission, io_processor, offline, serving
 
-    runtime = Runtime(settings)
+    # async-renderer's window is spent only while other requests are in flight.
+    in_flight = admission.RequestsInFlight() if settings.batch_window > 0 else None
+    runtime = Runtime(settings, in_flight)
     policy = admission.RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
@@ -97,8 +99,15 @@ def register() -> None:
         max_request_cost=settings.max_request_cost,
     )
     admission.install(policy)
-    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
-        admission.install_early_refusal(policy)
+    admission.install_door(
+        policy,
+        refuse=(
+            settings.max_queue is not None
+            or settings.max_queued_cost is not None
+            or settings.max_request_cost is not None
+        ),
+        in_flight=in_flight,
+    )
 
     def serving_built(serving_object: Any) -> Any:
         admission.cover(type(serving_object))

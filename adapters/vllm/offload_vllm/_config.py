@@ -41,6 +41,9 @@ FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
 BATCH_ACROSS_REQUESTS_ENV = "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS"
 BATCH_WAIT_ENV = "OFFLOAD_VLLM_BATCH_WAIT"
+#: async-renderer's default batching window, spent only while other requests
+#: are in flight (`_seams.admission.RequestsInFlight`); see docs/strategies/async-renderer.md.
+DEFAULT_BATCH_WAIT_S = 0.005
 # ---- end of tokenization settings ----
 
 #: The names the adapter knows how to wire into vLLM.
@@ -342,7 +345,8 @@ class Settings:
     #: `async-renderer`: calls of different requests with equal parameters share a tokenizer call.
     batch_across_requests: bool = True
     #: `async-renderer`: seconds a tokenizer batch that is not full waits for more
-    #: calls (the strategy's `max_wait`); `None`: the adapter's default.
+    #: calls while other requests are in flight (the strategy's `max_wait`); `None`:
+    #: the adapter's default (`batch_window`).
     batch_wait: float | None = None
     # ---- end of tokenization settings ----
     #: The settings (by their `OFFLOAD_VLLM_*` names) given under their old name.
@@ -358,6 +362,14 @@ class Settings:
     def lane_weights(self) -> dict[str, float]:
         """The executor's `lanes=` option."""
         return dict(self.lanes)
+
+    @property
+    def batch_window(self) -> float:
+        """Seconds a tokenizer batch waits for other requests in flight: the
+        setting, else `DEFAULT_BATCH_WAIT_S`, for a strategy that batches; 0 for the others."""
+        if self.strategy is None or not self.row.kind.batches:
+            return 0.0
+        return DEFAULT_BATCH_WAIT_S if self.batch_wait is None else self.batch_wait
 
     def lane_router(self) -> LaneRouter:
         """How requests are routed to lanes (`"default"` is always a lane)."""

@@ -71,6 +71,6 @@ STRATEGIES: Mapping[str, StrategyRow] = {
     "inline": StrategyRow(ON_LOOP),
     "thread": StrategyRow(IN_THREAD),
     "process": StrategyRow(REMOTE, own_options={"worker_nice": "nice"}, titles_workers=True),
-    "async-renderer": StrategyRow(BATCHED, own_options={"batch_wait": "max_wait"}),
+    "async-renderer": StrategyRow(BATCHED),
     "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
 }

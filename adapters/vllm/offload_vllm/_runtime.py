@@ -9,6 +9,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import offload
@@ -30,10 +31,13 @@ class Runtime:
     """Builds the executor and its placement once, from the settings and the
     served model's config, and answers the seams with the placement's calls."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, in_flight: Callable[[], int] | None = None) -> None:
+        """`in_flight`: the server's requests in flight, for a batching
+        strategy's window (`_seams.admission.RequestsInFlight`)."""
         if settings.strategy is None:
             raise ValueError("Runtime needs a strategy")
         self.settings = settings
+        self._in_flight = in_flight
         self.strategy: str = settings.strategy
         self._placement_class = placement_class(self.strategy)
         self._placement: Placement | None = None
@@ -93,6 +97,10 @@ class Runtime:
             value = getattr(settings, setting)
             if value is not None:
                 options[option] = value
+        if row.kind.batches:
+            options["max_wait"] = settings.batch_window
+            if self._in_flight is not None:
+                options["in_flight"] = self._in_flight
         options.update(
             self._placement_class.executor_options(vllm_config, row, prefix_tokenize=settings.prefix_tokenize)
         )

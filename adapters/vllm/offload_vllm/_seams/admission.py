@@ -40,7 +40,7 @@ import functools
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, final
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -64,6 +64,24 @@ REQUEST_LABEL = "vllm.pooling_request"
 _admitted: contextvars.ContextVar[bool] = contextvars.ContextVar("offload_vllm_admitted", default=False)
 
 _MARK = "__offload_vllm__"
+
+
+@final
+class RequestsInFlight:
+    """Pooling requests past the door (`CountRequests`) and not yet answered:
+    async-renderer's batches wait for more calls only while this is more than
+    the batch holds (the strategy's `in_flight`), so a lone request never
+    waits and, under load, requests that arrive close together share a
+    tokenizer call. Changed on the event loop's thread only; calling it (from
+    the worker thread) reads one int."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> int:
+        return self.count
 
 
 @dataclass(frozen=True)
@@ -237,12 +255,34 @@ def content_length(scope: Any) -> int:
         return 0
 
 
-def install_early_refusal(policy: RequestPolicy) -> None:
-    """Add `RefuseWhenFull` inside vLLM's own middleware and the operator's, where vLLM builds its app."""
+class CountRequests:
+    """ASGI middleware: counts a POST to a pooling route in `RequestsInFlight`
+    until its answer is sent (or it fails, or its client leaves). Inside
+    every other middleware, so a request refused before it is never counted."""
+
+    def __init__(self, app: Any, count: RequestsInFlight) -> None:
+        self.app = app
+        self._count = count
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not is_pooling_request(scope):
+            await self.app(scope, receive, send)
+            return
+        self._count.count += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._count.count -= 1
+
+
+def install_door(policy: RequestPolicy, *, refuse: bool, in_flight: RequestsInFlight | None) -> None:
+    """Where vLLM builds its app, add inside vLLM's own middleware and the
+    operator's: `RefuseWhenFull` if `refuse`, and `CountRequests` (innermost)
+    if `in_flight` is given."""
     from vllm.entrypoints.launchers import app as app_module
 
     original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
-    if getattr(original, _MARK, False):
+    if getattr(original, _MARK, False) or not (refuse or in_flight is not None):
         return
 
     @functools.wraps(original)
@@ -250,7 +290,11 @@ def install_early_refusal(policy: RequestPolicy) -> None:
         # Added before vLLM's (CORS, `--api-key` authentication, `--middleware`),
         # so inside them all: a request they refuse gets their answer and
         # nothing from offload (no lane named, no 503, no refusal counted).
-        app.add_middleware(RefuseWhenFull, policy=policy)
+        # Starlette makes the last added the outermost.
+        if in_flight is not None:
+            app.add_middleware(CountRequests, count=in_flight)
+        if refuse:
+            app.add_middleware(RefuseWhenFull, policy=policy)
         original(args, app, supported_tasks)
 
     setattr(init_entrypoints_middleware, _MARK, True)

@@ -1,0 +1,134 @@
+"""async-renderer's batching window on a real server: a batch waits only
+while other requests are in flight (past the door, not yet answered), so
+requests sent together share tokenizer batches and a lone request does not wait.
+
+The window here is the longest the setting takes (1 s), so that a lone request
+held for it could not be mistaken for a slow one: answers are expected in
+milliseconds, and the checks allow half a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ._server import Server, load_client, scrape, servers_started, start_server
+from .conftest import AVAILABLE
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif("async-renderer" not in AVAILABLE, reason="needs the async-renderer strategy"),
+]
+
+WINDOW_S = 1.0
+#: A lone request held for the window would take at least WINDOW_S.
+LONE_LIMIT_S = WINDOW_S / 2
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    start = functools.partial(
+        start_server, model_dirs["embed"], "minilm", "async-renderer", tmp_path_factory.mktemp("batch-window"),
+        extra_args=("--offload-batch-wait", str(WINDOW_S)),
+    )
+    with servers_started({"window": start}) as started:
+        yield started["window"]
+
+
+def embed(server: Server, text: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": text}, timeout=60)
+
+
+def lone_latencies(server: Server, n: int = 7) -> list[float]:
+    latencies = []
+    for i in range(n):
+        began = time.perf_counter()
+        assert embed(server, f"a lone request {i}").status_code == 200
+        latencies.append(time.perf_counter() - began)
+    return latencies
+
+
+def tokenizer_batches(server: Server) -> tuple[float, float]:
+    """(calls, batches) of the tokenization function so far."""
+    calls = batches = 0.0
+    for (name, labels), value in scrape(server).items():
+        label = dict(labels)
+        if label.get("strategy") != "async-renderer" or "tokenize" not in label.get("function", ""):
+            continue
+        if name == "offload_batch_size_sum":
+            calls += value
+        elif name == "offload_batch_size_count":
+            batches += value
+    return calls, batches
+
+
+def test_a_lone_request_does_not_wait_for_the_window(server: Server) -> None:
+    embed(server, "warm up")
+    latencies = lone_latencies(server)
+    assert statistics.median(latencies) < LONE_LIMIT_S, latencies
+
+
+def test_requests_sent_together_share_batches(server: Server) -> None:
+    """3 waves of 64 concurrent one-input requests: with the window they
+    gather in batches of 4 and more on average (about 1.4 without it on this
+    machine: docs/strategies/async-renderer.md)."""
+
+    async def waves() -> None:
+        async with load_client(64) as client:
+            for wave in range(3):
+                answers = await asyncio.gather(
+                    *(
+                        client.post(
+                            f"{server.url}/v1/embeddings",
+                            json={"model": server.model, "input": f"wave {wave} request {i}: the quick brown fox"},
+                        )
+                        for i in range(64)
+                    )
+                )
+                assert all(a.status_code == 200 for a in answers)
+
+    calls_before, batches_before = tokenizer_batches(server)
+    asyncio.run(waves())
+    calls_after, batches_after = tokenizer_batches(server)
+    calls, batches = calls_after - calls_before, batches_after - batches_before
+    assert calls == 3 * 64
+    sys.stdout.write(f"\nwindow {WINDOW_S:g} s: {calls:g} tokenization calls in {batches:g} batches\n")
+    assert calls / batches >= 4, (calls, batches)
+
+
+def test_requests_that_fail_or_are_left_are_not_counted_in_flight(server: Server) -> None:
+    """Requests that end before they render (a body that is not JSON, one
+    that fails validation, a client that disconnects mid-body) are no longer
+    counted in flight: lone requests after them still do not wait."""
+    for content in (b"{not json", b'{"model": "minilm", "input": {"not": "a prompt"}}'):
+        r = httpx.post(
+            f"{server.url}/v1/embeddings", content=content, headers={"content-type": "application/json"}, timeout=60
+        )
+        assert r.status_code == 400, r.text[:200]
+
+    async def disconnect_mid_body() -> None:
+        reader, writer = await asyncio.open_connection(*server.url.removeprefix("http://").split(":"))
+        writer.write(
+            b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000\r\n\r\n{\"model\": "
+        )
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        await writer.wait_closed()
+        del reader
+
+    for _ in range(3):
+        asyncio.run(disconnect_mid_body())
+    time.sleep(0.5)
+    latencies = lone_latencies(server)
+    assert statistics.median(latencies) < LONE_LIMIT_S, latencies
