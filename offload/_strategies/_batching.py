@@ -33,10 +33,6 @@ DEFAULT_MAX_BATCH_SIZE = 64
 #: vLLM's micro-batcher ~2 ms a request at low load (its 2 ms `batch_wait_timeout`).
 DEFAULT_MAX_WAIT = 0.0
 
-#: How often a batch waiting on `in_flight` reads it again: the callable's count
-#: changes without telling the strategy, and one read is a few attribute lookups.
-IN_FLIGHT_POLL_S = 0.0005
-
 _lane_ids = itertools.count()
 _UNSTARTED: Any = object()
 logger = logging.getLogger(__name__)
@@ -103,10 +99,11 @@ class BatchingStrategy(Strategy):
             (up to `max_wait`) only while this is more than the batch's size:
             a lone call starts at once, and the window is spent only under
             load, when other work is in the server. It is read on the worker
-            thread, with the strategy's lock held, every `IN_FLIGHT_POLL_S`
-            while a batch waits: it must be cheap, thread-safe and never
-            block (read a counter). If it raises, batches stop waiting; the
-            error is logged once.
+            thread, with the strategy's lock held, when a batch starts to
+            wait and each time a call joins it (not polled: a batch whose
+            others finish without joining waits out `max_wait`): it must be
+            cheap, thread-safe and never block (read a counter). If it
+            raises, batches stop waiting; the error is logged once.
         initializer: run once in the worker thread; its return value is that
             thread's `worker_state()`, e.g. the worker's own tokenizer. If it
             raises, the next queued call fails with `OffloadError` (the
@@ -298,10 +295,11 @@ class BatchingStrategy(Strategy):
                     remaining = deadline - time.perf_counter()
                     if remaining <= 0:
                         break
-                    if self._in_flight is not None:
-                        if not self._others_in_flight(len(group)):
-                            break
-                        remaining = min(remaining, IN_FLIGHT_POLL_S)
+                    # Read when the batch starts waiting and as each call joins,
+                    # not polled: waking the worker to read it would take the
+                    # GIL from the loop that makes the calls.
+                    if self._in_flight is not None and not self._others_in_flight(len(group)):
+                        break
                     self._cond.wait(remaining)
                     self._gather(key, group)
                 self._collecting = []
