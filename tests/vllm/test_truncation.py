@@ -135,9 +135,8 @@ def test_concurrent_requests_share_tokenizer_batches(
     calls, batches = calls_after - calls_before, batches_after - batches_before
     assert calls == 5 * 64
     # Keyed by the parameters' identity (each request has its own object and one
-    # input), no call can join another: 320 batches. Measured here: 320 calls in 175 batches (mean 1.8; short texts
-    # tokenize faster than the loop hands the next request over, so most calls
-    # find the worker idle and start alone).
+    # input), no call could join another: 320 batches. How big they get (with the
+    # adapter's default window) is benchmarks/bench_batch_wait.py's to measure.
     # Shown with `pytest -s` (and in the junit XML): the figure the docs quote.
     record_property("tokenizer_batch_mean", calls / batches)
     sys.stdout.write(f"\nasync-renderer: {calls:g} tokenization calls in {batches:g} batches (mean {calls / batches:.1f})\n")

@@ -43,7 +43,7 @@ BATCH_ACROSS_REQUESTS_ENV = "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS"
 BATCH_WAIT_ENV = "OFFLOAD_VLLM_BATCH_WAIT"
 #: async-renderer's default batching window, spent only while other requests
 #: are in flight (`_seams.admission.RequestsInFlight`); see docs/strategies/async-renderer.md.
-DEFAULT_BATCH_WAIT_S = 0.005
+DEFAULT_BATCH_WAIT_S = 0.01
 # ---- end of tokenization settings ----
 
 #: The names the adapter knows how to wire into vLLM.
