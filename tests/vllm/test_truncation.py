@@ -4,7 +4,6 @@ batches join calls of concurrent requests."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import sys
@@ -14,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from ._server import Server, load_client, scrape
+from ._batches import send_waves, tokenizer_batches
+from ._server import Server
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -101,43 +101,15 @@ def test_concurrent_requests_share_tokenizer_batches(
         pytest.skip("no async-renderer server here")
     server = servers[("async-renderer", "embed")]
 
-    def counts() -> tuple[float, float]:
-        """(calls, batches) of the tokenization function (the executor also builds responses)."""
-        values = scrape(server)
-        sums = counts_ = 0.0
-        for (name, labels), value in values.items():
-            label = dict(labels)
-            if label.get("strategy") != "async-renderer" or "tokenize" not in label.get("function", ""):
-                continue
-            if name == "offload_batch_size_sum":
-                sums += value
-            elif name == "offload_batch_size_count":
-                counts_ += value
-        return sums, counts_
-
-    async def waves() -> None:
-        async with load_client(64) as client:
-            for wave in range(5):
-                answers = await asyncio.gather(
-                    *(
-                        client.post(
-                            f"{server.url}/v1/embeddings",
-                            json={"model": server.model, "input": f"wave {wave} request {i}: the quick brown fox"},
-                        )
-                        for i in range(64)
-                    )
-                )
-                assert all(a.status_code == 200 for a in answers)
-
-    calls_before, batches_before = counts()
-    asyncio.run(waves())
-    calls_after, batches_after = counts()
+    calls_before, batches_before = tokenizer_batches(server)
+    send_waves(server, 5)
+    calls_after, batches_after = tokenizer_batches(server)
     calls, batches = calls_after - calls_before, batches_after - batches_before
     assert calls == 5 * 64
     # Keyed by the parameters' identity (each request has its own object and one
     # input), no call could join another: 320 batches. How big they get (with the
     # adapter's default window) is benchmarks/bench_batch_wait.py's to measure.
-    # Shown with `pytest -s` (and in the junit XML): the figure the docs quote.
+    # Shown with `pytest -s` (and in the junit XML).
     record_property("tokenizer_batch_mean", calls / batches)
     sys.stdout.write(f"\nasync-renderer: {calls:g} tokenization calls in {batches:g} batches (mean {calls / batches:.1f})\n")
     assert batches < calls, f"{batches:g} tokenizer batches for {calls:g} calls: none joined another request's"
