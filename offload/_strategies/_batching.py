@@ -296,8 +296,8 @@ class BatchingStrategy(Strategy):
                     if remaining <= 0:
                         break
                     # Read when the batch starts waiting and as each call joins,
-                    # not polled: waking the worker to read it would take the
-                    # GIL from the loop that makes the calls.
+                    # not polled: every poll would wake the worker to contend
+                    # for the GIL with the loop that makes the calls.
                     if self._in_flight is not None and not self._others_in_flight(len(group)):
                         break
                     self._cond.wait(remaining)
