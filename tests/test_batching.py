@@ -270,6 +270,26 @@ def test_with_in_flight_a_batch_waits_for_the_others_and_no_longer(recorder: Rec
     assert recorder.batches() == [(0, 1, 2, 3)]
 
 
+def test_a_call_cancelled_while_its_batch_waits_for_the_others_never_runs(recorder: Recorder) -> None:
+    """The batch holds calls 0 and 1 while others are in flight; 1's caller
+    gives up; when 2 joins, the batch runs 0 and 2 only."""
+    in_flight = InFlight(3)
+    ex = offload.get_executor("async-renderer", max_batch_size=8, max_wait=3600, in_flight=in_flight)
+    form = ex.strategy.batch_form(recorder.one, recorder.many)
+    try:
+        first, dropped = ex.submit(form, 0), ex.submit(form, 1)
+        with pytest.raises(TimeoutError):
+            first.result(0.2)  # both held: a third is in flight
+        assert dropped.cancel()
+        last = ex.submit(form, 2)
+        assert (first.result(PATIENCE), last.result(PATIENCE)) == ((0, 0), (2, 0))
+    finally:
+        ex.shutdown(wait=True)
+    assert dropped.cancelled()
+    assert recorder.batches() == [(0, 2)]
+    assert 1 not in recorder.succeeded
+
+
 def test_in_flight_that_raises_stops_the_wait_and_the_worker_goes_on(
     recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
