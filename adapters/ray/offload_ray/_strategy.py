@@ -7,6 +7,7 @@ is what one slot does with its actor.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import math
@@ -15,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import ray
 import ray.exceptions
@@ -57,6 +58,8 @@ DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
 #: Resource amounts closer than this are equal: Ray counts resources in
 #: units of 1/10000.
 _RESOURCE_SLACK = 0.5e-4
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("offload_ray")
 
@@ -151,12 +154,17 @@ def _connect(address: str | None, options: Mapping[str, Any]) -> None:
 
 
 #: Ray jobs (connections) of this process that were connected when it forked.
-#: In such a parent Ray's answers that come through its GCS can stop (seen
-#: with Ray 2.60 once a child had tried the inherited executor and been told
-#: it cannot: `ray.available_resources()` never returned in the parent, and
-#: after a second fork no new actor started), while calls to running actors
-#: still work; so shutdown does not wait on the GCS there.
+#: A child that releases Ray objects it inherited (object refs, actor
+#: handles) speaks on the parent's connections; with Ray 2.60 the parent's
+#: GCS then stopped answering (`ray.available_resources()` never returned, no
+#: new actor started) or Ray aborted it. Children forked with offload loaded
+#: no longer do that (`_after_fork_in_child`), but a child's own code still
+#: can, so shutdown does not wait on the GCS in such a parent.
 _forked_jobs: set[str] = set()
+
+#: In a child: the parent's pools (slots, actor handles, killed actors), kept
+#: so that dropping them never releases the parent's actors through Ray.
+_parents_pools: list[dict[str, Any]] = []
 
 
 def _current_job() -> str | None:
@@ -185,6 +193,12 @@ def _after_fork_in_child() -> None:
     _connect_requests = queue.SimpleQueue()
     _connector_lock = threading.Lock()
     _inherited_connection = ray.is_initialized()
+    if _inherited_connection:
+        # The child's cycle collector would finalize Ray objects inherited from
+        # the parent, and their finalizers tell Ray, on the parent's
+        # connections, that the parent released them. Frozen objects are never
+        # collected (they stay, shared copy-on-write, as after any fork).
+        gc.freeze()
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
@@ -256,15 +270,21 @@ class RayStrategy(Strategy):
     dead and the cluster's resource view (`ray.available_resources()`) counts
     their reservations as free again, so a pool started next can take them at
     once; if that takes longer than `actor_stop_timeout` seconds, it logs a
-    warning (logger `offload_ray`) saying what is still held and returns. Actors
+    warning (logger `offload_ray`) saying what is still held and returns; if
+    Ray's GCS does not answer, shutdown returns all the same, within
+    `actor_stop_timeout` plus 10 s. Actors
     placed in a placement group give their resources back to the group, not
     to the cluster: for those it waits until they are dead only.
 
     **Fork.** Ray's connection does not survive `os.fork()`: in a child of a
-    process connected to Ray, calls fail with `OffloadError` saying so. In
-    the parent, what Ray answers through its GCS can stop after a fork (Ray
-    2.60), so after a fork on the same connection `shutdown(wait=True)` kills
-    the actors and returns without waiting for their death or resources.
+    process connected to Ray, calls fail with `OffloadError` saying so. The
+    child never releases the Ray objects it inherited (the parent's pools are
+    kept, and `gc.freeze()` keeps its garbage collector off them): their
+    finalizers speak on the parent's connections and broke the parent's Ray
+    (Ray 2.60: no new actor started, its GCS stopped answering, or Ray aborted
+    it). A child's own code can still release such objects, so in a process
+    that forked while connected `shutdown(wait=True)` kills the actors and
+    returns without waiting for their death or resources.
 
     Args:
         max_workers: the number of actors (and of concurrent calls). `None`:
@@ -405,10 +425,11 @@ class RayStrategy(Strategy):
             with self._dispatch.lock:
                 placed = [s.actor for s in slots if s.actor is not None and s.placed]
             if placed and _gcs_answers():
-                try:
-                    self._free_at_stop = ray.available_resources()
-                except Exception:  # noqa: S110 (Ray going away: nothing to measure against)
-                    pass
+                # `None` (nothing to measure against): Ray going away, or its
+                # GCS not answering.
+                self._free_at_stop = _answer_within(
+                    ray.available_resources, min(_GCS_GRACE, self._actor_stop_timeout)
+                )
             self._placed_at_stop = placed
         self._stopping = True
         self._dispatch.close(cancel_futures)
@@ -424,6 +445,20 @@ class RayStrategy(Strategy):
         if not stopped or not _gcs_answers():
             return
         deadline = time.monotonic() + self._actor_stop_timeout
+        # Ray's calls here go through its GCS and have no timeout of their own:
+        # one the GCS never answers would hold shutdown forever.
+        def wait() -> bool:
+            self._wait_for_release(stopped, deadline)
+            return True
+
+        if _answer_within(wait, self._actor_stop_timeout + _GCS_GRACE) is None:
+            logger.warning(
+                "ray strategy: shutdown waited %g s and Ray's GCS did not answer whether its "
+                "%d actors are dead and their resources free; returning",
+                self._actor_stop_timeout, len(stopped),
+            )
+
+    def _wait_for_release(self, stopped: list[Any], deadline: float) -> None:
         alive = [actor for actor in stopped if not _dead_by(actor, deadline)]
         if alive:
             logger.warning(
@@ -479,6 +514,7 @@ class RayStrategy(Strategy):
         # The parent's slot threads do not exist here, its actors are its own
         # (and Ray's connection is not ours: `_connect` says so).
         stopping = self._stopping
+        _parents_pools.append(dict(vars(self)))
         self._new_pool()
         if stopping:
             self.shutdown(wait=False, cancel_futures=True)
@@ -619,6 +655,31 @@ def _kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: S110 (already gone, or Ray is shutting down)
         pass
+
+
+#: Seconds shutdown gives Ray's GCS for the free resources before it kills
+#: the actors, and past `actor_stop_timeout` for the wait after (a GCS that
+#: answers does so in milliseconds).
+_GCS_GRACE = 5.0
+
+
+def _answer_within(question: Callable[[], _T], timeout: float) -> _T | None:
+    """`question()`, or `None` if it raised or had not returned within
+    `timeout` seconds. It runs on a daemon thread, which a call stuck in Ray's
+    C++ core leaves behind: nothing can interrupt such a call."""
+    answers: queue.SimpleQueue[_T | None] = queue.SimpleQueue()
+
+    def ask() -> None:
+        try:
+            answers.put(question())
+        except BaseException:  # Ray going away: no answer
+            answers.put(None)
+
+    threading.Thread(target=ask, name="offload-ray-ask-gcs", daemon=True).start()
+    try:
+        return answers.get(timeout=timeout)
+    except queue.Empty:
+        return None
 
 
 def _dead_by(actor: Any, deadline: float) -> bool:
