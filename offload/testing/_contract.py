@@ -863,6 +863,13 @@ class StrategyContract:
                 except BaseException:
                     code = 2
                 finally:
+                    try:
+                        # The workers the child started are the child's to stop
+                        # (a ProcessPoolExecutor's outlive an owner that exits
+                        # without shutting it down).
+                        ex.shutdown()
+                    except BaseException:
+                        code = code or 4
                     os._exit(code)
             deadline = time.monotonic() + 60
             while not (status := os.waitpid(child, os.WNOHANG))[0]:
