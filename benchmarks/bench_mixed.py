@@ -295,8 +295,31 @@ class SmallTraffic:
                 f"row in a round; at most {self.max_in_flight} in flight)")
 
 
+@dataclass(frozen=True)
+class HeavyTraffic:
+    """How the flood's heavy requests are sent (`--heavy-clients`, `--heavy-rate`)."""
+
+    #: Closed-loop clients (`rate` 0).
+    clients: int = HEAVY_CLIENTS
+    #: Requests a second, open-loop with Poisson arrivals; 0: closed-loop clients.
+    rate: float = 0.0
+    seed: int = 0
+
+    def schedule(self, seconds: float, round_number: int) -> list[float] | None:
+        """Send times of one flood (`None`: closed loop), the same for every row in a round."""
+        if not self.rate:
+            return None
+        return mixed.poisson_arrivals(self.rate, seconds, random.Random(f"heavy {self.seed} {round_number}"))
+
+    def describe(self) -> str:
+        if not self.rate:
+            return f"{self.clients} closed-loop heavy clients"
+        return (f"heavy requests open-loop, Poisson arrivals at {self.rate:g}/s (seed {self.seed}, the same "
+                f"schedule for every row in a round)")
+
+
 def measure(
-    url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, heavy_clients: int,
+    url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, heavy_traffic: HeavyTraffic,
     seconds: float, ramp_s: float, round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0,
 ) -> dict[str, Any]:
     """One row's two phases: small requests alone, then under the flood; `idle_cpu()`
@@ -305,7 +328,9 @@ def measure(
     alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
     idle = {"alone": _per_s(idle_cpu() - cpu_before, alone_window)}
-    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
+    # Long enough for the flooded phase, which waits for its last small answers.
+    arrivals = heavy_traffic.schedule(ramp_s + seconds + load.REQUEST_TIMEOUT_S, round_number)
+    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_traffic.clients, arrivals) as flood:
         time.sleep(ramp_s)
         cpu_before, begin = idle_cpu(), time.monotonic()
         flooded = traffic.run(url, small, seconds, round_number, "flooded")
@@ -507,6 +532,11 @@ def _statuses(counts: dict[str, Any]) -> str:
     return f"{counts['sent']} / {statuses.get('200', 0)} / {statuses.get('503', 0)} / {other} / {counts['lost']}"
 
 
+def _heavy_traffic(result: dict[str, Any]) -> str:
+    """The flood a result was measured with (results before open-loop floods: closed loop)."""
+    return HeavyTraffic(**(result.get("heavy") or {"clients": result["heavy_clients"]})).describe()
+
+
 def _small_traffic(result: dict[str, Any]) -> str:
     """The small traffic a result was measured with (results before open-loop arrivals: closed loop)."""
     small = result.get("small") or {"arrivals": "closed", "clients": result["small_clients"]}
@@ -556,7 +586,7 @@ def markdown(result: dict[str, Any]) -> str:
          f"{result['loadavg_before']} before, {result['loadavg_after']} after."),
         "",
         (f"{VARIANTS[result['variant']].description}. Small requests: {_small_traffic(result)}, alone and then with "
-         f"{result['heavy_clients']} heavy clients (after a {result['ramp_s']:g} s ramp); {result['rounds']} "
+         f"{_heavy_traffic(result)} (after a {result['ramp_s']:g} s ramp); {result['rounds']} "
          f"round{'s' if result['rounds'] != 1 else ''} of {result['seconds']:g} s phases, rows in a fresh random order each round; "
          f"{_idle_servers(result)}. Medians over rounds, "
          f"[intervals] from order statistics (coverage {100 * coverage:.1f}% with {result['rounds']} rounds). "
@@ -640,7 +670,9 @@ def _loadavg() -> str:
 
 
 def _write(out: Path, result: dict[str, Any]) -> None:
-    stem = f"mixed-{result['variant']}"
+    heavy = result.get("heavy") or {}
+    # An open-loop flood is another experiment: its results do not replace the closed loop's.
+    stem = f"mixed-{result['variant']}" + (f"-heavy-{heavy['rate']:g}-per-s" if heavy.get("rate") else "")
     _common.write(out, stem, result, markdown(result))
 
 
@@ -657,7 +689,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="poisson: open loop at --small-rate; closed: --small-clients clients, each waiting for its answer")
     p.add_argument("--small-rate", type=float, default=SMALL_RATE, help="small requests a second (poisson)")
     p.add_argument("--small-clients", type=int, default=SMALL_CLIENTS, help="closed-loop small clients (closed)")
-    p.add_argument("--heavy-clients", type=int, default=HEAVY_CLIENTS)
+    p.add_argument("--heavy-clients", type=int, default=HEAVY_CLIENTS, help="closed-loop heavy clients")
+    p.add_argument("--heavy-rate", type=float, default=0.0,
+                   help="heavy requests a second, open-loop (Poisson), the same for every row: compares the rows "
+                        "at equal heavy load; 0 (default): --heavy-clients closed-loop clients")
     p.add_argument("--idle-servers", choices=IDLE_SERVERS, default=IDLE_SERVERS[0],
                    help="paused: stop every server but the measured row's (SIGSTOP); running: leave them running")
     p.add_argument("--seed", type=int, default=0, help="the rows' order and the small requests' arrivals")
@@ -665,6 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.small_rate <= 0:
         p.error("--small-rate must be above 0")
+    if args.heavy_rate < 0:
+        p.error("--heavy-rate must be 0 (closed loop) or above")
+    heavy_traffic = HeavyTraffic(args.heavy_clients, args.heavy_rate, args.seed)
     variant = VARIANTS[args.variant]
     traffic = SmallTraffic(args.small_arrivals, args.small_rate, args.small_clients, args.seed)
     if args.smoke:  # proves the whole run works in a few minutes; measures nothing
@@ -680,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         "variant": args.variant, "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
         "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
-        "small": dataclasses.asdict(traffic), "idle_servers": args.idle_servers,
+        "small": dataclasses.asdict(traffic), "heavy": dataclasses.asdict(heavy_traffic),
+        "idle_servers": args.idle_servers,
     }
 
     usage = adapter_usage()
@@ -739,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in order:
                 t0 = time.monotonic()
                 with idle.serving(row):
-                    block = measure(servers[row], small, heavy, traffic, args.heavy_clients, seconds, ramp_s,
+                    block = measure(servers[row], small, heavy, traffic, heavy_traffic, seconds, ramp_s,
                                     round_number, functools.partial(idle.others_cpu, row))
                 block["wall_s"] = time.monotonic() - t0
                 blocks[row].append(block)

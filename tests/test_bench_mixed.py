@@ -179,6 +179,31 @@ def test_open_loop_counts_lost_requests(answering_server: str) -> None:
     assert tally.first_error
 
 
+def test_an_open_loop_flood_sends_on_schedule_until_stopped(answering_server: str) -> None:
+    arrivals = [n * 0.05 for n in range(2000)]  # 20 a second for 100 s
+    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    with mixed.Flood(answering_server + "/ok", build, clients=1, arrivals=arrivals) as flood:
+        time.sleep(1.0)
+    tally = flood.tally
+    # About 20 were due in that second; a closed-loop client would have sent
+    # hundreds to a loopback server answering at once, and the whole schedule
+    # would take 100 s.
+    assert 5 <= tally.sent <= 60, tally.sent
+    assert tally.statuses == {"200": tally.sent}
+    assert (tally.lost, tally.unsent) == (0, 0)
+
+
+def test_every_row_gets_the_same_heavy_schedule_in_a_round() -> None:
+    assert bench_mixed.HeavyTraffic(clients=8).schedule(100.0, 0) is None  # closed loop
+    heavy = bench_mixed.HeavyTraffic(rate=20.0, seed=3)
+    times = heavy.schedule(100.0, 0)
+    assert times is not None
+    assert 0.9 * 20 < len(times) / 100 < 1.1 * 20
+    assert times == bench_mixed.HeavyTraffic(rate=20.0, seed=3).schedule(100.0, 0)
+    assert times != heavy.schedule(100.0, 1)
+    assert times != bench_mixed.SmallTraffic("poisson", rate=20.0, seed=3).schedule(100.0, 0, "flooded")
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
@@ -266,6 +291,7 @@ def test_the_report_says_how_small_requests_were_sent_and_what_idle_servers_cost
     old = {bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}
     report = bench_mixed.markdown(_result(old))
     assert "Small requests: 2 closed-loop clients, alone" in report
+    assert "with 8 closed-loop heavy clients (after a 1 s ramp)" in report
     assert "every row's server running throughout" in report
     assert "not recorded" in report
     new = {
@@ -276,6 +302,9 @@ def test_the_report_says_how_small_requests_were_sent_and_what_idle_servers_cost
     traffic = bench_mixed.SmallTraffic()
     report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), idle_servers="paused"))
     assert "Small requests: open-loop, Poisson arrivals at 10/s" in report
+    heavy = dataclasses.asdict(bench_mixed.HeavyTraffic(rate=15.0))
+    report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), heavy=heavy, idle_servers="paused"))
+    assert "with heavy requests open-loop, Poisson arrivals at 15/s" in report
     assert "stopped (SIGSTOP)" in report
     assert "idle servers paused" in report
     assert "0.004 at most" in report

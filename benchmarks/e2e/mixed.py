@@ -7,7 +7,9 @@
 Small requests are sent open-loop (`open_loop`: at the times of a schedule,
 such as `poisson_arrivals`, each in its own task, whatever the earlier ones'
 answers) or by closed-loop clients (`closed_loop`: each sends its next
-request when the last is answered); the flood is always closed-loop.
+request when the last is answered). So is the flood: closed-loop clients by
+default, which send more the faster they are answered; open-loop at a fixed
+rate to offer every server the same heavy requests.
 
 The flood has its own process so that the small requests' latencies are timed
 on an event loop that is not also pushing the heavy requests' bodies (up to a
@@ -176,12 +178,13 @@ def poisson_arrivals(rate: float, seconds: float, rng: random.Random) -> list[fl
 
 
 async def open_loop(
-    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT
+    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT,
+    keep_going: Callable[[], bool] = lambda: True,
 ) -> None:
     """Send request `n` at `arrivals[n]` s from now, each in its own task, without
-    waiting for earlier answers; a request due while `max_in_flight` are in flight
-    is counted in `tally.unsent` instead. Returns once every request sent is
-    answered or lost."""
+    waiting for earlier answers, while `keep_going()`; a request due while
+    `max_in_flight` are in flight is counted in `tally.unsent` instead. Returns
+    once every request sent is answered or lost."""
     in_flight: set[asyncio.Task[None]] = set()
     async with _session(max_in_flight) as session:
         start = time.monotonic()
@@ -189,6 +192,8 @@ async def open_loop(
             delay = start + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if not keep_going():
+                break
             if len(in_flight) >= max_in_flight:
                 tally.unsent += 1
                 continue
@@ -214,15 +219,19 @@ def run_open(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight
 
 
 def _flood(
-    url: str, build: Bodies, clients: int, started: Any, stop: Any, out: multiprocessing.connection.Connection
+    url: str, build: Bodies, clients: int, arrivals: list[float] | None, started: Any, stop: Any,
+    out: multiprocessing.connection.Connection,
 ) -> None:
     bodies = build()
     tally = Tally()
 
     async def go() -> None:
-        # Set once the loop runs: the clients' first requests go out in this same turn.
+        # Set once the loop runs: the first requests go out in this same turn.
         asyncio.get_running_loop().call_soon(started.set)
-        await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
+        if arrivals is None:
+            await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
+        else:
+            await open_loop(url, bodies, arrivals, tally, keep_going=lambda: not stop.is_set())
 
     asyncio.run(go())
     out.send(tally.as_dict())
@@ -230,16 +239,18 @@ def _flood(
 
 
 class Flood:
-    """`clients` closed-loop clients sending `build()`'s bodies to `url` from another
-    process, from `__enter__` until `__exit__`; `tally` holds what they got."""
+    """`build()`'s bodies sent to `url` from another process, from `__enter__`
+    until `__exit__`, by `clients` closed-loop clients or, given `arrivals`,
+    open-loop at those times (s from `__enter__`; `open_loop`); `tally` holds
+    what they got."""
 
-    def __init__(self, url: str, build: Bodies, clients: int) -> None:
+    def __init__(self, url: str, build: Bodies, clients: int, arrivals: list[float] | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._started = ctx.Event()
         self._stop = ctx.Event()
         self._recv, send = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
-            target=_flood, args=(url, build, clients, self._started, self._stop, send), daemon=True
+            target=_flood, args=(url, build, clients, arrivals, self._started, self._stop, send), daemon=True
         )
         self.tally = Tally()
 
