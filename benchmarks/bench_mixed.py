@@ -77,7 +77,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, models  # noqa: E402
-from benchmarks.e2e import idle_servers, load, mixed, stats  # noqa: E402
+from benchmarks.e2e import idle_servers, load, mixed, stats, thread_states  # noqa: E402
 from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
@@ -321,9 +321,12 @@ class HeavyTraffic:
 def measure(
     url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, heavy_traffic: HeavyTraffic,
     seconds: float, ramp_s: float, round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0,
+    loop_pid: int | None = None,
 ) -> dict[str, Any]:
     """One row's two phases: small requests alone, then under the flood; `idle_cpu()`
-    reads the CPU used so far by the servers not being measured."""
+    reads the CPU used so far by the servers not being measured; with `loop_pid`,
+    what that process's main thread (the API server's event loop) spends the
+    flooded phase on (`thread_states`)."""
     cpu_before, start = idle_cpu(), time.monotonic()
     alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
@@ -332,17 +335,22 @@ def measure(
     arrivals = heavy_traffic.schedule(ramp_s + seconds + load.REQUEST_TIMEOUT_S, round_number)
     with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_traffic.clients, arrivals) as flood:
         time.sleep(ramp_s)
-        cpu_before, begin = idle_cpu(), time.monotonic()
-        flooded = traffic.run(url, small, seconds, round_number, "flooded")
-        window = (begin, time.monotonic())
-        idle["flooded"] = _per_s(idle_cpu() - cpu_before, window)
-    return {
+        with ExitStack() as sampling:
+            loop = sampling.enter_context(thread_states.ThreadStates(loop_pid)) if loop_pid is not None else None
+            cpu_before, begin = idle_cpu(), time.monotonic()
+            flooded = traffic.run(url, small, seconds, round_number, "flooded")
+            window = (begin, time.monotonic())
+            idle["flooded"] = _per_s(idle_cpu() - cpu_before, window)
+    block = {
         "alone": alone.summary(alone_window),
         "flooded": flooded.summary(window),
         "heavy": flood.tally.summary(window),
         "health": prober.summary(),
         "idle_cpu_per_s": idle,
     }
+    if loop is not None:
+        block["loop"] = loop.summary()
+    return block
 
 
 def _per_s(amount: float, window: tuple[float, float]) -> float:
@@ -373,6 +381,12 @@ METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
 }
 #: The phases small requests are sent in.
 PHASES = ("alone", "flooded")
+#: What the API server's loop thread spent the flooded phase on (`thread_states`), as reported.
+LOOP_KEYS = (*thread_states.STATES, "cpu_s_per_s", "runqueue_s_per_s")
+LOOP_LABELS = (
+    "running (on a CPU or runnable)", "waiting for a lock (futex: mostly the GIL)", "idle in its selector", "other",
+    "CPU s/s", "run-queue wait s/s",
+)
 #: Metrics compared between rows, round by round.
 PAIRED = ("flooded_p50_ms", "flooded_p99_ms", "heavy_per_s", "health_p99_ms")
 
@@ -425,6 +439,7 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "unsent": sum(b[kind].get("unsent", 0) for b in row_blocks),
             }
         idle = [b["idle_cpu_per_s"] for b in row_blocks if "idle_cpu_per_s" in b]
+        loops = [b["loop"] for b in row_blocks if "error" not in b.get("loop", {"error": ""})]
         summary["rows"][row] = {
             "values": {m: _interval(_values(row_blocks, m)) for m in METRICS},
             "counts": counts,
@@ -433,6 +448,7 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "small_unsent": {phase: [b[phase].get("unsent", 0) for b in row_blocks] for phase in PHASES},
             "idle_cpu_per_s": {phase: _interval([i[phase] for i in idle]) for phase in PHASES} if idle else None,
             "health_failures": sum(int(b["health"].get("failures", 0)) for b in row_blocks),
+            "loop": {key: _interval([loop[key] for loop in loops]) for key in LOOP_KEYS} if loops else None,
         }
     for row, base in pairs(rows):
         ratios = {}
@@ -624,6 +640,20 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
+    loops = {row: summary["rows"][row].get("loop") for row in rows}
+    if any(loops.values()):
+        lines += [
+            "",
+            ("The API server's event-loop thread (the server's main thread) during the flooded phase: shares of "
+             f"samples every {thread_states.INTERVAL_S * 1000:g} ms of its state and wait channel, and CPU and "
+             "run-queue seconds per second from its schedstat (`benchmarks/e2e/thread_states.py`):"),
+            "",
+            "| row | " + " | ".join(LOOP_LABELS) + " |",
+            "|---|" + "---|" * len(LOOP_LABELS),
+        ]
+        for row, loop in loops.items():
+            cells = [_fmt(loop[key]) if loop else "–" for key in LOOP_KEYS]
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
     if summary["pairs"]:
         lines += [
             "",
@@ -779,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 with idle.serving(row):
                     block = measure(servers[row], small, heavy, traffic, heavy_traffic, seconds, ramp_s,
-                                    round_number, functools.partial(idle.others_cpu, row))
+                                    round_number, functools.partial(idle.others_cpu, row), running[row][1])
                 block["wall_s"] = time.monotonic() - t0
                 blocks[row].append(block)
                 print(

@@ -305,7 +305,19 @@ def test_the_report_says_how_small_requests_were_sent_and_what_idle_servers_cost
     heavy = dataclasses.asdict(bench_mixed.HeavyTraffic(rate=15.0))
     report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), heavy=heavy, idle_servers="paused"))
     assert "with heavy requests open-loop, Poisson arrivals at 15/s" in report
+    assert "event-loop thread" not in report  # not sampled in these rounds
     assert "stopped (SIGSTOP)" in report
     assert "idle servers paused" in report
     assert "0.004 at most" in report
     assert "| 10 10 10 10 10; 10 10 10 10 10 |" in report
+
+
+def test_the_report_gives_what_the_loop_thread_spent_the_flood_on() -> None:
+    loop = {"running": 0.5, "lock": 0.25, "idle": 0.2, "other": 0.05, "samples": 2500,
+            "cpu_s_per_s": 0.45, "runqueue_s_per_s": 0.05}
+    sampled = {bench_mixed.DEFAULT: [{**block(10, 1000, 20), "loop": loop} for _ in range(5)],
+               "thread lanes": [{**block(10, 100, 80), "loop": {"error": "FileNotFoundError"}} for _ in range(5)]}
+    report = bench_mixed.markdown(_result(sampled))
+    assert "waiting for a lock (futex: mostly the GIL)" in report
+    assert "| vLLM default | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.20 [0.20, 0.20] | 0.05 [0.05, 0.05] |" in report
+    assert "| thread lanes | – | – |" in report  # rounds whose sampling failed count for nothing

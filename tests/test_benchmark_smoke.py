@@ -87,6 +87,11 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
         for phase in ("alone", "flooded"):
             # Paused: 0 but for the odd clock tick; a running idle server burns a good part of a core.
             assert [b["idle_cpu_per_s"][phase] < 0.5 for b in result["blocks"][row]] == [True], (row, phase)
+        # The API server's loop thread was sampled through the flood, and worked in it.
+        (loop,) = [b["loop"] for b in result["blocks"][row]]
+        assert "error" not in loop, (row, loop)
+        assert loop["samples"] > 50, (row, loop)
+        assert loop["cpu_s_per_s"] > 0, (row, loop)
     assert result["summary"]["pairs"]
     assert result["targets"]
     assert all(t["met"] is not None for t in result["targets"])
@@ -95,3 +100,4 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
         assert f"[start:{section}]" in report
     assert "Poisson arrivals" in report
     assert "CPU of the servers not being measured (idle servers paused" in report
+    assert "The API server's event-loop thread" in report
