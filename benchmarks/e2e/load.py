@@ -14,11 +14,9 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from types import TracebackType
 from typing import Any
 
-from typing_extensions import Self
-
+from benchmarks.e2e.side_process import SideProcess
 from offload._lag import percentile
 
 Payload = dict[str, Any]
@@ -80,38 +78,21 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
     conn_out.close()
 
 
-class HealthProber:
+class HealthProber(SideProcess):
     """Probe `GET /health` back to back (one connection) while the `with` block runs."""
 
     def __init__(self, url: str) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._ready = ctx.Event()
-        self._stop = ctx.Event()
-        self._recv, send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_probe, args=(url, self._ready, self._stop, send), daemon=True)
-        self.latencies: list[float] = []
-        self.failures = 0
+        # Load starts only once the prober has an answer, so every level is probed from its start.
+        super().__init__(_probe, (url,), what="the /health prober (no answer)",
+                         start_timeout=PROBER_START_TIMEOUT_S, result_timeout=60)
 
-    def __enter__(self) -> Self:
-        self._proc.start()
-        # Load starts only once the prober answers, so every level is probed from its start.
-        if not self._ready.wait(PROBER_START_TIMEOUT_S):
-            self._stop.set()
-            raise RuntimeError("the /health prober got no answer")
-        return self
+    @property
+    def latencies(self) -> list[float]:
+        return list(self.result[0]) if self.result else []
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._recv.poll(60):
-            self.latencies, self.failures = self._recv.recv()
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
+    @property
+    def failures(self) -> int:
+        return int(self.result[1]) if self.result else 0
 
     def summary(self) -> dict[str, float]:
         return {**summarize_ms(self.latencies), "failures": float(self.failures)}

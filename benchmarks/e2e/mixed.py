@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from typing_extensions import Self
-
 from benchmarks.e2e import workloads
 from benchmarks.e2e.load import REQUEST_TIMEOUT_S, summarize_ms
+from benchmarks.e2e.side_process import SideProcess
 
 #: Builds a list of request bodies (JSON bytes); module-level functions and
 #: `functools.partial`s of them, so that the flood's can be sent to its process.
@@ -238,29 +237,20 @@ def _flood(
     out.close()
 
 
-class Flood:
+class Flood(SideProcess):
     """`build()`'s bodies sent to `url` from another process, from `__enter__`
     until `__exit__`, by `clients` closed-loop clients or, given `arrivals`,
     open-loop at those times (s from `__enter__`; `open_loop`); `tally` holds
-    what they got."""
+    what they got. `__exit__` raises if their requests were not all answered
+    or lost in time (unless the block raised)."""
 
     def __init__(self, url: str, build: Bodies, clients: int, arrivals: list[float] | None = None) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._started = ctx.Event()
-        self._stop = ctx.Event()
-        self._recv, send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(
-            target=_flood, args=(url, build, clients, arrivals, self._started, self._stop, send), daemon=True
-        )
-        self.tally = Tally()
+        super().__init__(_flood, (url, build, clients, arrivals), what="the flood process",
+                         start_timeout=FLOOD_START_TIMEOUT_S, result_timeout=FLOOD_RESULT_TIMEOUT_S)
 
-    def __enter__(self) -> Self:
-        self._proc.start()
-        if not self._started.wait(FLOOD_START_TIMEOUT_S):
-            self._stop.set()
-            self._proc.kill()
-            raise RuntimeError("the flood process did not start")
-        return self
+    @property
+    def tally(self) -> Tally:
+        return Tally.from_dict(self.result) if self.result is not None else Tally()
 
     def __exit__(
         self,
@@ -268,15 +258,8 @@ class Flood:
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        got = self._recv.poll(FLOOD_RESULT_TIMEOUT_S)
-        if got:
-            self.tally = Tally.from_dict(self._recv.recv())
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(10)
-        if not got and exc_type is None:
+        super().__exit__(exc_type, exc_val, exc_tb)
+        if self.result is None and exc_type is None:
             raise RuntimeError("the flood's requests were not all answered or lost in time")
 
 

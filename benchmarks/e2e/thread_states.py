@@ -23,10 +23,9 @@ import multiprocessing
 import multiprocessing.connection
 import time
 from collections import Counter
-from types import TracebackType
 from typing import Any
 
-from typing_extensions import Self
+from benchmarks.e2e.side_process import SideProcess
 
 #: 2 ms between samples: 500 a second, each two small reads (~20 µs of CPU).
 INTERVAL_S = 0.002
@@ -55,7 +54,6 @@ def read_schedstat(path: str) -> tuple[int, int]:
 
 def _sample(task: str, ready: Any, stop: Any, out: multiprocessing.connection.Connection) -> None:
     counts: Counter[str] = Counter()
-    error = ""
     try:
         start_stat, started = read_schedstat(f"{task}/schedstat"), time.monotonic()
         ready.set()
@@ -69,8 +67,7 @@ def _sample(task: str, ready: Any, stop: Any, out: multiprocessing.connection.Co
         end_stat, ended = read_schedstat(f"{task}/schedstat"), time.monotonic()
     except OSError as exc:  # the thread or its process has gone
         ready.set()
-        error = f"{type(exc).__name__}: {exc}"
-        out.send({"error": error})
+        out.send({"error": f"{type(exc).__name__}: {exc}"})
         out.close()
         return
     seconds = ended - started
@@ -83,51 +80,26 @@ def _sample(task: str, ready: Any, stop: Any, out: multiprocessing.connection.Co
     out.close()
 
 
-class ThreadStates:
+class ThreadStates(SideProcess):
     """Sample thread `tid` of process `pid` (its main thread by default) while
     the `with` block runs; `summary()` gives what it spent its time on."""
 
     def __init__(self, pid: int, tid: int | None = None) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._ready = ctx.Event()
-        self._stop = ctx.Event()
-        self._recv, send = ctx.Pipe(duplex=False)
         task = f"/proc/{pid}/task/{pid if tid is None else tid}"
-        self._proc = ctx.Process(target=_sample, args=(task, self._ready, self._stop, send), daemon=True)
-        self.result: dict[str, Any] = {"error": "not sampled"}
-
-    def __enter__(self) -> Self:
-        self._proc.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            self._stop.set()
-            self._proc.kill()
-            raise RuntimeError("the thread-state sampler did not start")
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._recv.poll(30):
-            self.result = self._recv.recv()
-        self._recv.close()
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.kill()
+        super().__init__(_sample, (task,), what="the thread-state sampler",
+                         start_timeout=START_TIMEOUT_S, result_timeout=30)
 
     def summary(self) -> dict[str, Any]:
         """Shares of the samples in each of `STATES` (they sum to 1), CPU seconds
         and run-queue seconds per second, or `{"error": ...}`."""
-        if "error" in self.result:
-            return dict(self.result)
-        counts = self.result["samples"]
+        result = self.result or {"error": "not sampled"}
+        if "error" in result:
+            return dict(result)
+        counts = result["samples"]
         total = sum(counts.values()) or 1
         return {
             **{state: counts.get(state, 0) / total for state in STATES},
             "samples": total,
-            "cpu_s_per_s": self.result["cpu_s_per_s"],
-            "runqueue_s_per_s": self.result["runqueue_s_per_s"],
+            "cpu_s_per_s": result["cpu_s_per_s"],
+            "runqueue_s_per_s": result["runqueue_s_per_s"],
         }
