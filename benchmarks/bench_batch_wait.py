@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_batch_wait.py` as well
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, models  # noqa: E402
-from benchmarks.e2e import idle_servers, stats  # noqa: E402
+from benchmarks.e2e import idle_servers, load, stats  # noqa: E402
 from benchmarks.e2e.server import ServerConfig, running_servers  # noqa: E402
 
 WAITS = (0.0, 0.002, 0.005, 0.01)
@@ -76,15 +76,21 @@ def tokenizer_batches(url: str) -> tuple[float, float]:
 
 
 async def _waves(url: str, model: str, text: Callable[[int, int], str], waves: int) -> tuple[float, list[float]]:
-    """(requests/s, latencies in s) of `waves` waves of `CONCURRENCY` concurrent requests."""
+    """(requests/s, latencies in s) of `waves` waves of `CONCURRENCY` concurrent requests.
+
+    aiohttp, as the other load generators here: with httpx's `AsyncClient` the
+    client itself capped these waves at about 140 requests/s on 2 cores, so
+    the server saw one or two requests in flight at a time, not 64."""
+    import aiohttp
+
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=CONCURRENCY, keepalive_expiry=1.0)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one(wave: int, i: int) -> None:
             start = time.perf_counter()
-            r = await client.post(f"{url}/v1/embeddings", json={"model": model, "input": text(wave, i)})
-            r.raise_for_status()
+            await load._post(session, f"{url}/v1/embeddings", {"model": model, "input": text(wave, i)})
             latencies.append(time.perf_counter() - start)
 
         began = time.perf_counter()
