@@ -121,6 +121,9 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("process fifo", "process", (*TWO_WORKERS, *FIFO))),
     Row(ServerConfig("thread lanes", "thread", TWO_WORKERS), needs=(SCHEDULING,), fifo="thread fifo"),
     Row(ServerConfig("process lanes", "process", TWO_WORKERS), needs=(SCHEDULING,), fifo="process fifo"),
+    # Worker threads at the loop's priority (before the default became nice 10).
+    Row(ServerConfig("thread lanes nice 0", "thread", (*TWO_WORKERS, "--offload-worker-nice", "0")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

@@ -338,3 +338,9 @@ def starve_address_space(seconds: float) -> None:
     timer.daemon = True
     timer.start()
     resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (2 << 20), hard))
+
+
+def own_niceness() -> int:
+    """The calling thread's niceness (on Linux each thread has its own; in a
+    worker process, its main thread's)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

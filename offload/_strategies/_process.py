@@ -42,6 +42,7 @@ from .._config import check_initializer, check_max_workers, usable_cpu_count
 from .._dispatch import Dispatcher
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
+from .._niceness import DEFAULT_NICE, check_nice
 from .._strategy import Strategy
 from . import _wire
 from ._process_slot import ProcessSlot, ProcessSlots, WorkerConfig
@@ -59,11 +60,6 @@ DEFAULT_START_METHOD = (
 _START_METHODS = ("forkserver", "spawn")
 _CANCEL_MODES = ("finish", "kill")
 
-#: Workers run at this `nice` increment: below the parent, so that when the
-#: cores are busy the event loop (which admits requests, answers health checks
-#: and hands results back) gets the CPU first, as the OS would give it to an
-#: interactive process. 10 is the increment `nice` itself applies by default.
-DEFAULT_NICE = 10
 
 _live: weakref.WeakSet[ProcessStrategy] = weakref.WeakSet()
 
@@ -188,8 +184,7 @@ class ProcessStrategy(Strategy):
                 f"start_method must be one of {_START_METHODS} (fork is unsafe with threads), "
                 f"got {start_method!r}"
             )
-        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
-            raise ConfigError(f"nice must be an integer from 0 to 19, got {nice!r}")
+        check_nice(nice)
         self._kill_on_cancel = cancel == "kill"
         self._start_method = start_method
         self._pool = f"offload-process-{next(_pool_ids)}"

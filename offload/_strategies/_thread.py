@@ -10,6 +10,7 @@ from .._call import Call
 from .._config import check_initializer, check_max_workers, default_thread_workers
 from .._dispatch import Dispatcher
 from .._errors import initializer_failed
+from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
 from .._strategy import Strategy
 from .._worker_state import _NO_STATE
 
@@ -21,10 +22,12 @@ _UNSTARTED: Any = object()
 class _Slot:
     """A worker thread (here the slot is its own worker) and its `worker_state()`."""
 
-    __slots__ = ("state",)
+    __slots__ = ("lowered", "state")
 
     def __init__(self) -> None:
         self.state: Any = _UNSTARTED
+        #: Whether its thread's priority was lowered already (`nice`).
+        self.lowered = False
 
 
 @final
@@ -34,6 +37,13 @@ class ThreadStrategy(Strategy):
     Threads help while the call releases the GIL (tokenizers in Rust, NumPy,
     Pillow decoding, I/O); pure-Python work still competes with the event loop
     for the GIL (use `process` for that).
+
+    **Priority.** On Linux, where each thread has a niceness of its own,
+    worker threads run at `nice` (default 10) above the niceness of the
+    thread that started them, so when the cores are busy the event loop's
+    thread gets one first. That helps against CPU contention only: a worker
+    running Python code still holds the GIL, which priority does not change.
+    Elsewhere threads share the process's priority and `nice` does nothing.
 
     A worker wakes the waiting task directly (no `concurrent.futures.Future`
     chain), which is why this strategy is cheaper per call than
@@ -49,6 +59,8 @@ class ThreadStrategy(Strategy):
             attached), and the thread tries again at its next call.
         initargs: positional arguments for `initializer`.
         thread_name_prefix: names the threads `{prefix}-{pool}-{n}`.
+        nice: added to each worker thread's niceness (0 to 19; default 10,
+            Linux only); 0 runs them at the loop's priority.
     """
 
     name = "thread"
@@ -60,6 +72,7 @@ class ThreadStrategy(Strategy):
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-thread",
+        nice: int = DEFAULT_NICE,
     ) -> None:
         self._max_workers = (
             default_thread_workers() if max_workers is None else check_max_workers(max_workers)
@@ -67,6 +80,7 @@ class ThreadStrategy(Strategy):
         check_initializer(initializer, initargs)
         self._initializer = initializer
         self._initargs = initargs
+        self._nice = check_nice(nice)
         self._thread_name = f"{thread_name_prefix}-{next(_pool_ids)}"
         self._dispatch = self._new_dispatcher()
 
@@ -76,6 +90,10 @@ class ThreadStrategy(Strategy):
     @property
     def max_workers(self) -> int:
         return self._max_workers
+
+    @property
+    def nice(self) -> int:
+        return self._nice
 
     def capacity(self) -> int:
         return self._max_workers
@@ -104,6 +122,11 @@ class ThreadStrategy(Strategy):
         return _Slot()
 
     def start_worker(self, slot: _Slot) -> None:
+        # Called on the slot's own thread, before its first call (and again
+        # after an initializer failed: the priority is lowered once).
+        if not slot.lowered:
+            slot.lowered = True
+            lower_this_thread(self._nice)
         if self._initializer is None:
             slot.state = _NO_STATE
             return

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+import psutil
+from offload_vllm._workers import PROCESS_TITLE
 from prometheus_client.parser import text_string_to_metric_families
 
 from offload._strategies._wire import SHM_DIR, shm_prefix
@@ -207,3 +209,17 @@ def total(values: MetricValues, name: str, **labels: str) -> float:
     return sum(
         v for (n, ls), v in values.items() if n == name and all((k, labels[k]) in ls for k in labels)
     )
+
+
+def _is_worker_of(proc: psutil.Process, session: int) -> bool:
+    try:
+        return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(PROCESS_TITLE)
+    except (ProcessLookupError, psutil.Error):
+        return False
+
+
+def renderer_workers(server: Server) -> list[psutil.Process]:
+    """The server's `process` workers that are ready: a worker shows
+    `PROCESS_TITLE` once its initializer has run (a replacement takes seconds)."""
+    session = os.getsid(server.proc.pid)
+    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session)]

@@ -46,6 +46,7 @@ def test_workers() -> None:
 def test_worker_nice() -> None:
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process"}).worker_nice is None  # the strategy's 10
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "0"}).worker_nice == 0
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}).worker_nice == 5
 
 
 @pytest.mark.skipif("ray" not in offload.STRATEGIES, reason="offload-ray is not installed here")
@@ -74,7 +75,7 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_BATCH_WAIT": "2ms"}, "is not a wait"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_WAIT": "0.002"}, "has no effect with strategy 'thread'"),
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "-5"}, "is not a niceness increment"),
-        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}, "has no effect with strategy 'thread'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_WORKER_NICE": "5"}, "has no effect with strategy 'async-renderer'"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 from offload_vllm._cost import PROMPT_COST, split_by_cost
 
-from ._server import Server, load_client, scrape
+from ._server import Server, load_client, renderer_workers, scrape
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -69,6 +72,39 @@ def test_embedding_endpoints(embed_server: Server, strategy: str) -> None:
     vectors = np.array(cohere["embeddings"]["float"])
     assert vectors.shape == (3, 384)
     np.testing.assert_allclose(vectors, embeddings(s, TEXTS), atol=1e-5)
+
+
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """Each thread of process `pid` (its id) and its niceness (`/proc`, field 19)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads have their own niceness on Linux only")
+def test_workers_run_below_the_api_servers_loop(embed_server: Server, strategy: str) -> None:
+    """With the defaults, `thread` worker threads and `process` worker
+    processes run at niceness +10 from the API server's main thread (its event
+    loop), which keeps its own."""
+    s = embed_server
+    if strategy not in ("thread", "process"):
+        pytest.skip(f"{strategy} has no workers of its own priority")
+    embeddings(s, TEXTS)  # the workers have started
+    loop = psutil.Process(s.proc.pid).nice()  # the main thread's niceness
+    if strategy == "thread":
+        niceness = _thread_niceness(s.proc.pid)
+        assert niceness[s.proc.pid] == loop
+        lowered = [tid for tid, nice in niceness.items() if nice == min(19, loop + 10)]
+        assert lowered, f"no thread of the API server at niceness {loop + 10}: {niceness}"
+    else:
+        workers = renderer_workers(s)
+        assert workers, "no process worker found"
+        assert {w.nice() for w in workers} == {min(19, loop + 10)}
 
 
 def test_cross_encoder_endpoints(cross_server: Server, strategy: str) -> None:

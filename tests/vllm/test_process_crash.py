@@ -9,11 +9,9 @@ import signal
 import time
 
 import httpx
-import psutil
 import pytest
-from offload_vllm._workers import PROCESS_TITLE
 
-from ._server import Server, load_client
+from ._server import Server, load_client, renderer_workers
 from .conftest import AVAILABLE
 
 pytestmark = [
@@ -21,20 +19,6 @@ pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.skipif("process" not in AVAILABLE, reason="no process server: offload lacks it or OFFLOAD_TEST_VLLM_STRATEGIES leaves it out"),
 ]
-
-
-def _is_worker_of(proc: psutil.Process, session: int) -> bool:
-    try:
-        return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(PROCESS_TITLE)
-    except (ProcessLookupError, psutil.Error):
-        return False
-
-
-def renderer_workers(server: Server) -> list[psutil.Process]:
-    """The server's `process` workers that are ready: a worker shows
-    `PROCESS_TITLE` once its initializer has run (a replacement takes seconds)."""
-    session = os.getsid(server.proc.pid)
-    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session)]
 
 
 def wait_for_workers(server: Server, count: int, timeout: float = 180) -> list[int]:

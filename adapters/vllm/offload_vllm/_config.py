@@ -289,7 +289,7 @@ OPTIONS = (
     Option(RAY_ADDRESS_ENV, "--offload-ray-address", "A", _parse_text, _takes_ray_address),
     Option(
         WORKER_NICE_ENV, "--offload-worker-nice", "N", _parse_nice, _takes_worker_nice,
-        "its workers are not processes of this host it starts",
+        "it starts no worker threads or processes of its own on this host",
     ),
     *_TOKENIZATION_OPTIONS,
 )
@@ -337,7 +337,7 @@ class Settings:
     engine_priority: bool = False
     #: The Ray cluster the `ray` strategy joins (`None`: `RAY_ADDRESS`, else a local instance).
     ray_address: str | None = None
-    #: `process` workers' niceness increment (`None`: the strategy's default, 10).
+    #: `thread` and `process` workers' niceness increment (`None`: the strategy's default, 10).
     worker_nice: int | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).

@@ -69,7 +69,7 @@ class StrategyRow:
 #: `offload-ray` plugin is installed).
 STRATEGIES: Mapping[str, StrategyRow] = {
     "inline": StrategyRow(ON_LOOP),
-    "thread": StrategyRow(IN_THREAD),
+    "thread": StrategyRow(IN_THREAD, own_options={"worker_nice": "nice"}),
     "process": StrategyRow(REMOTE, own_options={"worker_nice": "nice"}, titles_workers=True),
     "async-renderer": StrategyRow(BATCHED),
     "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
