@@ -24,7 +24,7 @@ from benchmarks.e2e import idle_servers, mixed
 from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
-LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority]"
+LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N]"
 
 
 def test_rows_that_need_new_flags_wait_for_them() -> None:
