@@ -18,7 +18,6 @@ from typing import TypeVar
 
 import httpx
 import psutil
-from offload_vllm._workers import PROCESS_TITLE
 from prometheus_client.parser import text_string_to_metric_families
 
 from offload._strategies._wire import SHM_DIR, shm_prefix
@@ -211,9 +210,9 @@ def total(values: MetricValues, name: str, **labels: str) -> float:
     )
 
 
-def _is_worker_of(proc: psutil.Process, session: int) -> bool:
+def _is_worker_of(proc: psutil.Process, session: int, title: str) -> bool:
     try:
-        return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(PROCESS_TITLE)
+        return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(title)
     except (ProcessLookupError, psutil.Error):
         return False
 
@@ -221,5 +220,8 @@ def _is_worker_of(proc: psutil.Process, session: int) -> bool:
 def renderer_workers(server: Server) -> list[psutil.Process]:
     """The server's `process` workers that are ready: a worker shows
     `PROCESS_TITLE` once its initializer has run (a replacement takes seconds)."""
+    # Imported here: it imports vLLM, which this module (loaded by conftest) must not.
+    from offload_vllm._workers import PROCESS_TITLE
+
     session = os.getsid(server.proc.pid)
-    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session)]
+    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session, PROCESS_TITLE)]
