@@ -1,9 +1,11 @@
 """The helper process the benchmarks' flood, `/health` prober and thread sampler
-run in: a helper that never starts, or never answers, is killed, not waited on."""
+run in: a helper that never starts, or never answers, is killed, not waited on;
+one that dies is noticed at once."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -14,7 +16,8 @@ from benchmarks.e2e.side_process import SideProcess
 
 def _answers(value: int, ready: Any, stop: Any, out: Any) -> None:
     ready.set()
-    stop.wait(60)
+    while not stop.is_set():  # polled, as every helper must (see SideProcess)
+        time.sleep(0.01)
     out.send(value * 2)
 
 
@@ -59,3 +62,14 @@ def test_a_helper_that_never_answers_is_killed_and_gives_no_result() -> None:
     assert time.monotonic() - started < 60  # not the helper's 600 s
     assert pid is not None
     assert not _alive(pid)
+
+
+def test_a_helper_that_dies_gives_no_result_without_waiting_out_the_timeout() -> None:
+    started = time.monotonic()
+    with SideProcess(_answers, (21,), what="doomed", start_timeout=60, result_timeout=60) as side:
+        pid = side._proc.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        side._proc.join(30)
+    assert side.result is None
+    assert time.monotonic() - started < 30  # not the 60 s result timeout

@@ -23,10 +23,14 @@ class SideProcess:
 
     `target` sets the event `ready` once it is under way (`__enter__` waits up
     to `start_timeout` s, then kills it and raises `RuntimeError` naming
-    `what`), stops when the event `stop` is set, and sends one result on the
+    `what`), stops when it sees the event `stop` set, and sends one result on the
     connection `out`. After the block, `result` is that result, or `None` when
-    none came within `result_timeout` s; the process is joined, and killed if it
-    lingers."""
+    none came within `result_timeout` s or the helper died first (seen at once);
+    the process is joined, and killed if it lingers.
+
+    `target` must poll `stop.is_set()`, never sleep in `stop.wait()`: a
+    process killed inside `wait()` leaves the event's condition expecting it
+    to wake, and `stop.set()` here would then block for good."""
 
     def __init__(
         self, target: Callable[..., None], args: tuple[Any, ...], *, what: str,
@@ -35,8 +39,8 @@ class SideProcess:
         ctx = multiprocessing.get_context("spawn")
         self._ready = ctx.Event()
         self._stop = ctx.Event()
-        self._recv, send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=target, args=(*args, self._ready, self._stop, send), daemon=True)
+        self._recv, self._send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=target, args=(*args, self._ready, self._stop, self._send), daemon=True)
         self._what = what
         self._start_timeout = start_timeout
         self._result_timeout = result_timeout
@@ -44,6 +48,9 @@ class SideProcess:
 
     def __enter__(self) -> Self:
         self._proc.start()
+        # The child has its own copy now: with none left here, a helper that
+        # dies ends the pipe, and `__exit__` sees that at once.
+        self._send.close()
         if not self._ready.wait(self._start_timeout):
             self._stop.set()
             self._proc.kill()
@@ -60,7 +67,10 @@ class SideProcess:
     ) -> None:
         self._stop.set()
         if self._recv.poll(self._result_timeout):
-            self.result = self._recv.recv()
+            try:
+                self.result = self._recv.recv()
+            except EOFError:  # the helper died before it sent anything
+                pass
         self._recv.close()
         self._proc.join(10)
         if self._proc.is_alive():
