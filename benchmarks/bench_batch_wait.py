@@ -79,8 +79,9 @@ async def _waves(url: str, model: str, text: Callable[[int, int], str], waves: i
     """(requests/s, latencies in s) of `waves` waves of `CONCURRENCY` concurrent requests.
 
     aiohttp, as the other load generators here: with httpx's `AsyncClient` the
-    client itself capped these waves at about 140 requests/s on 2 cores, so
-    the server saw one or two requests in flight at a time, not 64."""
+    client itself capped these waves at about 140 one-sentence requests/s on 2
+    cores (against about 400 with aiohttp), so requests reached the server a
+    few at a time, not 64 at once (`batch-wait-httpx-client.md`)."""
     import aiohttp
 
     latencies: list[float] = []
@@ -90,7 +91,7 @@ async def _waves(url: str, model: str, text: Callable[[int, int], str], waves: i
 
         async def one(wave: int, i: int) -> None:
             start = time.perf_counter()
-            await load._post(session, f"{url}/v1/embeddings", {"model": model, "input": text(wave, i)})
+            await load.post_json(session, f"{url}/v1/embeddings", {"model": model, "input": text(wave, i)})
             latencies.append(time.perf_counter() - start)
 
         began = time.perf_counter()

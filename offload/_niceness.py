@@ -38,9 +38,8 @@ def check_nice(value: object) -> int:
     return value
 
 
-def lower_this_thread(increment: int) -> bool:
-    """Add `increment` to the calling thread's niceness (capped at 19); True if
-    it was applied.
+def lower_this_thread(increment: int) -> None:
+    """Add `increment` to the calling thread's niceness (capped at 19).
 
     Linux only (`THREADS_HAVE_NICENESS`); elsewhere nothing is done. Only this
     thread changes, not the process. Raising niceness needs no privilege; if
@@ -50,7 +49,7 @@ def lower_this_thread(increment: int) -> bool:
     """
     global _warned
     if increment == 0 or not THREADS_HAVE_NICENESS:
-        return False
+        return
     thread_id = threading.get_native_id()
     try:
         current = os.getpriority(os.PRIO_PROCESS, thread_id)
@@ -59,5 +58,3 @@ def lower_this_thread(increment: int) -> bool:
         if not _warned:
             _warned = True
             logger.warning("offload: could not lower a worker thread's priority (nice +%d): %s", increment, exc)
-        return False
-    return True

@@ -98,7 +98,7 @@ class HealthProber(SideProcess):
         return {**summarize_ms(self.latencies), "failures": float(self.failures)}
 
 
-async def _post(session: Any, url: str, payload: Payload) -> int:
+async def post_json(session: Any, url: str, payload: Payload) -> int:
     """POST one request; returns the prompt tokens the server counted."""
     async with session.post(url, json=payload) as resp:
         body = await resp.json()
@@ -136,7 +136,7 @@ async def closed_loop(
                 counters["issued"] += 1
                 t0 = time.perf_counter()
                 try:
-                    tokens = await _post(session, url, make_payload(n))
+                    tokens = await post_json(session, url, make_payload(n))
                 except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
                     counters["errors"] += 1
                     if not first_error:

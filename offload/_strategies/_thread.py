@@ -91,10 +91,6 @@ class ThreadStrategy(Strategy):
     def max_workers(self) -> int:
         return self._max_workers
 
-    @property
-    def nice(self) -> int:
-        return self._nice
-
     def capacity(self) -> int:
         return self._max_workers
 
