@@ -124,6 +124,11 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     # Worker threads at the loop's priority (before the default became nice 10).
     Row(ServerConfig("thread lanes nice 0", "thread", (*TWO_WORKERS, "--offload-worker-nice", "0")),
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    # Every call on a worker (before small calls ran on the loop by default).
+    Row(ServerConfig("thread lanes inline 0", "thread", (*TWO_WORKERS, "--offload-inline-cost", "0")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    Row(ServerConfig("process lanes inline 0", "process", (*TWO_WORKERS, "--offload-inline-cost", "0")),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

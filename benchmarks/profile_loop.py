@@ -25,6 +25,7 @@ paired benchmark is the measurement of CPU per request).
     python -m benchmarks.profile_loop                        # vLLM default, thread, process
     python -m benchmarks.profile_loop --rows process --seconds 30
     python -m benchmarks.profile_loop --no-native            # no pauses, but idle waits count as C code
+    python -m benchmarks.profile_loop --workload truncated --clients 8   # 150 KB bodies
 
 Needs py-spy (the `bench` extra) and the right to trace the server (ptrace).
 Writes profile_loop.json and profile_loop.md (`--no-native`:
@@ -119,10 +120,11 @@ def loop_thread_shares(
 
 
 def profile_row(
-    row: str, model: Path, seconds: float, clients: int, logs: Path, *, native: bool = False
+    row: str, model: Path, seconds: float, clients: int, logs: Path, *,
+    native: bool = False, workload: str = "tiny",
 ) -> dict[str, Any]:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    payload = WORKLOADS["tiny"][1](str(model))
+    payload = WORKLOADS[workload][1](str(model))
     with running_server_process(config(row), model, logs / f"profile-{row}.log") as (url, pid):
         load.run_level(url, "/v1/embeddings", clients, payload, 3.0, max_requests=10**9)  # warm
         with tempfile.TemporaryDirectory() as scratch:
@@ -138,6 +140,8 @@ def profile_row(
             after = procstat.snapshot(pid)
             spy.wait(timeout=seconds + 60)
             raw = out.read_text() if out.exists() else ""
+    # The raw samples stay beside the server's log, for reading below the categories.
+    (logs / f"profile-{row}-{workload}.raw.txt").write_text(raw)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
     natives: collections.Counter[str] = collections.Counter()
@@ -196,7 +200,8 @@ def markdown(result: dict[str, Any]) -> str:
     return (
         "<!-- --8<-- [start:tables] -->\n"
         f"`python -m benchmarks.profile_loop {' '.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}, commit `{result['commit']}`: {result['clients']} clients, "
+        f"{result['started']}, commit `{result['commit']}`: {WORKLOADS[result.get('workload', 'tiny')][0]}, "
+        f"{result['clients']} clients, "
         f"{result['seconds']:.0f} s per row, one row at a time"
         + (", native frames (the server paused per sample)" if result.get("native") else ", Python frames only")
         + ". Share of the event-loop thread's running py-spy samples"
@@ -219,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", choices=ROWS, default=[DEFAULT, "thread", "process"])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
     p.add_argument(
         "--native", action=argparse.BooleanOptionalAction, default=True,
         help="unwind native frames, to leave I/O waits out (pauses the server per sample)",
@@ -235,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit,
         "clients": args.clients,
+        "workload": args.workload,
         "seconds": args.seconds,
         "native": args.native,
         "rows": {},
@@ -243,10 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         model = models.build_tiny_embedding_model(Path(scratch) / "tiny-bert")
         for row in args.rows:
             result["rows"][row] = profile_row(
-                row, model, args.seconds, args.clients, args.out / "logs", native=args.native
+                row, model, args.seconds, args.clients, args.out / "logs",
+                native=args.native, workload=args.workload,
             )
             print(row, json.dumps(result["rows"][row]["cpu_ms_per_request"]), flush=True)
     stem = "profile_loop" if args.native else "profile_loop_python"
+    if args.workload != "tiny":
+        stem += f"_{args.workload}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
     (args.out / f"{stem}.md").write_text(text)

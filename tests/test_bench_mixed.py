@@ -24,7 +24,7 @@ from benchmarks.e2e import idle_servers, mixed
 from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
-LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N]"
+LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C]"
 
 
 def test_rows_that_need_new_flags_wait_for_them() -> None:
@@ -36,6 +36,10 @@ def test_rows_that_need_new_flags_wait_for_them() -> None:
     config, notes = bench_mixed.plan(bench_mixed.ROWS["process lanes + priority"], TODAY)
     assert config is None
     assert "--offload-engine-priority" in notes[0]
+    # An adapter with lanes but no inline cost cannot run the inline-0 rows.
+    config, notes = bench_mixed.plan(bench_mixed.ROWS["thread lanes inline 0"], TODAY + " [--offload-scheduling S]")
+    assert config is None
+    assert "--offload-inline-cost" in notes[0]
     for row in bench_mixed.ROWS.values():
         config, notes = bench_mixed.plan(row, LATER)
         assert config == row.config

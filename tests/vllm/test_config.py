@@ -49,6 +49,21 @@ def test_worker_nice() -> None:
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}).worker_nice == 5
 
 
+def test_inline_cost() -> None:
+    from offload_vllm._config import DEFAULT_INLINE_COST
+
+    for strategy in ("thread", "process"):
+        assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy}).inline_cost == DEFAULT_INLINE_COST
+        given = read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_VLLM_INLINE_COST": " 300.5 "})
+        assert given.inline_cost == 300.5
+        assert "inline_cost=300.5" in given.summary()
+        assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_VLLM_INLINE_COST": "0"}).inline_cost == 0
+    # Strategies without a pool never run a call inline on their own account.
+    for strategy in ("inline", "async-renderer"):
+        assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy}).inline_cost == 0
+    assert read_settings({}).inline_cost == 0
+
+
 @pytest.mark.skipif("ray" not in offload.STRATEGIES, reason="offload-ray is not installed here")
 def test_ray_address() -> None:
     settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "ray", "OFFLOAD_VLLM_RAY_ADDRESS": " ray://head:10001 "})
@@ -76,6 +91,12 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_WAIT": "0.002"}, "has no effect with strategy 'thread'"),
         ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "-5"}, "is not a niceness increment"),
         ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_WORKER_NICE": "5"}, "has no effect with strategy 'async-renderer'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_INLINE_COST": "-1"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_INLINE_COST": "inf"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_INLINE_COST": "nan"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_INLINE_COST": "1k"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_INLINE_COST": "256"}, "has no effect with strategy 'async-renderer'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_INLINE_COST": "256"}, "has no effect with strategy 'inline'"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
@@ -101,6 +122,7 @@ VALID = {
     "OFFLOAD_VLLM_ENGINE_PRIORITY": ("1", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
+    "OFFLOAD_VLLM_INLINE_COST": ("256", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
     "OFFLOAD_VLLM_BATCH_WAIT": ("0.002", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
@@ -210,7 +232,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 

@@ -68,7 +68,9 @@ def servers_by_role(
     }
     # The heavy request is long texts cut to 16 tokens, seconds of work only when
     # tokenized whole; and the expected priorities are priced as whole texts.
-    whole = {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}
+    # Every call on the executor: the lane tests read lanes from its call
+    # metrics, and a one-word request's calls would otherwise run on the loop.
+    whole = {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0", "OFFLOAD_VLLM_INLINE_COST": "0"}
     starts = {
         # Each in a folder of its own: the log is named after the model and strategy.
         role: functools.partial(

@@ -50,6 +50,9 @@ def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         # The early-refusal test holds the one worker with a long text cut to 16
         # tokens: tokenized whole, it takes seconds; by its prefix, microseconds.
         "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0",
+        # Every call on the executor: the tests read lanes from its call metrics,
+        # and a one-word request's calls would otherwise run on the loop.
+        "OFFLOAD_VLLM_INLINE_COST": "0",
         # The operator's middleware module, importable in the server.
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }

@@ -128,6 +128,47 @@ def test_cross_encoder_endpoints(cross_server: Server, strategy: str) -> None:
     assert all(len(d["probs"]) == 1 for d in classified["data"])
 
 
+# ---- small calls on the loop ------------------------------------------------
+
+
+def _executor_calls(server: Server, strategy: str) -> float:
+    """Calls the server's executor has run (render and post-process), from /metrics."""
+    return sum(
+        value
+        for (name, labels), value in scrape(server).items()
+        if name == "offload_run_seconds_count" and dict(labels).get("strategy") == strategy
+    )
+
+
+def test_small_calls_run_on_the_loop_by_default(
+    embed_server: Server, reference_server: Server, strategy: str
+) -> None:
+    """With the defaults (`OFFLOAD_VLLM_INLINE_COST` unset: 1024), a one-sentence
+    request is rendered and answered on the event loop: the executor runs no
+    call for it, and the embedding is vLLM's own. A request priced above the
+    bound still goes to the workers."""
+    from offload_vllm._config import DEFAULT_INLINE_COST
+    from offload_vllm._cost import POSTPROCESS_COST_PER_VALUE
+
+    if strategy not in ("thread", "process", "ray"):
+        pytest.skip(f"{strategy} has no worker pool: every call runs where it always does")
+    s = embed_server
+    text = TEXTS[0]
+    # The one-sentence request's two calls are both under the bound.
+    assert PROMPT_COST + len(text) <= DEFAULT_INLINE_COST
+    assert 384 * POSTPROCESS_COST_PER_VALUE <= DEFAULT_INLINE_COST
+    before = _executor_calls(s, strategy)
+    ours = embeddings(s, text)
+    assert _executor_calls(s, strategy) == before
+    assert np.max(np.abs(ours - embeddings(reference_server, text))) <= 1e-5
+    # 32 prompts: rendering and the response are each priced above the bound.
+    many = [f"prompt {i}: {TEXTS[i % len(TEXTS)]}" for i in range(32)]
+    before = _executor_calls(s, strategy)
+    ours = embeddings(s, many)
+    assert _executor_calls(s, strategy) - before == 2
+    assert np.max(np.abs(ours - embeddings(reference_server, many))) <= 1e-5
+
+
 # ---- same numbers under every strategy, and as sentence-transformers -------
 
 

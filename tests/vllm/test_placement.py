@@ -133,6 +133,25 @@ def test_the_executor_gets_the_settings_and_the_placements_options() -> None:
         executor.shutdown()
 
 
+@pytest.mark.parametrize(("raw", "bound"), [(None, 1024.0), ("300", 300.0), ("0", 0.0)])
+def test_the_inline_cost_reaches_the_placement(raw: str | None, bound: float) -> None:
+    """Calls priced at most the bound run on the loop; 0 sends every call,
+    even one of cost 0 (a response with no outputs), to the executor."""
+    from offload_vllm._runtime import Runtime
+
+    env = {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1"}
+    if raw is not None:
+        env["OFFLOAD_VLLM_INLINE_COST"] = raw
+    placement = Runtime(read_settings(env)).placement(_vllm_config())
+    try:
+        assert placement.inline_cost == bound
+        assert placement.runs_inline(bound) is (bound > 0)
+        assert placement.runs_inline(0.0) is (bound > 0)
+        assert not placement.runs_inline(bound + 0.5)
+    finally:
+        placement.executor.shutdown()
+
+
 @pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
     """The window, and the door's count of requests in flight that it waits on."""

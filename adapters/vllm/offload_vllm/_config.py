@@ -36,6 +36,7 @@ MAX_REQUEST_COST_ENV = "OFFLOAD_VLLM_MAX_REQUEST_COST"
 ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
+INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -48,6 +49,9 @@ DEFAULT_BATCH_WAIT_S = 0.01
 
 #: The names the adapter knows how to wire into vLLM.
 ADAPTER_STRATEGIES = tuple(STRATEGIES)
+
+#: Calls priced at most this run on the event loop (`OFFLOAD_VLLM_INLINE_COST`).
+DEFAULT_INLINE_COST = 1024.0
 
 SCHEDULING = ("fair", "fifo")
 _TRUE = ("1", "true", "yes", "on")
@@ -182,6 +186,18 @@ def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(routes)
 
 
+def _parse_inline_cost(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise OffloadVLLMConfigError(
+            f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: every call on the executor)"
+        )
+    return value
+
+
 def _parse_nice(name: str, raw: str) -> int:
     if not (raw.isascii() and raw.isdigit()) or int(raw) > 19:
         raise OffloadVLLMConfigError(f"{name}={raw!r} is not a niceness increment; give an integer from 0 to 19")
@@ -291,6 +307,7 @@ OPTIONS = (
         WORKER_NICE_ENV, "--offload-worker-nice", "N", _parse_nice, _takes_worker_nice,
         "it starts no worker threads or processes of its own on this host",
     ),
+    Option(INLINE_COST_ENV, "--offload-inline-cost", "C", _parse_inline_cost, _has_pool, "it has no worker pool"),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -339,6 +356,9 @@ class Settings:
     ray_address: str | None = None
     #: `thread` and `process` workers' niceness increment (`None`: the strategy's default, 10).
     worker_nice: int | None = None
+    #: Calls priced at most this (characters, `_cost.py`) run on the event loop
+    #: instead of on a worker; `None`: `DEFAULT_INLINE_COST` where there is a pool.
+    inline_cost_setting: float | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -362,6 +382,14 @@ class Settings:
     def lane_weights(self) -> dict[str, float]:
         """The executor's `lanes=` option."""
         return dict(self.lanes)
+
+    @property
+    def inline_cost(self) -> float:
+        """Calls priced at most this run on the event loop: the setting, else
+        `DEFAULT_INLINE_COST`, for a strategy with a worker pool; 0 (none) for the others."""
+        if self.strategy is None or not self.row.kind.pool:
+            return 0.0
+        return DEFAULT_INLINE_COST if self.inline_cost_setting is None else self.inline_cost_setting
 
     @property
     def batch_window(self) -> float:
@@ -400,6 +428,8 @@ class Settings:
             parts.append("batch_across_requests=off")
         if self.batch_wait is not None:
             parts.append(f"batch_wait={self.batch_wait:g}s")
+        if self.inline_cost_setting is not None:
+            parts.append(f"inline_cost={self.inline_cost_setting:g}")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -550,6 +580,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         engine_priority=values.get(ENGINE_PRIORITY_ENV, False),
         ray_address=values.get(RAY_ADDRESS_ENV),
         worker_nice=values.get(WORKER_NICE_ENV),
+        inline_cost_setting=values.get(INLINE_COST_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),

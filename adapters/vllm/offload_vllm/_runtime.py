@@ -54,7 +54,9 @@ class Runtime:
                 executor = self._build(vllm_config)
                 self._start(executor)
                 self._placement = self._placement_class(
-                    executor, batch_across_requests=self.settings.batch_across_requests
+                    executor,
+                    batch_across_requests=self.settings.batch_across_requests,
+                    inline_cost=self.settings.inline_cost,
                 )
             placement = self._placement
         self._sample_loop_lag()

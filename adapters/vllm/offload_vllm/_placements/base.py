@@ -27,7 +27,10 @@ class Placement(abc.ABC):
 
     One per executor, its class chosen by the strategy's kind
     (`_kinds.STRATEGIES`, `_placements.placement_class`). Every call is made on
-    `executor` with a cost (`_cost.py`). A request's calls are made inside its
+    `executor` with a cost (`_cost.py`), except a call priced at most
+    `inline_cost`, which runs on the event loop with vLLM's own objects: a
+    small request then waits neither behind pieces already running on the
+    workers nor for a hand-off. A request's calls are made inside its
     admission (`_seams/admission.py`): they form one flow of its lane, so the
     executor's queue interleaves them with other requests', and its rendering
     is cut into pieces of at most `_cost.PIECE_COST` so that a small request
@@ -40,11 +43,20 @@ class Placement(abc.ABC):
 
     kind: ClassVar[PlacementKind]
 
-    def __init__(self, executor: offload.Executor, *, batch_across_requests: bool = True) -> None:
+    def __init__(
+        self, executor: offload.Executor, *, batch_across_requests: bool = True, inline_cost: float = 0.0
+    ) -> None:
         self.executor = executor
         #: Micro-batched tokenization may join calls of different requests
         #: (`OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS`); read by placements that batch.
         self.batch_across_requests = batch_across_requests
+        #: A call priced at most this runs on the event loop, with vLLM's own
+        #: objects, instead of on the executor (`OFFLOAD_VLLM_INLINE_COST`).
+        self.inline_cost = inline_cost
+
+    def runs_inline(self, cost: float) -> bool:
+        """Whether a call of `cost` runs on the event loop rather than on the executor."""
+        return bool(self.inline_cost) and cost <= self.inline_cost
 
     @classmethod
     def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
@@ -76,6 +88,8 @@ class Placement(abc.ABC):
 
         async def render_async(render_params: Any) -> Any:
             cost = render_params_cost(render_params)
+            if self.runs_inline(cost):
+                return io_processor.render(render_params)
             return await self.executor.options(cost=cost).run(fn, *lead, render_params)
 
         return render_async
@@ -89,6 +103,8 @@ class Placement(abc.ABC):
 
         async def render_all(render_params: list[Any]) -> list[Any]:
             costs = [render_params_cost(params) for params in render_params]
+            if self.runs_inline(sum(costs)):
+                return render_each(io_processor.render, (), render_params)
             runs = [
                 self.executor.options(cost=sum(costs[i] for i in piece)).run(
                     render_each, fn, lead, [render_params[i] for i in piece]
@@ -111,7 +127,10 @@ class Placement(abc.ABC):
         call = self.postprocess_call(serving)
 
         async def postprocess_async(io_processor: Any, ctx: Any) -> Any:
+            cost = serving_seam.postprocess_cost(ctx)
+            if self.runs_inline(cost):
+                return serving_seam.postprocess(serving, io_processor, ctx)
             fn, args = call(io_processor, ctx)
-            return await self.executor.options(cost=serving_seam.postprocess_cost(ctx)).run(fn, *args)
+            return await self.executor.options(cost=cost).run(fn, *args)
 
         return postprocess_async
