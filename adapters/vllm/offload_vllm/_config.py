@@ -187,10 +187,7 @@ def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
 
 
 def _parse_inline_cost(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not 0 <= value < math.inf:
         raise OffloadVLLMConfigError(
             f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: every call on the executor)"
@@ -212,11 +209,16 @@ def _parse_switch(name: str, raw: str) -> bool:
     raise OffloadVLLMConfigError(f"{name}={raw!r} is not a switch; give 1 or 0 (true/false, yes/no, on/off)")
 
 
-def _parse_batch_wait(name: str, raw: str) -> float:
+def _number(raw: str) -> float:
+    """`raw` as a float; NaN (outside every range) when it is not a number."""
     try:
-        seconds = float(raw)
+        return float(raw)
     except ValueError:
-        seconds = math.nan
+        return math.nan
+
+
+def _parse_batch_wait(name: str, raw: str) -> float:
+    seconds = _number(raw)
     if not 0 <= seconds <= 1:
         raise OffloadVLLMConfigError(f"{name}={raw!r} is not a wait; give seconds from 0 to 1, such as 0.002")
     return seconds
