@@ -17,6 +17,7 @@ from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
 from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
+from ._metrics import metrics_enabled as metrics_enabled
 from ._metrics import sample_loop_lag as sample_loop_lag
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
@@ -39,6 +40,7 @@ __all__ = [
     "WorkerCrashed",
     "get_executor",
     "make_async",
+    "metrics_enabled",
     "sample_loop_lag",
     "shutdown_shared_executors",
     "worker_state",

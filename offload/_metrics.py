@@ -51,7 +51,12 @@ _FUNCTION_LABEL_MAX = 200
 
 
 def metrics_enabled() -> bool:
-    """True when `prometheus_client` is importable and `OFFLOAD_METRICS` is not `0`."""
+    """Whether the `offload_*` metrics are on: `prometheus_client` is importable
+    and `OFFLOAD_METRICS` is not `0` (nor `false`, `no`, `off`).
+
+    Read from the environment at each call. An extension that feeds metric
+    families of its own (an adapter's) checks it, so that `OFFLOAD_METRICS=0`
+    turns those off too. Thread-safe."""
     if os.environ.get(METRICS_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return False
     return _Families.get() is not None

@@ -140,13 +140,23 @@ def _executor_calls(server: Server, strategy: str) -> float:
     )
 
 
+def _loop_calls(server: Server) -> dict[str, float]:
+    """`offload_vllm_loop_calls_total` by `call`, from /metrics."""
+    calls = {"render": 0.0, "postprocess": 0.0}
+    for (name, labels), value in scrape(server).items():
+        if name == "offload_vllm_loop_calls_total":
+            calls[dict(labels)["call"]] += value
+    return calls
+
+
 def test_small_calls_run_on_the_loop_by_default(
     embed_server: Server, reference_server: Server, strategy: str
 ) -> None:
     """With the defaults (`OFFLOAD_VLLM_INLINE_COST` unset: 1024), a one-sentence
     request is rendered and answered on the event loop: the executor runs no
-    call for it, and the embedding is vLLM's own. A request priced above the
-    bound still goes to the workers."""
+    call for it, `offload_vllm_loop_calls_total` counts its two calls, and the
+    embedding is vLLM's own. A request priced above the bound still goes to
+    the workers, and is not counted there."""
     from offload_vllm._config import DEFAULT_INLINE_COST
     from offload_vllm._cost import POSTPROCESS_COST_PER_VALUE
 
@@ -157,15 +167,18 @@ def test_small_calls_run_on_the_loop_by_default(
     # The one-sentence request's two calls are both under the bound.
     assert PROMPT_COST + len(text) <= DEFAULT_INLINE_COST
     assert 384 * POSTPROCESS_COST_PER_VALUE <= DEFAULT_INLINE_COST
-    before = _executor_calls(s, strategy)
+    before, on_loop = _executor_calls(s, strategy), _loop_calls(s)
     ours = embeddings(s, text)
     assert _executor_calls(s, strategy) == before
+    after = _loop_calls(s)
+    assert {call: after[call] - on_loop[call] for call in after} == {"render": 1, "postprocess": 1}
     assert np.max(np.abs(ours - embeddings(reference_server, text))) <= 1e-5
     # 32 prompts: rendering and the response are each priced above the bound.
     many = [f"prompt {i}: {TEXTS[i % len(TEXTS)]}" for i in range(32)]
-    before = _executor_calls(s, strategy)
+    before, on_loop = _executor_calls(s, strategy), _loop_calls(s)
     ours = embeddings(s, many)
     assert _executor_calls(s, strategy) - before == 2
+    assert _loop_calls(s) == on_loop
     assert np.max(np.abs(ours - embeddings(reference_server, many))) <= 1e-5
 
 

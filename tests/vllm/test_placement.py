@@ -152,6 +152,43 @@ def test_the_inline_cost_reaches_the_placement(raw: str | None, bound: float) ->
         placement.executor.shutdown()
 
 
+@pytest.mark.parametrize("metrics", ["1", "0"])
+def test_calls_on_the_loop_are_counted_unless_metrics_are_off(metrics: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`offload_vllm_loop_calls_total{call="render"}` grows by one for a prompt
+    rendered on the loop, not for one sent to the executor, and not at all
+    with `OFFLOAD_METRICS=0`."""
+    import asyncio
+
+    import prometheus_client
+    from offload_vllm._loop_calls import LOOP_CALLS
+    from offload_vllm._runtime import Runtime
+
+    def rendered() -> float:
+        return prometheus_client.REGISTRY.get_sample_value(f"{LOOP_CALLS}_total", {"call": "render"}) or 0.0
+
+    class Echo:
+        def render(self, params: object) -> object:
+            return params
+
+    monkeypatch.setenv("OFFLOAD_METRICS", metrics)
+    env = {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1", "OFFLOAD_VLLM_INLINE_COST": "1024"}
+    placement = Runtime(read_settings(env)).placement(_vllm_config())
+    # The executor's call renders as the loop's does (a worker's IO processor needs vLLM's).
+    monkeypatch.setattr(placement, "render_call", lambda io_processor: (io_processor.render, ()))
+    params = {"prompts": "a short prompt"}
+    try:
+        render = placement.render_async(Echo())
+        before = rendered()
+        assert asyncio.run(render(params)) is params
+        assert rendered() - before == (1 if metrics == "1" else 0)
+        placement.inline_cost = 0.0  # the same prompt, on the executor: not counted
+        before = rendered()
+        assert asyncio.run(render(params)) is params
+        assert rendered() == before
+    finally:
+        placement.executor.shutdown()
+
+
 @pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
     """The window, and the door's count of requests in flight that it waits on."""

@@ -11,6 +11,7 @@ import offload
 
 from .._cost import split_by_cost
 from .._kinds import PlacementKind, StrategyRow
+from .._loop_calls import count_loop_call
 from .._seams import serving as serving_seam
 from .._seams.io_processor import RenderAll, RenderAsync
 from .._seams.requests import render_params_cost
@@ -89,6 +90,7 @@ class Placement(abc.ABC):
         async def render_async(render_params: Any) -> Any:
             cost = render_params_cost(render_params)
             if self.runs_inline(cost):
+                count_loop_call("render")
                 return io_processor.render(render_params)
             return await self.executor.options(cost=cost).run(fn, *lead, render_params)
 
@@ -104,6 +106,7 @@ class Placement(abc.ABC):
         async def render_all(render_params: list[Any]) -> list[Any]:
             costs = [render_params_cost(params) for params in render_params]
             if self.runs_inline(sum(costs)):
+                count_loop_call("render")
                 return render_each(io_processor.render, (), render_params)
             runs = [
                 self.executor.options(cost=sum(costs[i] for i in piece)).run(
@@ -129,6 +132,7 @@ class Placement(abc.ABC):
         async def postprocess_async(io_processor: Any, ctx: Any) -> Any:
             cost = serving_seam.postprocess_cost(ctx)
             if self.runs_inline(cost):
+                count_loop_call("postprocess")
                 return serving_seam.postprocess(serving, io_processor, ctx)
             fn, args = call(io_processor, ctx)
             return await self.executor.options(cost=cost).run(fn, *args)

@@ -1,0 +1,46 @@
+"""The adapter's own metric: calls run on the event loop instead of on a worker.
+
+A call priced at most `OFFLOAD_VLLM_INLINE_COST` runs on the event loop with
+vLLM's own objects (`_placements/base.py`); it is no executor call, so the
+`offload_*` call metrics do not see it. `offload_vllm_loop_calls_total{call}`
+counts such calls, `call` being `render` (a prompt, or a request's prompts
+together) or `postprocess` (a response). It lives in `prometheus_client`'s
+default registry, beside the core's families, and is off where they are
+(`offload.metrics_enabled()`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final, Literal
+
+import offload
+
+LOOP_CALLS: Final = "offload_vllm_loop_calls"
+
+LoopCall = Literal["render", "postprocess"]
+
+_lock = threading.Lock()
+_family: Any = None
+
+
+def _counter() -> Any:
+    global _family
+    if _family is None:
+        with _lock:
+            if _family is None:
+                import prometheus_client
+
+                _family = prometheus_client.Counter(
+                    LOOP_CALLS,
+                    "Calls priced at most OFFLOAD_VLLM_INLINE_COST that ran on the event loop "
+                    "instead of on a worker (call: render, postprocess).",
+                    ["call"],
+                )
+    return _family
+
+
+def count_loop_call(call: LoopCall) -> None:
+    """Count one call of kind `call` run on the event loop (nothing when metrics are off)."""
+    if offload.metrics_enabled():
+        _counter().labels(call).inc()
