@@ -129,6 +129,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes inline 0", "process", (*TWO_WORKERS, "--offload-inline-cost", "0")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
+    # A bound above a 96-pixel image's price (about 9,300): the multimodal variant's
+    # small request rendered on the loop, its large images still on the workers.
+    Row(ServerConfig("thread lanes inline 16384", "thread", (*TWO_WORKERS, "--offload-inline-cost", "16384")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    Row(ServerConfig("process lanes inline 16384", "process", (*TWO_WORKERS, "--offload-inline-cost", "16384")),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}
