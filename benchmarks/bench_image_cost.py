@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         + f"`python -m benchmarks.bench_image_cost {' '.join(data['argv'])}`: one `inline` server (tiny CLIP), "
         f"requests one at a time, {count} of each kind per round, {rounds} rounds in a random order; "
         f"loop CPU per request, median [interval] over {rounds * count} requests; run took {data['wall_s']:.0f} s.\n\n"
-        + table
+        "<!-- --8<-- [start:tables] -->\n" + table + "<!-- --8<-- [end:tables] -->\n"
     )
     _common.write(args.out, "image-cost-smoke" if args.smoke else "image-cost", data, markdown)
     print(markdown)
