@@ -156,7 +156,8 @@ def test_the_inline_cost_reaches_the_placement(raw: str | None, bound: float) ->
 def test_calls_on_the_loop_are_counted_unless_metrics_are_off(metrics: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`offload_vllm_loop_calls_total{call="render"}` grows by one for a prompt
     rendered on the loop, not for one sent to the executor, and not at all
-    with `OFFLOAD_METRICS=0`."""
+    with `OFFLOAD_METRICS=0`. With metrics on, both series show from the
+    start (at 0 until a call of their kind)."""
     import asyncio
 
     import prometheus_client
@@ -177,6 +178,8 @@ def test_calls_on_the_loop_are_counted_unless_metrics_are_off(metrics: str, monk
     monkeypatch.setattr(placement, "render_call", lambda io_processor: (io_processor.render, ()))
     params = {"prompts": "a short prompt"}
     try:
+        if metrics == "1":
+            assert prometheus_client.REGISTRY.get_sample_value(f"{LOOP_CALLS}_total", {"call": "postprocess"}) is not None
         render = placement.render_async(Echo())
         before = rendered()
         assert asyncio.run(render(params)) is params

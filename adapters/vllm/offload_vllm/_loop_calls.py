@@ -6,7 +6,8 @@ vLLM's own objects (`_placements/base.py`); it is no executor call, so the
 counts such calls, `call` being `render` (a prompt, or a request's prompts
 together) or `postprocess` (a response). It lives in `prometheus_client`'s
 default registry, beside the core's families, and is off where they are
-(`offload.metrics_enabled()`).
+(`offload.metrics_enabled()`, read when a placement is built, as an executor
+reads it when it is built).
 """
 
 from __future__ import annotations
@@ -24,23 +25,27 @@ _lock = threading.Lock()
 _family: Any = None
 
 
-def _counter() -> Any:
+def _counter_family() -> Any:
+    # Once per process: a second registration of the name would raise.
     global _family
-    if _family is None:
-        with _lock:
-            if _family is None:
-                import prometheus_client
+    with _lock:
+        if _family is None:
+            import prometheus_client
 
-                _family = prometheus_client.Counter(
-                    LOOP_CALLS,
-                    "Calls priced at most OFFLOAD_VLLM_INLINE_COST that ran on the event loop "
-                    "instead of on a worker (call: render, postprocess).",
-                    ["call"],
-                )
+            _family = prometheus_client.Counter(
+                LOOP_CALLS,
+                "Calls priced at most OFFLOAD_VLLM_INLINE_COST that ran on the event loop "
+                "instead of on a worker (call: render, postprocess).",
+                ["call"],
+            )
     return _family
 
 
-def count_loop_call(call: LoopCall) -> None:
-    """Count one call of kind `call` run on the event loop (nothing when metrics are off)."""
-    if offload.metrics_enabled():
-        _counter().labels(call).inc()
+def loop_call_counters() -> dict[LoopCall, Any] | None:
+    """Each kind of call's counter, looked up once so that counting a call is
+    one `inc()`; None when metrics are off. Every series shows on `/metrics`
+    from here on, at 0 until a call of its kind runs on the loop."""
+    if not offload.metrics_enabled():
+        return None
+    family = _counter_family()
+    return {"render": family.labels("render"), "postprocess": family.labels("postprocess")}

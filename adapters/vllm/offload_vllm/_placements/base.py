@@ -11,7 +11,7 @@ import offload
 
 from .._cost import split_by_cost
 from .._kinds import PlacementKind, StrategyRow
-from .._loop_calls import count_loop_call
+from .._loop_calls import LoopCall, loop_call_counters
 from .._seams import serving as serving_seam
 from .._seams.io_processor import RenderAll, RenderAsync
 from .._seams.requests import render_params_cost
@@ -54,10 +54,16 @@ class Placement(abc.ABC):
         #: A call priced at most this runs on the event loop, with vLLM's own
         #: objects, instead of on the executor (`OFFLOAD_VLLM_INLINE_COST`).
         self.inline_cost = inline_cost
+        # `offload_vllm_loop_calls_total`, where calls may run on the loop.
+        self._loop_counters = loop_call_counters() if inline_cost else None
 
     def runs_inline(self, cost: float) -> bool:
         """Whether a call of `cost` runs on the event loop rather than on the executor."""
         return bool(self.inline_cost) and cost <= self.inline_cost
+
+    def _count_on_loop(self, call: LoopCall) -> None:
+        if self._loop_counters is not None:
+            self._loop_counters[call].inc()
 
     @classmethod
     def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
@@ -90,7 +96,7 @@ class Placement(abc.ABC):
         async def render_async(render_params: Any) -> Any:
             cost = render_params_cost(render_params)
             if self.runs_inline(cost):
-                count_loop_call("render")
+                self._count_on_loop("render")
                 return io_processor.render(render_params)
             return await self.executor.options(cost=cost).run(fn, *lead, render_params)
 
@@ -106,7 +112,7 @@ class Placement(abc.ABC):
         async def render_all(render_params: list[Any]) -> list[Any]:
             costs = [render_params_cost(params) for params in render_params]
             if self.runs_inline(sum(costs)):
-                count_loop_call("render")
+                self._count_on_loop("render")
                 return render_each(io_processor.render, (), render_params)
             runs = [
                 self.executor.options(cost=sum(costs[i] for i in piece)).run(
@@ -132,7 +138,7 @@ class Placement(abc.ABC):
         async def postprocess_async(io_processor: Any, ctx: Any) -> Any:
             cost = serving_seam.postprocess_cost(ctx)
             if self.runs_inline(cost):
-                count_loop_call("postprocess")
+                self._count_on_loop("postprocess")
                 return serving_seam.postprocess(serving, io_processor, ctx)
             fn, args = call(io_processor, ctx)
             return await self.executor.options(cost=cost).run(fn, *args)
