@@ -2,7 +2,9 @@
 
 The vLLM adapter prices a request before rendering it (`offload_vllm/_cost.py`,
 in characters at ~0.36 µs each): an image given as a data URL counts its
-base64 characters, `PIXEL_COST` per pixel and `PROMPT_COST`. Here one server
+base64 characters, `PIXEL_COST` per pixel and `PROMPT_COST`. The price here is
+the adapter's own (`request_cost` on vLLM's parsed request), as admission
+charges it. Here one server
 runs the `inline` strategy, so each request's rendering and response are
 built on its event loop, and the loop thread's CPU time per request is read
 from `/proc/PID/task/PID/schedstat` (steadier than wall time). Requests are
@@ -35,6 +37,7 @@ from benchmarks.e2e import mixed  # noqa: E402
 from benchmarks.e2e.multimodal import build_tiny_clip  # noqa: E402
 from benchmarks.e2e.server import ServerConfig, running_server_process  # noqa: E402
 from benchmarks.e2e.stats import median_interval  # noqa: E402
+from benchmarks.e2e.thread_states import read_schedstat  # noqa: E402
 
 #: Starts a vLLM server (`test_benchmark_smoke`).
 SMOKE_TIMEOUT_S = 900
@@ -49,16 +52,17 @@ SERVER = ServerConfig(
 
 def loop_cpu_ns(pid: int) -> int:
     """CPU time of the API server's main thread (its event loop), in ns."""
-    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
+    return read_schedstat(f"/proc/{pid}/task/{pid}/schedstat")[0]
 
 
 def price(body: bytes) -> float:
-    """The adapter's price of a one-conversation chat request or a text request."""
-    from offload_vllm._cost import PROMPT_COST, characters
+    """What the adapter charges for `body` at admission: vLLM's own parsing of
+    an embeddings request, then the adapter's `request_cost`."""
+    import pydantic
+    from offload_vllm._seams.requests import request_cost
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
-    fields = json.loads(body)
-    return float(characters(fields.get("messages", fields.get("input"))) + PROMPT_COST)
+    return request_cost(pydantic.TypeAdapter(EmbeddingRequest).validate_json(body), len(body))
 
 
 def measure(url: str, pid: int, bodies: list[bytes]) -> list[float]:
