@@ -135,6 +135,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes inline 16384", "process", (*TWO_WORKERS, "--offload-inline-cost", "16384")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
+    # One more worker for calls priced at most 16384 (one piece), at the loop's
+    # priority: a small image no longer waits for a worker busy with a large one.
+    Row(ServerConfig("thread lanes express 16384", "thread", (*TWO_WORKERS, "--offload-express-cost", "16384")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    Row(ServerConfig("process lanes express 16384", "process", (*TWO_WORKERS, "--offload-express-cost", "16384")),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

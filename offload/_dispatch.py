@@ -14,6 +14,13 @@ The strategy supplies the per-slot part (`SlotWorker`): make a slot, start
 its worker, tell whether it is ready, run one claimed call on it, stop it.
 The dispatcher does the rest: claiming, the busy slots, start-up reporting,
 retrying a worker that failed to start, shutdown and joining.
+
+**The express slot.** With `express_cost` above 0, one more slot takes only
+calls priced at most that, in the queue's fair order. A cheap call then
+never waits for a worker to finish a long call it already started, which
+lanes cannot prevent: calls are not interrupted. The express slot is woken
+by a token of its own, only for such calls; it never takes a call out of
+its flow's order (`CallQueue.take`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Generator
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Generic, Protocol, TypeVar, cast, final
 
 from ._call import Call
 from ._errors import OffloadError, executor_closed
@@ -57,6 +64,16 @@ class SlotWorker(Protocol[S]):
         """The slot is exiting (shutdown): stop its worker, if any."""
 
 
+class ExpressSlotWorker(SlotWorker[S], Protocol[S]):
+    """A `SlotWorker` that can also make the express slot (see `Dispatcher`'s
+    `express_cost`): a `Dispatcher` with an express slot needs one."""
+
+    def new_express_slot(self, number: int) -> S:
+        """State for the express slot, which runs only cheap calls: its worker
+        should run at the event loop's priority (the calls it runs are the
+        latency-sensitive ones), not lowered as the other workers are."""
+
+
 @final
 class Dispatcher(Generic[S]):
     """A `CallQueue` and up to `max_slots` slot threads that take calls from it.
@@ -72,11 +89,22 @@ class Dispatcher(Generic[S]):
     started by `start_all()`, the error goes to `start_all()`'s caller instead,
     and no call ever sees it.
 
+    `express_cost` above 0 adds the express slot (module docstring), beyond
+    `max_slots`: it starts with the first call priced at most `express_cost`
+    (or with `start_all()`/`grow()`), and `worker` must be an
+    `ExpressSlotWorker`. 0 (default): none.
+
     Thread-safe.
     """
 
     def __init__(
-        self, strategy: str, max_slots: int, worker: SlotWorker[S], *, thread_name: str | None = None
+        self,
+        strategy: str,
+        max_slots: int,
+        worker: SlotWorker[S],
+        *,
+        thread_name: str | None = None,
+        express_cost: float = 0.0,
     ) -> None:
         #: For messages: the strategy's name.
         self._owner = strategy
@@ -96,6 +124,14 @@ class Dispatcher(Generic[S]):
         self._numbers = itertools.count()
         self._stopping = False
         self.lock = threading.Lock()
+        self._express_cost = express_cost
+        if express_cost > 0 and not callable(getattr(worker, "new_express_slot", None)):
+            raise OffloadError(f"{strategy}: its slots have no express slot (new_express_slot)")
+        self._express: S | None = None  # the express slot, once started
+        # Wakes the express slot for a cheap call (None: exit). It holds at
+        # most one True: one is put only while the slot waits with none.
+        self._express_tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self._express_waiting = False
 
     # ---- state -----------------------------------------------------------------
 
@@ -106,7 +142,20 @@ class Dispatcher(Generic[S]):
 
     @property
     def max_slots(self) -> int:
+        """Slots besides the express slot."""
         return self._max_slots
+
+    @property
+    def express_cost(self) -> float:
+        """The express slot takes calls priced at most this (0: no express slot)."""
+        return self._express_cost
+
+    def is_express(self, slot: S) -> bool:
+        """Whether `slot` is the express slot."""
+        return self._express is not None and slot is self._express
+
+    def _regular_slots(self) -> int:
+        return len(self._slots) - (self._express is not None)
 
     def slots(self) -> list[S]:
         """The live slots (a snapshot)."""
@@ -139,7 +188,10 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            if self._queued > self._waiting and len(self._slots) < self._max_slots:
+            if 0 < self._express_cost and call.cost <= self._express_cost and self._wake_express():
+                # The express slot takes it, unless a free slot gets there first.
+                return
+            if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
                 except RuntimeError as exc:  # can't start new thread
@@ -151,14 +203,31 @@ class Dispatcher(Generic[S]):
                     self._queued -= 1
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
 
+    def _wake_express(self) -> bool:
+        """With the lock held, for a cheap call just queued: wake the express
+        slot if it waits (start it if it never did); whether it will look."""
+        if self._express is None:
+            try:
+                self._start_slot(None, express=True)
+            except RuntimeError:
+                return False  # no thread left: the regular slots serve it
+            return True
+        if self._express_waiting:
+            self._express_waiting = False
+            self._express_tokens.put(True)
+            return True
+        return False  # busy: it looks again when its call is done
+
     def grow(self) -> None:
-        """Start idle slots up to `max_slots` now, without waiting for their
-        workers (for a strategy whose workers are slow to start: a pool that
-        grew call by call would pay for it under load). Does nothing once
-        `close` has begun, or if a slot thread cannot start."""
+        """Start idle slots up to `max_slots` (and the express slot) now,
+        without waiting for their workers (for a strategy whose workers are
+        slow to start: a pool that grew call by call would pay for it under
+        load). Does nothing once `close` has begun, or if a slot thread cannot start."""
         with self.lock, contextlib.suppress(RuntimeError):
-            while not self._stopping and len(self._slots) < self._max_slots:
+            while not self._stopping and self._regular_slots() < self._max_slots:
                 self._start_slot(None)
+            if not self._stopping and self._express_cost > 0 and self._express is None:
+                self._start_slot(None, express=True)
 
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
@@ -170,9 +239,11 @@ class Dispatcher(Generic[S]):
                 raise executor_closed(self._owner)
             # Slots already up started their workers (or will, at their next call).
             started = 0
-            while len(self._slots) < self._max_slots:
+            wanted = self._max_slots - self._regular_slots()
+            express = self._express_cost > 0 and self._express is None
+            for number in range(wanted + express):
                 try:
-                    self._start_slot(startup)
+                    self._start_slot(startup, express=number == wanted)
                 except RuntimeError as exc:
                     startup.expect(started)
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
@@ -180,18 +251,24 @@ class Dispatcher(Generic[S]):
             startup.expect(started)
         startup.wait()
 
-    def _start_slot(self, startup: Startup | None) -> None:
+    def _start_slot(self, startup: Startup | None, *, express: bool = False) -> None:
         # With the lock held. The slot is registered only once its thread runs.
         number = next(self._numbers)
-        slot = self._worker.new_slot(number)
-        thread = threading.Thread(
-            target=self._main, args=(slot, startup), name=f"{self._thread_name}-{number}", daemon=True
-        )
+        if express:
+            slot = cast("ExpressSlotWorker[S]", self._worker).new_express_slot(number)
+            name = f"{self._thread_name}-express"
+        else:
+            slot = self._worker.new_slot(number)
+            name = f"{self._thread_name}-{number}"
+        thread = threading.Thread(target=self._main, args=(slot, startup, express), name=name, daemon=True)
         thread.start()
         self._slots[slot] = thread
-        self._waiting += 1  # for its first token
+        if express:
+            self._express = slot  # it looks at the queue as soon as its worker is up
+        else:
+            self._waiting += 1  # for its first token
 
-    def _main(self, slot: S, startup: Startup | None) -> None:
+    def _main(self, slot: S, startup: Startup | None, express: bool) -> None:
         worker = self._worker
         error: BaseException | None = None
         try:
@@ -202,7 +279,7 @@ class Dispatcher(Generic[S]):
             if startup is not None:
                 startup.finished(error)
                 error = None  # start()'s caller has it: no call sees it
-            for call in self._claimed(slot):
+            for call in self._claimed_express(slot) if express else self._claimed(slot):
                 if error is not None:
                     call.set_exception(error)
                     error = None
@@ -247,6 +324,31 @@ class Dispatcher(Generic[S]):
                 self._waiting += 1
             del call  # don't keep the last call's arguments alive while idle
 
+    def _claimed_express(self, slot: S) -> Generator[Call[Any], None, None]:
+        """The express slot's loop: the cheap calls it takes, in the queue's
+        fair order, until told to exit. It takes no token for a call: the
+        call's token stays queued and wakes a regular slot, which finds the
+        next call, or none (tokens never fall below the calls queued)."""
+        get = self._express_tokens.get
+        cheap = self._express_cost
+        while True:
+            with self.lock:
+                taken = self._calls.take(lambda call: call.cost <= cheap, 1)
+                if taken:
+                    self._running[slot] = taken[0]
+                else:
+                    self._express_waiting = True
+            if not taken:
+                if get() is None:
+                    return
+                continue
+            call = taken[0]
+            if call.claim():
+                yield call
+            with self.lock:
+                self._running.pop(slot, None)
+            del call, taken  # don't keep the last call's arguments alive while idle
+
     def _discard(self, slot: S) -> None:
         """`slot` exited. If calls are still queued and no slot is left to take
         them, a fresh slot starts, even during shutdown (every queued call must
@@ -256,7 +358,12 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self._queued > self._waiting and len(self._slots) < self._max_slots:
+            if self.is_express(slot):
+                # Only at shutdown, or after a bug: the regular slots serve
+                # what is queued, and a later cheap call starts a new one.
+                self._express, self._express_waiting = None, False
+                return
+            if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
                 except RuntimeError as exc:
@@ -312,8 +419,10 @@ class Dispatcher(Generic[S]):
                 self._queued = in_transit
             if not self._stopping:
                 self._stopping = True
-                for _ in self._slots:
+                for _ in range(self._regular_slots()):
                     self._tokens.put(None)
+                if self._express is not None:
+                    self._express_tokens.put(None)
         for call in dropped:
             call.drop()
 

@@ -17,7 +17,8 @@ Helpers, public for strategy authors:
   queuing strategy shares; `Lane`, `Flow`.
 - `Dispatcher` and `SlotWorker`: a `CallQueue` served by slot threads, each
   driving one worker (a thread, a process, an actor); what `thread`,
-  `process` and `ray` are built on.
+  `process` and `ray` are built on. `ExpressSlotWorker`: a `SlotWorker`
+  that can also make the express slot (cheap calls only).
 - `Startup`: what `start()` waits on.
 - `check_max_workers`, `check_initializer`, `check_cost`: argument checks with
   the house's messages.
@@ -33,7 +34,7 @@ Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._config import check_initializer, check_max_workers, usable_cpu_count
-from ._dispatch import Dispatcher, SlotWorker
+from ._dispatch import Dispatcher, ExpressSlotWorker, SlotWorker
 from ._errors import executor_closed, initializer_failed
 from ._lanes import Flow, Lane, check_cost
 from ._metrics import count_worker_restart
@@ -50,6 +51,7 @@ __all__ = [
     "Call",
     "CallQueue",
     "Dispatcher",
+    "ExpressSlotWorker",
     "Flow",
     "Lane",
     "SlotWorker",

@@ -344,3 +344,18 @@ def own_niceness() -> int:
     """The calling thread's niceness (on Linux each thread has its own; in a
     worker process, its main thread's)."""
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def wait_for_file(path: str, timeout: float = 60.0) -> str:
+    """Hold the call until `path` exists (a gate that works across processes)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
+    return "released"
+
+
+def where_and_niceness() -> tuple[int, str, int]:
+    """(pid, thread name, niceness) of the worker running the call."""
+    return os.getpid(), threading.current_thread().name, own_niceness()

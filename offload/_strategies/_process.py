@@ -42,6 +42,7 @@ from .._config import check_initializer, check_max_workers, usable_cpu_count
 from .._dispatch import Dispatcher
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
+from .._lanes import check_cost
 from .._niceness import DEFAULT_NICE, check_nice
 from .._strategy import Strategy
 from . import _wire
@@ -145,6 +146,11 @@ class ProcessStrategy(Strategy):
             `"fork"` is refused (unsafe once the parent runs threads or torch).
         nice: added to the workers' niceness (0 to 19; default 10, see
             `DEFAULT_NICE`); 0 runs them at this process's priority.
+        express_cost: above 0, one more worker process, the *express* worker,
+            runs only calls priced at most this (in the callers' cost unit),
+            in the queue's fair order, at this process's priority (no
+            `nice`): a cheap call never waits for a worker busy with a long
+            call. 0 (default): none. `max_workers` does not count it.
     """
 
     name = "process"
@@ -164,10 +170,12 @@ class ProcessStrategy(Strategy):
         cancel: str = "finish",
         start_method: str | None = None,
         nice: int = DEFAULT_NICE,
+        express_cost: float = 0.0,
     ) -> None:
         self._max_workers = (
             usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
         )
+        self._express_cost = check_cost(express_cost, source="express_cost")
         check_initializer(initializer, initargs)
         for option, value in (
             ("max_tasks_per_worker", max_tasks_per_worker),
@@ -206,7 +214,7 @@ class ProcessStrategy(Strategy):
     def _new_pool(self) -> None:
         self._slots = ProcessSlots(self, self._config)
         self._dispatch: Dispatcher[ProcessSlot] = Dispatcher(
-            self.name, self._max_workers, self._slots, thread_name=self._pool
+            self.name, self._max_workers, self._slots, thread_name=self._pool, express_cost=self._express_cost
         )
         self._prepared = False
 

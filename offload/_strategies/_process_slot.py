@@ -64,10 +64,12 @@ def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
 class ProcessSlot:
     """One slot's state. `worker`, `killed` and `sent` change under `ProcessSlots.lock`."""
 
-    __slots__ = ("killed", "number", "sent", "tasks", "worker")
+    __slots__ = ("express", "killed", "number", "sent", "tasks", "worker")
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, *, express: bool = False) -> None:
         self.number = number
+        #: The express slot: its worker keeps this process's priority.
+        self.express = express
         self.worker: WorkerProcess | None = None
         #: offload killed (or is killing) its worker on purpose.
         self.killed = False
@@ -101,6 +103,9 @@ class ProcessSlots:
     def new_slot(self, number: int) -> ProcessSlot:
         return ProcessSlot(number)
 
+    def new_express_slot(self, number: int) -> ProcessSlot:
+        return ProcessSlot(number, express=True)
+
     def worker_ready(self, slot: ProcessSlot) -> bool:
         worker = slot.worker
         return worker is not None and not slot.killed and worker.alive()
@@ -117,7 +122,7 @@ class ProcessSlots:
                 self._context,
                 f"{config.name}-worker",
                 (self._alive, config.initializer, config.initargs, config.threshold,
-                 config.max_memory, config.nice),
+                 config.max_memory, 0 if slot.express else config.nice),
                 lambda started: self._register(slot, started),
             )
         except BaseException as exc:  # EMFILE, no memory: this call fails, the next one retries

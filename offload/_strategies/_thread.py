@@ -10,6 +10,7 @@ from .._call import Call
 from .._config import check_initializer, check_max_workers, default_thread_workers
 from .._dispatch import Dispatcher
 from .._errors import initializer_failed
+from .._lanes import check_cost
 from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
 from .._strategy import Strategy
 from .._worker_state import _NO_STATE
@@ -22,12 +23,14 @@ _UNSTARTED: Any = object()
 class _Slot:
     """A worker thread (here the slot is its own worker) and its `worker_state()`."""
 
-    __slots__ = ("lowered", "state")
+    __slots__ = ("express", "lowered", "state")
 
-    def __init__(self) -> None:
+    def __init__(self, *, express: bool = False) -> None:
         self.state: Any = _UNSTARTED
         #: Whether its thread's priority was lowered already (`nice`).
         self.lowered = False
+        #: The express slot: its thread keeps the loop's priority.
+        self.express = express
 
 
 @final
@@ -61,6 +64,11 @@ class ThreadStrategy(Strategy):
         thread_name_prefix: names the threads `{prefix}-{pool}-{n}`.
         nice: added to each worker thread's niceness (0 to 19; default 10,
             Linux only); 0 runs them at the loop's priority.
+        express_cost: above 0, one more thread, the *express* worker, runs
+            only calls priced at most this (in the callers' cost unit), in
+            the queue's fair order, at the loop's priority (no `nice`): a
+            cheap call never waits for a worker busy with a long call.
+            0 (default): none. `max_workers` does not count it.
     """
 
     name = "thread"
@@ -73,10 +81,12 @@ class ThreadStrategy(Strategy):
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-thread",
         nice: int = DEFAULT_NICE,
+        express_cost: float = 0.0,
     ) -> None:
         self._max_workers = (
             default_thread_workers() if max_workers is None else check_max_workers(max_workers)
         )
+        self._express_cost = check_cost(express_cost, source="express_cost")
         check_initializer(initializer, initargs)
         self._initializer = initializer
         self._initargs = initargs
@@ -85,7 +95,9 @@ class ThreadStrategy(Strategy):
         self._dispatch = self._new_dispatcher()
 
     def _new_dispatcher(self) -> Dispatcher[_Slot]:
-        return Dispatcher(self.name, self._max_workers, self, thread_name=self._thread_name)
+        return Dispatcher(
+            self.name, self._max_workers, self, thread_name=self._thread_name, express_cost=self._express_cost
+        )
 
     @property
     def max_workers(self) -> int:
@@ -117,12 +129,15 @@ class ThreadStrategy(Strategy):
     def new_slot(self, number: int) -> _Slot:
         return _Slot()
 
+    def new_express_slot(self, number: int) -> _Slot:
+        return _Slot(express=True)
+
     def start_worker(self, slot: _Slot) -> None:
         # Called on the slot's own thread, before its first call (and again
         # after an initializer failed: the priority is lowered once).
         if not slot.lowered:
             slot.lowered = True
-            lower_this_thread(self._nice)
+            lower_this_thread(0 if slot.express else self._nice)
         if self._initializer is None:
             slot.state = _NO_STATE
             return

@@ -97,6 +97,12 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_INLINE_COST": "1k"}, "is not a cost"),
         ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_INLINE_COST": "256"}, "has no effect with strategy 'async-renderer'"),
         ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_INLINE_COST": "256"}, "has no effect with strategy 'inline'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_EXPRESS_COST": "-1"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_EXPRESS_COST": "inf"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_EXPRESS_COST": "nan"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_EXPRESS_COST": "16k"}, "is not a cost"),
+        ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_EXPRESS_COST": "256"}, "has no effect with strategy 'inline'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_EXPRESS_COST": "256"}, "it has no express worker"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
@@ -123,6 +129,7 @@ VALID = {
     "OFFLOAD_VLLM_RAY_ADDRESS": ("ray://head:10001", {"OFFLOAD_VLLM_STRATEGY": "ray"}),
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_INLINE_COST": ("256", {"OFFLOAD_VLLM_STRATEGY": "process"}),
+    "OFFLOAD_VLLM_EXPRESS_COST": ("16384", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
     "OFFLOAD_VLLM_BATCH_WAIT": ("0.002", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
@@ -232,7 +239,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_EXPRESS_COST, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 

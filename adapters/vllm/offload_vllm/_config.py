@@ -37,6 +37,7 @@ ENGINE_PRIORITY_ENV = "OFFLOAD_VLLM_ENGINE_PRIORITY"
 RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
+EXPRESS_COST_ENV = "OFFLOAD_VLLM_EXPRESS_COST"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -195,6 +196,15 @@ def _parse_inline_cost(name: str, raw: str) -> float:
     return value
 
 
+def _parse_express_cost(name: str, raw: str) -> float:
+    value = _number(raw)
+    if not 0 <= value < math.inf:
+        raise OffloadVLLMConfigError(
+            f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: no express worker)"
+        )
+    return value
+
+
 def _parse_nice(name: str, raw: str) -> int:
     if not (raw.isascii() and raw.isdigit()) or int(raw) > 19:
         raise OffloadVLLMConfigError(f"{name}={raw!r} is not a niceness increment; give an integer from 0 to 19")
@@ -266,6 +276,10 @@ def _takes_worker_nice(row: StrategyRow) -> bool:
     return "worker_nice" in row.own_options
 
 
+def _takes_express_cost(row: StrategyRow) -> bool:
+    return "express_cost" in row.own_options
+
+
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 def _batches(row: StrategyRow) -> bool:
     return row.kind.batches
@@ -310,6 +324,10 @@ OPTIONS = (
         "it starts no worker threads or processes of its own on this host",
     ),
     Option(INLINE_COST_ENV, "--offload-inline-cost", "C", _parse_inline_cost, _has_pool, "it has no worker pool"),
+    Option(
+        EXPRESS_COST_ENV, "--offload-express-cost", "C", _parse_express_cost, _takes_express_cost,
+        "it has no express worker (thread and process have one)",
+    ),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -361,6 +379,10 @@ class Settings:
     #: Calls priced at most this (characters, `_cost.py`) run on the event loop
     #: instead of on a worker; `None`: `DEFAULT_INLINE_COST` where there is a pool.
     inline_cost_setting: float | None = None
+    #: `thread` and `process`: one more worker runs only calls priced at most
+    #: this, at the loop's priority (the strategy's `express_cost`); `None`:
+    #: the strategy's default (none).
+    express_cost: float | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -432,6 +454,8 @@ class Settings:
             parts.append(f"batch_wait={self.batch_wait:g}s")
         if self.inline_cost_setting is not None:
             parts.append(f"inline_cost={self.inline_cost_setting:g}")
+        if self.express_cost is not None:
+            parts.append(f"express_cost={self.express_cost:g}")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -583,6 +607,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ray_address=values.get(RAY_ADDRESS_ENV),
         worker_nice=values.get(WORKER_NICE_ENV),
         inline_cost_setting=values.get(INLINE_COST_ENV),
+        express_cost=values.get(EXPRESS_COST_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),

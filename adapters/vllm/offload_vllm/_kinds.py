@@ -69,8 +69,10 @@ class StrategyRow:
 #: `offload-ray` plugin is installed).
 STRATEGIES: Mapping[str, StrategyRow] = {
     "inline": StrategyRow(ON_LOOP),
-    "thread": StrategyRow(IN_THREAD, own_options={"worker_nice": "nice"}),
-    "process": StrategyRow(REMOTE, own_options={"worker_nice": "nice"}, titles_workers=True),
+    "thread": StrategyRow(IN_THREAD, own_options={"worker_nice": "nice", "express_cost": "express_cost"}),
+    "process": StrategyRow(
+        REMOTE, own_options={"worker_nice": "nice", "express_cost": "express_cost"}, titles_workers=True
+    ),
     "async-renderer": StrategyRow(BATCHED),
     "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
 }
