@@ -58,9 +58,16 @@ def loop_cpu_ns(pid: int) -> int:
 def price(body: bytes) -> float:
     """What the adapter charges for `body` at admission: vLLM's own parsing of
     an embeddings request, then the adapter's `request_cost`."""
+    import warnings
+
     import pydantic
-    from offload_vllm._seams.requests import request_cost
-    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+
+    # vLLM's import warns (torch deprecations); under pytest's warnings-as-errors
+    # that would fail the smoke run when no vLLM test imported it first.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from offload_vllm._seams.requests import request_cost
+        from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
     return request_cost(pydantic.TypeAdapter(EmbeddingRequest).validate_json(body), len(body))
 

@@ -39,3 +39,16 @@ class TestPoolExample(StrategyContract):
     @pytest.fixture
     def anyio_backend(self) -> Any:
         return ("asyncio", {})
+
+
+class TestContractWithExpress(StrategyContract):
+    """`thread` and `process` with the express worker taking every call of
+    the suite's default cost (1): `capacity()` counts it, and every contract
+    (cancellation, shutdown, errors, the bound) holds with it."""
+
+    @pytest.fixture(params=[s for s in ("thread", "process") if s in strategies_under_test()])
+    def strategy(self, request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+    def strategy_options(self, strategy: str) -> dict[str, Any]:
+        return {**super().strategy_options(strategy), "express_cost": 1}

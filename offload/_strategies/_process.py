@@ -150,7 +150,7 @@ class ProcessStrategy(Strategy):
             runs only calls priced at most this (in the callers' cost unit),
             in the queue's fair order, at this process's priority (no
             `nice`): a cheap call never waits for a worker busy with a long
-            call. 0 (default): none. `max_workers` does not count it.
+            call. 0 (default): none. `max_workers` does not count it; `capacity()` does.
     """
 
     name = "process"
@@ -223,7 +223,8 @@ class ProcessStrategy(Strategy):
         return self._max_workers
 
     def capacity(self) -> int:
-        return self._max_workers
+        # The express worker runs calls too (cheap ones only).
+        return self._max_workers + (self._express_cost > 0)
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for tests and diagnostics)."""

@@ -68,7 +68,7 @@ class ThreadStrategy(Strategy):
             only calls priced at most this (in the callers' cost unit), in
             the queue's fair order, at the loop's priority (no `nice`): a
             cheap call never waits for a worker busy with a long call.
-            0 (default): none. `max_workers` does not count it.
+            0 (default): none. `max_workers` does not count it; `capacity()` does.
     """
 
     name = "thread"
@@ -104,7 +104,8 @@ class ThreadStrategy(Strategy):
         return self._max_workers
 
     def capacity(self) -> int:
-        return self._max_workers
+        # The express worker runs calls too (cheap ones only).
+        return self._max_workers + (self._express_cost > 0)
 
     def schedule(self, call: Call[Any]) -> None:
         self._dispatch.put(call)
