@@ -16,11 +16,14 @@ The dispatcher does the rest: claiming, the busy slots, start-up reporting,
 retrying a worker that failed to start, shutdown and joining.
 
 **The express slot.** With `express_cost` above 0, one more slot takes only
-calls priced at most that, in the queue's fair order. A cheap call then
-never waits for a worker to finish a long call it already started, which
-lanes cannot prevent: calls are not interrupted. The express slot is woken
-by a token of its own, only for such calls; it never takes a call out of
-its flow's order (`CallQueue.take`).
+calls that are cheap beside the work in progress: priced at most
+`express_cost`, and at most 1/`EXPRESS_RATIO` of the costliest call running
+on the other slots. A cheap call then does not wait for a worker to finish a
+far longer call it already started, which lanes cannot prevent: calls are
+not interrupted. Calls of similar sizes (a flood of pieces of one size) never
+use it, so it does not become one more worker for the flood. It takes them
+in the queue's fair order, never out of their flow's order
+(`CallQueue.take`), and is woken by a token of its own, only for such calls.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import queue
 import threading
 import time
 from collections.abc import Generator
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar, cast, final
 
 from ._call import Call
@@ -39,6 +43,15 @@ from ._queue import CallQueue
 from ._startup import Startup
 
 S = TypeVar("S")
+
+def _costs_at_most(limit: float, call: Call[Any]) -> bool:
+    return call.cost <= limit
+
+
+#: The express slot takes a call only while a call at least this many times
+#: its cost runs on another slot: what it spares a cheap call is a wait
+#: several times its own run, and calls of similar sizes share the others.
+EXPRESS_RATIO = 4.0
 
 
 class SlotWorker(Protocol[S]):
@@ -90,9 +103,9 @@ class Dispatcher(Generic[S]):
     and no call ever sees it.
 
     `express_cost` above 0 adds the express slot (module docstring), beyond
-    `max_slots`: it starts with the first call priced at most `express_cost`
-    (or with `start_all()`/`grow()`), and `worker` must be an
-    `ExpressSlotWorker`. 0 (default): none.
+    `max_slots`: it starts with the first call it may take (or with
+    `start_all()`/`grow()`), and `worker` must be an `ExpressSlotWorker`.
+    0 (default): none.
 
     Thread-safe.
     """
@@ -147,7 +160,8 @@ class Dispatcher(Generic[S]):
 
     @property
     def express_cost(self) -> float:
-        """The express slot takes calls priced at most this (0: no express slot)."""
+        """The express slot takes calls priced at most this, and at most
+        1/`EXPRESS_RATIO` of the costliest call running (0: no express slot)."""
         return self._express_cost
 
     def is_express(self, slot: S) -> bool:
@@ -188,7 +202,7 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            if 0 < self._express_cost and call.cost <= self._express_cost and self._wake_express():
+            if 0 < self._express_cost and call.cost <= self._express_limit() and self._wake_express():
                 # The express slot takes it, unless a free slot gets there first.
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
@@ -202,6 +216,13 @@ class Dispatcher(Generic[S]):
                     self._tokens.get_nowait()
                     self._queued -= 1
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
+
+    def _express_limit(self) -> float:
+        """With the lock held: the costliest call the express slot may take now."""
+        largest = max(
+            (call.cost for slot, call in self._running.items() if slot is not self._express), default=0.0
+        )
+        return min(self._express_cost, largest / EXPRESS_RATIO)
 
     def _wake_express(self) -> bool:
         """With the lock held, for a cheap call just queued: wake the express
@@ -330,10 +351,9 @@ class Dispatcher(Generic[S]):
         call's token stays queued and wakes a regular slot, which finds the
         next call, or none (tokens never fall below the calls queued)."""
         get = self._express_tokens.get
-        cheap = self._express_cost
         while True:
             with self.lock:
-                taken = self._calls.take(lambda call: call.cost <= cheap, 1)
+                taken = self._calls.take(partial(_costs_at_most, self._express_limit()), 1)
                 if taken:
                     self._running[slot] = taken[0]
                 else:

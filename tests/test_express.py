@@ -19,6 +19,7 @@ import pytest
 
 import offload
 from offload import ConfigError, OffloadError, WorkerCrashed
+from offload._dispatch import EXPRESS_RATIO
 from offload.strategy import Call, Dispatcher
 
 from . import helpers
@@ -77,6 +78,31 @@ def test_a_cheap_call_skips_the_busy_worker_only_with_an_express_worker(
         assert held.result(timeout=60) == "released"
         assert queued.result(timeout=60) == "queued"
         cheap.result(timeout=60)
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("cost", [26, 100])
+def test_a_call_not_far_cheaper_than_the_running_one_waits_for_a_regular_worker(
+    pool: str, gate: Path, cost: float
+) -> None:
+    # The held call costs 100: the express worker takes calls of at most
+    # 100 / EXPRESS_RATIO = 25, however high the bound, so that calls of
+    # similar sizes (a flood of pieces) share the regular workers and leave
+    # it, at the loop's priority, alone.
+    assert EXPRESS_RATIO == 4
+    ex = _executor(pool, express_cost=1000)
+    try:
+        held = _hold(ex, gate)
+        waiting = ex.options(cost=cost).submit(helpers.where_and_niceness)
+        time.sleep(0.5)
+        assert not waiting.done()
+        cheap = ex.options(cost=25).submit(helpers.where_and_niceness).result(timeout=60)
+        assert not waiting.done()
+        gate.touch()
+        held.result(timeout=60)
+        assert waiting.result(timeout=60)[:2] != cheap[:2]
     finally:
         gate.touch()
         ex.shutdown(wait=True)

@@ -147,10 +147,12 @@ class ProcessStrategy(Strategy):
         nice: added to the workers' niceness (0 to 19; default 10, see
             `DEFAULT_NICE`); 0 runs them at this process's priority.
         express_cost: above 0, one more worker process, the *express* worker,
-            runs only calls priced at most this (in the callers' cost unit),
-            in the queue's fair order, at this process's priority (no
-            `nice`): a cheap call never waits for a worker busy with a long
-            call. 0 (default): none. `max_workers` does not count it; `capacity()` does.
+            runs calls priced at most this (in the callers' cost unit) and at
+            most a quarter of the costliest call running on the other workers
+            (`offload.strategy.Dispatcher`), in the queue's fair order, at
+            this process's priority (no `nice`): a cheap call does not wait
+            for a worker busy with a far longer call. 0 (default): none.
+            `max_workers` and `capacity()` do not count it.
     """
 
     name = "process"
@@ -223,8 +225,8 @@ class ProcessStrategy(Strategy):
         return self._max_workers
 
     def capacity(self) -> int:
-        # The express worker runs calls too (cheap ones only).
-        return self._max_workers + (self._express_cost > 0)
+        # Not the express worker: it takes a call only beside a far costlier one.
+        return self._max_workers
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for tests and diagnostics)."""

@@ -65,10 +65,12 @@ class ThreadStrategy(Strategy):
         nice: added to each worker thread's niceness (0 to 19; default 10,
             Linux only); 0 runs them at the loop's priority.
         express_cost: above 0, one more thread, the *express* worker, runs
-            only calls priced at most this (in the callers' cost unit), in
-            the queue's fair order, at the loop's priority (no `nice`): a
-            cheap call never waits for a worker busy with a long call.
-            0 (default): none. `max_workers` does not count it; `capacity()` does.
+            calls priced at most this (in the callers' cost unit) and at most
+            a quarter of the costliest call running on the other threads
+            (`offload.strategy.Dispatcher`), in the queue's fair order, at
+            the loop's priority (no `nice`): a cheap call does not wait for a
+            worker busy with a far longer call. 0 (default): none.
+            `max_workers` and `capacity()` do not count it.
     """
 
     name = "thread"
@@ -104,8 +106,8 @@ class ThreadStrategy(Strategy):
         return self._max_workers
 
     def capacity(self) -> int:
-        # The express worker runs calls too (cheap ones only).
-        return self._max_workers + (self._express_cost > 0)
+        # Not the express worker: it takes a call only beside a far costlier one.
+        return self._max_workers
 
     def schedule(self, call: Call[Any]) -> None:
         self._dispatch.put(call)
