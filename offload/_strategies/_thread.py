@@ -105,6 +105,11 @@ class ThreadStrategy(Strategy):
     def max_workers(self) -> int:
         return self._max_workers
 
+    @property
+    def express_cost(self) -> float:
+        """The express worker's bound (0: there is none)."""
+        return self._express_cost
+
     def capacity(self) -> int:
         # Not the express worker: it takes a call only beside a far costlier one.
         return self._max_workers

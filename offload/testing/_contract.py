@@ -722,6 +722,8 @@ class StrategyContract:
                 return
             started, runs = self._init_runs(tmp_path)
             workers = getattr(ex.strategy, "max_workers", None)
+            if isinstance(workers, int) and getattr(ex.strategy, "express_cost", 0) > 0:
+                workers += 1  # the express worker starts too
             assert runs == workers if isinstance(workers, int) else runs >= 1
             await anyio.to_thread.run_sync(ex.start)  # idempotent
             for _ in range(20):

@@ -36,7 +36,8 @@ pytestmark = [
 # waits for its render there, the loop brings others to the entry, where they
 # find the one place taken. With the default, these small requests run on the
 # loop and a fast machine can serve the flood one at a time, refusing nothing.
-ONE_AT_A_TIME = {"OFFLOAD_VLLM_MAX_QUEUE": "0", "OFFLOAD_VLLM_INLINE_COST": "0"}
+# No express worker either: one worker, one call at a time.
+ONE_AT_A_TIME = {"OFFLOAD_VLLM_MAX_QUEUE": "0", "OFFLOAD_VLLM_INLINE_COST": "0", "OFFLOAD_VLLM_EXPRESS_COST": "0"}
 ROOT_PATH = "/api"
 QUERY = "What is the capital of France?"
 DOCS = [f"document {i}: Paris is the capital of France, and Berlin is in Germany." for i in range(8)]

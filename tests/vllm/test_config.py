@@ -14,7 +14,7 @@ from offload_vllm import (
     read_settings,
 )
 from offload_vllm.__main__ import main
-from offload_vllm._config import KNOWN_ENV, LEGACY_NAMES, adopt_new_names
+from offload_vllm._config import KNOWN_ENV, LEGACY_NAMES, Settings, adopt_new_names
 
 import offload
 
@@ -47,6 +47,22 @@ def test_worker_nice() -> None:
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process"}).worker_nice is None  # the strategy's 10
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_WORKER_NICE": "0"}).worker_nice == 0
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKER_NICE": "5"}).worker_nice == 5
+
+
+def test_express_cost() -> None:
+    from offload_vllm._config import DEFAULT_EXPRESS_COST
+
+    assert DEFAULT_EXPRESS_COST == 16384
+    for strategy in ("thread", "process"):
+        assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy}).express_cost == DEFAULT_EXPRESS_COST
+        given = read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_VLLM_EXPRESS_COST": " 9000.5 "})
+        assert given.express_cost == 9000.5
+        assert "express_cost=9000.5" in given.summary()
+        assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_VLLM_EXPRESS_COST": "0"}).express_cost == 0
+    # The others have no express worker.
+    for strategy in ("inline", "async-renderer", "ray"):
+        assert Settings(strategy, None, "test").express_cost == 0
+    assert read_settings({}).express_cost == 0
 
 
 def test_inline_cost() -> None:

@@ -70,7 +70,9 @@ def servers_by_role(
     # tokenized whole; and the expected priorities are priced as whole texts.
     # Every call on the executor: the lane tests read lanes from its call
     # metrics, and a one-word request's calls would otherwise run on the loop.
-    whole = {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0", "OFFLOAD_VLLM_INLINE_COST": "0"}
+    # And every call on the one worker (no express worker): the order the
+    # tests read is the queue's.
+    whole = {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0", "OFFLOAD_VLLM_INLINE_COST": "0", "OFFLOAD_VLLM_EXPRESS_COST": "0"}
     starts = {
         # Each in a folder of its own: the log is named after the model and strategy.
         role: functools.partial(

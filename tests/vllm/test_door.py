@@ -53,6 +53,8 @@ def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         # Every call on the executor: the tests read lanes from its call metrics,
         # and a one-word request's calls would otherwise run on the loop.
         "OFFLOAD_VLLM_INLINE_COST": "0",
+        # And on the one worker (no express worker), which the early-refusal test holds.
+        "OFFLOAD_VLLM_EXPRESS_COST": "0",
         # The operator's middleware module, importable in the server.
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }

@@ -1,7 +1,8 @@
-"""The express worker through a real server (`OFFLOAD_VLLM_EXPRESS_COST`,
-`process`): one more worker process, started before the port opens, at the
-server's priority, that answers a small request while the only regular
-worker cannot run at all (stopped with SIGSTOP)."""
+"""The express worker through a real server with its default bound
+(`OFFLOAD_VLLM_EXPRESS_COST` unset, `process`): one more worker process,
+started before the port opens, at the server's priority, that answers a
+small request while the only regular worker cannot run at all (stopped with
+SIGSTOP in the middle of a large request)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    env = {
-        "OFFLOAD_VLLM_EXPRESS_COST": "16384",
-        # Every call on the executor: a one-sentence request would otherwise run on the loop.
-        "OFFLOAD_VLLM_INLINE_COST": "0",
-    }
+    # The express worker is on by default (OFFLOAD_VLLM_EXPRESS_COST unset).
+    # Every call on the executor: a one-sentence request would otherwise run on the loop.
+    env = {"OFFLOAD_VLLM_INLINE_COST": "0"}
     start = lambda: start_server(  # noqa: E731
         model_dirs["embed"], "minilm", "process", tmp_path_factory.mktemp("express"), workers=1, extra_env=env,
     )

@@ -32,9 +32,10 @@ def test_workers_start_before_the_port_opens(servers: dict[tuple[str | None, str
 @pytest.mark.skipif("process" not in AVAILABLE, reason="no process server")
 def test_no_process_worker_is_spawned_under_load(servers: dict[tuple[str | None, str], Server]) -> None:
     server = servers[("process", "embed")]
-    # Both up (WORKERS["process"]); a worker an earlier test killed is
-    # replaced at once, and its replacement may still be starting.
-    before = wait_for_workers(server, 2)
+    # Both up (WORKERS["process"]), and the express worker (on by default); a
+    # worker an earlier test killed is replaced at once, and its replacement
+    # may still be starting.
+    before = wait_for_workers(server, 3)
     with httpx.Client(timeout=120) as client:
         for i in range(30):
             r = client.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": f"request {i}"})

@@ -54,6 +54,11 @@ ADAPTER_STRATEGIES = tuple(STRATEGIES)
 #: Calls priced at most this run on the event loop (`OFFLOAD_VLLM_INLINE_COST`).
 DEFAULT_INLINE_COST = 1024.0
 
+#: `thread` and `process`: the express worker takes calls priced at most this
+#: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
+#: strategy rules, at most a quarter of the costliest call running.
+DEFAULT_EXPRESS_COST = 16384.0
+
 SCHEDULING = ("fair", "fifo")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -380,9 +385,9 @@ class Settings:
     #: instead of on a worker; `None`: `DEFAULT_INLINE_COST` where there is a pool.
     inline_cost_setting: float | None = None
     #: `thread` and `process`: one more worker runs only calls priced at most
-    #: this, at the loop's priority (the strategy's `express_cost`); `None`:
-    #: the strategy's default (none).
-    express_cost: float | None = None
+    #: this (and a quarter of the costliest running), at the loop's priority
+    #: (the strategy's `express_cost`); `None`: `DEFAULT_EXPRESS_COST`.
+    express_cost_setting: float | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -414,6 +419,15 @@ class Settings:
         if self.strategy is None or not self.row.kind.pool:
             return 0.0
         return DEFAULT_INLINE_COST if self.inline_cost_setting is None else self.inline_cost_setting
+
+    @property
+    def express_cost(self) -> float:
+        """The express worker's bound (the executor's `express_cost`): the
+        setting, else `DEFAULT_EXPRESS_COST`, for `thread` and `process`; 0
+        (none) for the others."""
+        if self.strategy is None or "express_cost" not in self.row.own_options:
+            return 0.0
+        return DEFAULT_EXPRESS_COST if self.express_cost_setting is None else self.express_cost_setting
 
     @property
     def batch_window(self) -> float:
@@ -454,8 +468,8 @@ class Settings:
             parts.append(f"batch_wait={self.batch_wait:g}s")
         if self.inline_cost_setting is not None:
             parts.append(f"inline_cost={self.inline_cost_setting:g}")
-        if self.express_cost is not None:
-            parts.append(f"express_cost={self.express_cost:g}")
+        if self.express_cost_setting is not None:
+            parts.append(f"express_cost={self.express_cost_setting:g}")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -607,7 +621,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ray_address=values.get(RAY_ADDRESS_ENV),
         worker_nice=values.get(WORKER_NICE_ENV),
         inline_cost_setting=values.get(INLINE_COST_ENV),
-        express_cost=values.get(EXPRESS_COST_ENV),
+        express_cost_setting=values.get(EXPRESS_COST_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),
