@@ -44,14 +44,14 @@ from ._startup import Startup
 
 S = TypeVar("S")
 
-def _costs_at_most(limit: float, call: Call[Any]) -> bool:
-    return call.cost <= limit
-
-
 #: The express slot takes a call only while a call at least this many times
 #: its cost runs on another slot: what it spares a cheap call is a wait
 #: several times its own run, and calls of similar sizes share the others.
 EXPRESS_RATIO = 4.0
+
+
+def _costs_at_most(limit: float, call: Call[Any]) -> bool:
+    return call.cost <= limit
 
 
 class SlotWorker(Protocol[S]):

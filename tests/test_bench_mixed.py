@@ -24,7 +24,7 @@ from benchmarks.e2e import idle_servers, mixed
 from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
-LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C]"
+LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C] [--offload-express-cost C]"
 
 
 def test_rows_that_need_new_flags_wait_for_them() -> None:
@@ -40,6 +40,12 @@ def test_rows_that_need_new_flags_wait_for_them() -> None:
     config, notes = bench_mixed.plan(bench_mixed.ROWS["thread lanes inline 0"], TODAY + " [--offload-scheduling S]")
     assert config is None
     assert "--offload-inline-cost" in notes[0]
+    # Nor one without the express worker the express rows.
+    config, notes = bench_mixed.plan(
+        bench_mixed.ROWS["process lanes express 0"], TODAY + " [--offload-scheduling S] [--offload-inline-cost C]"
+    )
+    assert config is None
+    assert "--offload-express-cost" in notes[0]
     for row in bench_mixed.ROWS.values():
         config, notes = bench_mixed.plan(row, LATER)
         assert config == row.config
