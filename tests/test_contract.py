@@ -52,3 +52,9 @@ class TestContractWithExpress(StrategyContract):
 
     def strategy_options(self, strategy: str) -> dict[str, Any]:
         return {**super().strategy_options(strategy), "express_cost": 1}
+
+    @pytest.fixture
+    def anyio_backend(self) -> Any:
+        # The express slot is the dispatcher's, which never touches the event
+        # loop: the backends are the plain suite's business.
+        return ("asyncio", {})
