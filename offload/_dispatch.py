@@ -164,10 +164,6 @@ class Dispatcher(Generic[S]):
         1/`EXPRESS_RATIO` of the costliest call running (0: no express slot)."""
         return self._express_cost
 
-    def is_express(self, slot: S) -> bool:
-        """Whether `slot` is the express slot."""
-        return self._express is not None and slot is self._express
-
     def _regular_slots(self) -> int:
         return len(self._slots) - (self._express is not None)
 
@@ -378,7 +374,7 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self.is_express(slot):
+            if slot is self._express:
                 # Only at shutdown, or after a bug: the regular slots serve
                 # what is queued, and a later cheap call starts a new one.
                 self._express, self._express_waiting = None, False

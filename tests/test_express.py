@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -113,14 +112,11 @@ def test_calls_above_the_bound_never_run_on_the_express_worker(pool: str) -> Non
     try:
         futures = [ex.options(cost=c).submit(helpers.where_and_niceness) for c in [11, 10.5, 1000] * 10]
         places = {f.result(timeout=60)[:2] for f in futures}
-        cheap = {ex.options(cost=10).submit(helpers.where_and_niceness).result(timeout=60)[:2] for _ in range(5)}
     finally:
         ex.shutdown(wait=True)
     assert len(places) == 1, "only the regular worker ran them"
     if pool == "thread":
         assert not any(name.endswith("-express") for _, name in places)
-    # The cheap ones, with both idle, may go to either; the express one exists.
-    assert cheap
 
 
 def test_the_express_worker_keeps_a_flows_order(pool: str, gate: Path) -> None:
@@ -271,5 +267,3 @@ def test_a_forked_child_gets_an_express_worker_of_its_own(gate: Path) -> None:
         gate.touch()
         ex.shutdown(wait=True)
 
-
-_ = signal  # kill_self uses SIGKILL in the worker

@@ -40,21 +40,21 @@ def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         yield started["express"]
 
 
-def wait_for_workers_with_nice(server: Server) -> list[psutil.Process]:
+def ready_workers(server: Server) -> list[psutil.Process]:
     wait_for_workers(server, 2)
     return renderer_workers(server)
 
 
 def test_the_express_worker_starts_with_the_others_at_the_servers_priority(server: Server) -> None:
     server_nice = psutil.Process(server.proc.pid).nice()
-    assert sorted(p.nice() for p in wait_for_workers_with_nice(server)) == [server_nice, min(19, server_nice + 10)]
+    assert sorted(p.nice() for p in ready_workers(server)) == [server_nice, min(19, server_nice + 10)]
 
 
 def test_a_small_request_is_answered_while_the_regular_worker_is_held(server: Server) -> None:
     """The regular worker is stopped (SIGSTOP) in the middle of a large
     request's rendering (priced above the bound, so its call can only go
     there): small requests are still answered, by the express worker."""
-    workers = {p.pid: p.nice() for p in wait_for_workers_with_nice(server)}
+    workers = {p.pid: p.nice() for p in ready_workers(server)}
     regular = max(workers, key=workers.__getitem__)  # the one at nice +10
     body = {"model": server.model, "input": "a small request while the regular worker cannot run"}
     alone = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=120)

@@ -192,22 +192,22 @@ def _parse_lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(routes)
 
 
-def _parse_inline_cost(name: str, raw: str) -> float:
-    value = _number(raw)
-    if not 0 <= value < math.inf:
-        raise OffloadVLLMConfigError(
-            f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: every call on the executor)"
-        )
-    return value
+def _cost_bound(zero_means: str) -> Callable[[str, str], float]:
+    """A parser for a bound in the cost unit: a finite number >= 0."""
+
+    def parse(name: str, raw: str) -> float:
+        value = _number(raw)
+        if not 0 <= value < math.inf:
+            raise OffloadVLLMConfigError(
+                f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: {zero_means})"
+            )
+        return value
+
+    return parse
 
 
-def _parse_express_cost(name: str, raw: str) -> float:
-    value = _number(raw)
-    if not 0 <= value < math.inf:
-        raise OffloadVLLMConfigError(
-            f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: no express worker)"
-        )
-    return value
+_parse_inline_cost = _cost_bound("every call on the executor")
+_parse_express_cost = _cost_bound("no express worker")
 
 
 def _parse_nice(name: str, raw: str) -> int:
