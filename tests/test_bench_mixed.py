@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_mixed
-from benchmarks.e2e import idle_servers, mixed
+from benchmarks.e2e import idle_servers, load, mixed
 from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
@@ -331,3 +331,45 @@ def test_the_report_gives_what_the_loop_thread_spent_the_flood_on() -> None:
     assert "waiting for a lock (futex: mostly the GIL)" in report
     assert "| vLLM default | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.20 [0.20, 0.20] | 0.05 [0.05, 0.05] |" in report
     assert "| thread lanes | – | – |" in report  # rounds whose sampling failed count for nothing
+
+
+def test_latencies_less_the_clients_own_wait_for_a_cpu() -> None:
+    # 10 ms with no wait, 50 ms of which the client waited 45 ms: 10 and 5 ms are the server's.
+    less = load.less_wait_ms([0.010, 0.050], [0.0, 0.045])
+    assert less["max_less_wait_ms"] == pytest.approx(10.0)
+    assert less["p50_less_wait_ms"] <= 10.0
+    assert load.less_wait_ms([0.010, 0.050], []) == {}  # not measured: nothing is claimed
+
+
+def test_tally_and_prober_record_their_own_wait_with_each_answer(answering_server: str) -> None:
+    tally = mixed.Tally()
+    asyncio.run(mixed.closed_loop(answering_server + "/ok", [b"{}"], 2, lambda: tally.sent < 20, tally))
+    assert len(tally.waits_s) == len(tally.latencies_s) == 20
+    assert all(w >= 0 for w in tally.waits_s)
+    assert mixed.Tally.from_dict(tally.as_dict()).waits_s == tally.waits_s
+    summary = tally.summary((0.0, float("inf")))
+    assert 0 < summary["p99_less_wait_ms"] <= summary["p99_ms"]
+    with load.HealthProber(answering_server) as prober:
+        time.sleep(0.3)
+    health = prober.summary()
+    assert len(prober.waits) == len(prober.latencies) > 5
+    assert 0 < health["p99_less_wait_ms"] <= health["p99_ms"]
+
+
+def test_the_report_gives_the_figures_less_the_clients_wait_and_judges_them() -> None:
+    def waited(b: dict[str, Any], alone: float, flooded: float, health: float) -> dict[str, Any]:
+        return {**b, "alone": {**b["alone"], "p50_less_wait_ms": alone, "p99_less_wait_ms": alone},
+                "flooded": {**b["flooded"], "p50_less_wait_ms": flooded, "p99_less_wait_ms": flooded},
+                "health": {**b["health"], "p99_less_wait_ms": health}}
+
+    blocks = {bench_mixed.DEFAULT: [waited(block(10, 1000, 20), 8, 800, 4.0) for _ in range(5)],
+              "thread lanes": [waited(block(10, 100, 80), 8, 16, 3.0) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(blocks))
+    assert "each client's own wait for a CPU removed" in report
+    assert "| thread lanes | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] | 3.0 [3.0, 3.0] |" in report
+    evaluated = [bench_mixed.evaluate(t, blocks) for t in bench_mixed.targets(list(blocks))]
+    results = {(t["row"], t["metric"]): t for t in evaluated}
+    assert results[("thread lanes", "p99_ratio")]["met"] is False  # 200 / 20 ms: 10x
+    assert results[("thread lanes", "p99_ratio_less_wait")]["met"] is True  # 16 / 8 ms: 2x
+    old = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}))
+    assert "wait for a CPU removed" not in old  # results from before it was measured

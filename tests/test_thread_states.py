@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,30 @@ def test_samples_are_classified_by_state_and_wait_channel() -> None:
     assert classify(stat.format("S"), "do_epoll_wait") == "idle"
     assert classify(stat.format("S"), "poll_schedule_timeout.constprop.0") == "idle"
     assert classify(stat.format("D"), "io_schedule") == "other"
+
+
+# One process on one CPU with a busy child on the same CPU: each gets about half of it.
+SHARED_CPU = """
+import os, subprocess, sys, time
+from benchmarks.e2e.thread_states import own_wait_s
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # inherits the one CPU
+try:
+    time.sleep(0.3)
+    before, end = own_wait_s(), time.monotonic() + 1.0
+    while time.monotonic() < end:
+        pass
+    print(own_wait_s() - before)
+finally:
+    hog.kill()
+"""
+
+
+def test_a_client_sees_its_own_wait_for_a_cpu() -> None:
+    # Alone on a CPU it waits for none; beside a busy process on the same CPU
+    # it runs about half the time, runnable the rest (1 s spin: about 0.5 s).
+    done = subprocess.run([sys.executable, "-c", SHARED_CPU], capture_output=True, text=True, timeout=60,
+                          check=True, cwd=Path(__file__).resolve().parent.parent)
+    waited = float(done.stdout)
+    assert 0.15 < waited < 1.0, done.stdout

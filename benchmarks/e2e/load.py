@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.e2e.side_process import SideProcess
+from benchmarks.e2e.thread_states import own_wait_s
 from offload._lag import percentile
 
 Payload = dict[str, Any]
@@ -59,14 +60,20 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
     parsed = urllib.parse.urlsplit(url)
     host = parsed.hostname or "127.0.0.1"
     latencies: list[float] = []
+    # Each probe's time runnable but not running (its own wait for a CPU): on a
+    # machine shared with the server and the load, part of what it measures.
+    waits: list[float] = []
     failures = 0
     conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
     while not stop.is_set():
-        start = time.perf_counter()
+        waited, start = own_wait_s(), time.perf_counter()
         try:
             conn.request("GET", "/health")
             conn.getresponse().read()
             latencies.append(time.perf_counter() - start)
+            after = own_wait_s()
+            if waited is not None and after is not None:
+                waits.append(after - waited)
             ready.set()
         except (OSError, http.client.HTTPException):
             failures += 1
@@ -74,7 +81,7 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
             conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
         time.sleep(PROBE_INTERVAL_S)
     conn.close()
-    conn_out.send((latencies, failures))
+    conn_out.send((latencies, failures, waits if len(waits) == len(latencies) else []))
     conn_out.close()
 
 
@@ -94,8 +101,26 @@ class HealthProber(SideProcess):
     def failures(self) -> int:
         return int(self.result[1]) if self.result else 0
 
+    @property
+    def waits(self) -> list[float]:
+        """Each probe's own wait for a CPU (s), in `latencies`' order; empty where not measured."""
+        return list(self.result[2]) if self.result else []
+
     def summary(self) -> dict[str, float]:
-        return {**summarize_ms(self.latencies), "failures": float(self.failures)}
+        less = less_wait_ms(self.latencies, self.waits)
+        return {**summarize_ms(self.latencies), "failures": float(self.failures), **less}
+
+
+def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:
+    """p50, p99 and max (ms, keys `..._less_wait_ms`) of the latencies less the
+    client's own wait for a CPU during each; none where the waits were not
+    measured. For a client that sends one request at a time, what is left is
+    the server's time (and the network's); for one with several in flight, at
+    most the server's, since a wait may overlap the server's own."""
+    if not latencies_s or len(waits_s) != len(latencies_s):
+        return {}
+    less = summarize_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)])
+    return {f"{key[:-3]}_less_wait_ms": less[key] for key in ("p50_ms", "p99_ms", "max_ms")}
 
 
 async def post_json(session: Any, url: str, payload: Payload) -> int:

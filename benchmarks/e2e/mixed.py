@@ -42,8 +42,9 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks.e2e import workloads
-from benchmarks.e2e.load import REQUEST_TIMEOUT_S, summarize_ms
+from benchmarks.e2e.load import REQUEST_TIMEOUT_S, less_wait_ms, summarize_ms
 from benchmarks.e2e.side_process import SideProcess
+from benchmarks.e2e.thread_states import own_wait_s
 
 #: Builds a list of request bodies (JSON bytes); module-level functions and
 #: `functools.partial`s of them, so that the flood's can be sent to its process.
@@ -78,6 +79,9 @@ class Tally:
     latencies_s: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
     first_error: str = ""
+    #: The client thread's own wait for a CPU (s) while each 200 was in
+    #: flight, in `latencies_s`' order (empty where the kernel does not say).
+    waits_s: list[float] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -91,12 +95,13 @@ class Tally:
         return {
             "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
             "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
+            "waits_s": self.waits_s,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
         return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"])
+                   data["finished_at"], data["first_error"], data.get("waits_s", []))
 
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
@@ -115,6 +120,7 @@ class Tally:
             "max_ms": ok["max_ms"],
             "requests_per_s": done / (end - begin) if end > begin else 0.0,
             "first_error": self.first_error,
+            **less_wait_ms(self.latencies_s, self.waits_s),
         }
 
 
@@ -123,7 +129,7 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     import aiohttp
 
     tally.sent += 1
-    t0 = time.monotonic()
+    waited, t0 = own_wait_s(), time.monotonic()
     try:
         async with session.post(url, data=body, headers=_JSON) as resp:
             await resp.read()
@@ -137,6 +143,9 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     if status == 200:
         tally.latencies_s.append(done - t0)
         tally.finished_at.append(done)
+        after = own_wait_s()
+        if waited is not None and after is not None:
+            tally.waits_s.append(after - waited)
     elif not tally.first_error:
         tally.first_error = f"HTTP {status}"
 

@@ -52,6 +52,17 @@ def read_schedstat(path: str) -> tuple[int, int]:
     return int(on_cpu), int(waiting)
 
 
+def own_wait_s() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a CPU so
+    far (None where the kernel keeps no schedstat). A client that times a
+    request reads it before and after: on a machine it shares with the server,
+    what it waited for a CPU in between is its own delay, not the server's."""
+    try:
+        return read_schedstat("/proc/thread-self/schedstat")[1] / 1e9
+    except (OSError, ValueError):
+        return None
+
+
 def _sample(task: str, ready: Any, stop: Any, out: multiprocessing.connection.Connection) -> None:
     counts: Counter[str] = Counter()
     try:
