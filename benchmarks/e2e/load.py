@@ -7,9 +7,11 @@ event loop (2 cores, up to 128 clients) does not inflate `/health` latencies.
 from __future__ import annotations
 
 import asyncio
-import http.client
+import contextlib
 import multiprocessing
 import multiprocessing.connection
+import socket
+import struct
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -17,7 +19,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.e2e.side_process import SideProcess
-from benchmarks.e2e.thread_states import own_wait_s
 from offload._lag import percentile
 
 Payload = dict[str, Any]
@@ -25,6 +26,9 @@ REQUEST_TIMEOUT_S = 120.0
 # 10 ms between probes: fine enough to catch a stall of a few tens of ms, cheap for the server.
 PROBE_INTERVAL_S = 0.01
 PROBER_START_TIMEOUT_S = 120.0
+# Linux's SO_TIMESTAMPNS (35), where Python does not name it; a timespec of two int64.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESTAMP_SPACE = socket.CMSG_SPACE(16)
 
 
 @dataclass
@@ -56,32 +60,63 @@ def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
     }
 
 
+def _read_response(sock: socket.socket) -> float | None:
+    """Read one HTTP response whose body has a Content-Length; return when its
+    last byte reached this socket by the kernel's clock (`SO_TIMESTAMPNS`,
+    wall-clock seconds), or None where the kernel gave no timestamp."""
+    data, arrived = b"", None
+    while True:
+        chunk, ancillary, _, _ = sock.recvmsg(65536, _TIMESTAMP_SPACE)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        data += chunk
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                seconds, nanoseconds = struct.unpack("qq", value[:16])
+                arrived = seconds + nanoseconds / 1e9
+        head, found, body = data.partition(b"\r\n\r\n")
+        if found:
+            lengths = [line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")]
+            if len(body) >= (int(lengths[0]) if lengths else 0):
+                return arrived
+
+
 def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
     parsed = urllib.parse.urlsplit(url)
     host = parsed.hostname or "127.0.0.1"
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     latencies: list[float] = []
-    # Each probe's time runnable but not running (its own wait for a CPU): on a
-    # machine shared with the server and the load, part of what it measures.
-    waits: list[float] = []
+    # Each probe's time until its answer had arrived (the kernel's receive
+    # timestamp): the server's time and the network's, without the time this
+    # process then waited for a CPU to read it, which on a machine shared with
+    # the server and the load is part of the latency.
+    arrivals: list[float] = []
     failures = 0
-    conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
+    sock: socket.socket | None = None
     while not stop.is_set():
-        waited, start = own_wait_s(), time.perf_counter()
         try:
-            conn.request("GET", "/health")
-            conn.getresponse().read()
+            if sock is None:
+                sock = socket.create_connection((host, parsed.port or 80), timeout=30)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            start, sent_at = time.perf_counter(), time.time()  # in this order: arrived <= latency
+            sock.sendall(request)
+            arrived = _read_response(sock)
             latencies.append(time.perf_counter() - start)
-            after = own_wait_s()
-            if waited is not None and after is not None:
-                waits.append(after - waited)
+            if arrived is not None:
+                arrivals.append(max(0.0, arrived - sent_at))
             ready.set()
-        except (OSError, http.client.HTTPException):
+        except (OSError, ValueError):
             failures += 1
-            conn.close()
-            conn = http.client.HTTPConnection(host, parsed.port, timeout=30)
+            if sock is not None:
+                sock.close()
+            sock = None
         time.sleep(PROBE_INTERVAL_S)
-    conn.close()
-    conn_out.send((latencies, failures, waits if len(waits) == len(latencies) else []))
+    if sock is not None:
+        sock.close()
+    conn_out.send((latencies, failures, arrivals if len(arrivals) == len(latencies) else []))
     conn_out.close()
 
 
@@ -102,21 +137,25 @@ class HealthProber(SideProcess):
         return int(self.result[1]) if self.result else 0
 
     @property
-    def waits(self) -> list[float]:
-        """Each probe's own wait for a CPU (s), in `latencies`' order; empty where not measured."""
+    def arrivals(self) -> list[float]:
+        """Each probe's time (s) until its answer reached the prober's socket, in
+        `latencies`' order; empty where the kernel gave no timestamps."""
         return list(self.result[2]) if self.result else []
 
     def summary(self) -> dict[str, float]:
-        less = less_wait_ms(self.latencies, self.waits)
-        return {**summarize_ms(self.latencies), "failures": float(self.failures), **less}
+        summary = {**summarize_ms(self.latencies), "failures": float(self.failures)}
+        if self.arrivals:
+            arrived = summarize_ms(self.arrivals)
+            summary.update({f"{key[:-3]}_arrived_ms": arrived[key] for key in ("p50_ms", "p99_ms", "max_ms")})
+        return summary
 
 
 def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:
     """p50, p99 and max (ms, keys `..._less_wait_ms`) of the latencies less the
     client's own wait for a CPU during each; none where the waits were not
-    measured. For a client that sends one request at a time, what is left is
-    the server's time (and the network's); for one with several in flight, at
-    most the server's, since a wait may overlap the server's own."""
+    measured. A lower bound of the server's time (and the network's): a client
+    preempted just after sending waits while the server works, and that
+    overlap is removed too."""
     if not latencies_s or len(waits_s) != len(latencies_s):
         return {}
     less = summarize_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)])
