@@ -358,8 +358,11 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
     health = prober.summary()
     assert health["failures"] == 0
     assert len(prober.arrivals) == len(prober.latencies) > 5
+    timed = [(a, lat) for a, lat in zip(prober.arrivals, prober.latencies, strict=True) if a is not None]
+    assert len(timed) >= load.ARRIVALS_NEEDED * len(prober.latencies)
+    assert health["without_arrival"] == len(prober.latencies) - len(timed)
     # The kernel's wall clock against the prober's monotonic one: equal within a millisecond.
-    assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in zip(prober.arrivals, prober.latencies, strict=True))
+    assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in timed)
     assert 0 < health["p99_arrived_ms"] <= health["p99_ms"] + 1.0
 
 

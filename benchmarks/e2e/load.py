@@ -2,6 +2,9 @@
 
 The prober runs in a separate process so that the load generator's own busy
 event loop (2 cores, up to 128 clients) does not inflate `/health` latencies.
+It still shares the cores: once answered, it may wait for a CPU before it reads
+the answer, so it also records when each answer reached its socket (the
+kernel's receive timestamp), which that wait does not delay.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ PROBER_START_TIMEOUT_S = 120.0
 # Linux's SO_TIMESTAMPNS (35), where Python does not name it; a timespec of two int64.
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESTAMP_SPACE = socket.CMSG_SPACE(16)
+#: The share of probes with a receive timestamp below which none is reported.
+ARRIVALS_NEEDED = 0.95
 
 
 @dataclass
@@ -91,7 +96,7 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
     # timestamp): the server's time and the network's, without the time this
     # process then waited for a CPU to read it, which on a machine shared with
     # the server and the load is part of the latency.
-    arrivals: list[float] = []
+    arrivals: list[float | None] = []
     failures = 0
     sock: socket.socket | None = None
     while not stop.is_set():
@@ -105,8 +110,8 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
             sock.sendall(request)
             arrived = _read_response(sock)
             latencies.append(time.perf_counter() - start)
-            if arrived is not None:
-                arrivals.append(max(0.0, arrived - sent_at))
+            # None: no timestamp (the kernel turns timestamps on a moment after the first socket asks).
+            arrivals.append(None if arrived is None else max(0.0, arrived - sent_at))
             ready.set()
         except (OSError, ValueError):
             failures += 1
@@ -116,7 +121,7 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
         time.sleep(PROBE_INTERVAL_S)
     if sock is not None:
         sock.close()
-    conn_out.send((latencies, failures, arrivals if len(arrivals) == len(latencies) else []))
+    conn_out.send((latencies, failures, arrivals))
     conn_out.close()
 
 
@@ -137,16 +142,19 @@ class HealthProber(SideProcess):
         return int(self.result[1]) if self.result else 0
 
     @property
-    def arrivals(self) -> list[float]:
+    def arrivals(self) -> list[float | None]:
         """Each probe's time (s) until its answer reached the prober's socket, in
-        `latencies`' order; empty where the kernel gave no timestamps."""
-        return list(self.result[2]) if self.result else []
+        `latencies`' order (None: the kernel gave no timestamp)."""
+        return list(self.result[2]) if self.result and len(self.result) > 2 else []
 
     def summary(self) -> dict[str, float]:
         summary = {**summarize_ms(self.latencies), "failures": float(self.failures)}
-        if self.arrivals:
-            arrived = summarize_ms(self.arrivals)
-            summary.update({f"{key[:-3]}_arrived_ms": arrived[key] for key in ("p50_ms", "p99_ms", "max_ms")})
+        arrived = [a for a in self.arrivals if a is not None]
+        # Reported where nearly every probe has one: a few early probes may not.
+        if arrived and len(arrived) >= ARRIVALS_NEEDED * len(self.latencies):
+            quantiles = summarize_ms(arrived)
+            summary.update({f"{key[:-3]}_arrived_ms": quantiles[key] for key in ("p50_ms", "p99_ms", "max_ms")})
+            summary["without_arrival"] = float(len(self.latencies) - len(arrived))
         return summary
 
 
