@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -15,6 +17,7 @@ import threading
 import time
 import unittest.mock
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -385,3 +388,60 @@ def test_the_report_gives_the_figures_without_the_clients_own_scheduling() -> No
     assert not {t.metric for t in bench_mixed.targets(list(blocks))} & set(bench_mixed.LESS_WAIT)
     old = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}))
     assert "Without the clients' own scheduling" not in old  # results from before it was measured
+
+
+# A benchmark that starts one server (a small HTTP server answering /health, and
+# a child of its own in its process group), prints the server's pid, and waits.
+BENCHMARK_WITH_A_SERVER = """
+import dataclasses, sys, time
+from pathlib import Path
+from benchmarks.e2e import server
+
+SERVE = '''
+import http.server, subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+'''
+
+class Fake(server.ServerConfig):
+    def command(self, model, port):
+        return [sys.executable, "-c", SERVE, str(port)]
+
+log = Path(sys.argv[1])
+with server.running_servers({"fake": Fake("fake")}, Path("."), {"fake": log}) as running:
+    print(running["fake"][1], flush=True)
+    time.sleep(600)
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_its_servers(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, "-c", BENCHMARK_WITH_A_SERVER, str(tmp_path / "server.log")],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert bench.stdout is not None
+        pid = int(bench.stdout.readline())
+        assert _group_alive(pid)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_alive(pid)  # the server and its child, not just the benchmark
+    finally:
+        bench.kill()
+        bench.wait(10)
+        if bench.stdout is not None:
+            bench.stdout.close()

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -146,6 +147,26 @@ def running_server_process(
 
 
 @contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`) raises SystemExit here, as Ctrl-C raises
+    KeyboardInterrupt, so that the servers are stopped on the way out: by
+    default it would end this process at once and leave them running, each in
+    its own session. Only in the main thread (the one Python delivers signals to)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def running_servers(
     configs: Mapping[str, ServerConfig],
     model: Path,
@@ -158,6 +179,7 @@ def running_servers(
     one. Every process group is stopped on exit; `ServerFailed` if any server
     exits or is not ready within `ready_timeout`."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_stopped_by_sigterm())
         started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
         for key, config in configs.items():
             port = free_port()
