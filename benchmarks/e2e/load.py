@@ -152,10 +152,15 @@ class HealthProber(SideProcess):
         arrived = [a for a in self.arrivals if a is not None]
         # Reported where nearly every probe has one: a few early probes may not.
         if arrived and len(arrived) >= ARRIVALS_NEEDED * len(self.latencies):
-            quantiles = summarize_ms(arrived)
-            summary.update({f"{key[:-3]}_arrived_ms": quantiles[key] for key in ("p50_ms", "p99_ms", "max_ms")})
+            summary.update(quantiles_ms(arrived, "arrived"))
             summary["without_arrival"] = float(len(self.latencies) - len(arrived))
         return summary
+
+
+def quantiles_ms(values_s: list[float], name: str) -> dict[str, float]:
+    """p50, p99 and max of `values_s` in ms, as `p50_<name>_ms`, `p99_<name>_ms`, `max_<name>_ms`."""
+    summary = summarize_ms(values_s)
+    return {f"{q}_{name}_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")}
 
 
 def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:
@@ -166,8 +171,7 @@ def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, fl
     overlap is removed too."""
     if not latencies_s or len(waits_s) != len(latencies_s):
         return {}
-    less = summarize_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)])
-    return {f"{key[:-3]}_less_wait_ms": less[key] for key in ("p50_ms", "p99_ms", "max_ms")}
+    return quantiles_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)], "less_wait")
 
 
 async def post_json(session: Any, url: str, payload: Payload) -> int:
