@@ -1,18 +1,20 @@
 """Every pooling request is admitted exactly once, before any work, and refused only
 with vLLM's 503: late-interaction scoring, which
 `ServingScores.__call__` runs without the base `__call__`; scoring that enters
-both; and the early refusal behind a proxy's `--root-path`. Real servers on
-127.0.0.1, one worker and `OFFLOAD_VLLM_MAX_QUEUE=0`: one request in flight
-at a time, so a request that held two places would be refused on its own.
+both; the early refusal behind a proxy's `--root-path`; and what a truncated
+text is charged. Real servers on 127.0.0.1, one worker and (but the last)
+`OFFLOAD_VLLM_MAX_QUEUE=0`: one request in flight at a time, so a request
+that held two places would be refused on its own.
 
 The module's servers start together, before the session's shared ones (module
-order), so that this 2-core machine runs only these three meanwhile.
+order), so that this 2-core machine runs only these four meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ import httpx
 import pytest
 from offload_vllm._seams.admission import REQUEST_LABEL
 
-from ._heavy import heavy_body, in_flight
+from ._heavy import heavy_body, in_flight, unbroken_heavy_body
 from ._server import Server, load_client, scrape, servers_started, start_server, total
 from .conftest import AVAILABLE
 
@@ -39,6 +41,9 @@ pytestmark = [
 # No express worker either: one worker, one call at a time.
 ONE_AT_A_TIME = {"OFFLOAD_VLLM_MAX_QUEUE": "0", "OFFLOAD_VLLM_INLINE_COST": "0", "OFFLOAD_VLLM_EXPRESS_COST": "0"}
 ROOT_PATH = "/api"
+#: The "priced" server's cost bound: above what 64 long truncated texts cost
+#: capped (or by their body's bytes), below what they cost whole.
+PRICED_BOUND = 500_000
 QUERY = "What is the capital of France?"
 DOCS = [f"document {i}: Paris is the capital of France, and Berlin is in Germany." for i in range(8)]
 
@@ -48,14 +53,28 @@ def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     logs = tmp_path_factory.mktemp("admission")
     wanted = {
         # Late interaction: vLLM scores with flash_late_interaction (its default).
-        "late": (model_dirs["late-interaction"], "tiny-colbert", ()),
+        "late": (model_dirs["late-interaction"], "tiny-colbert", {}, ()),
         # ServingScores.__call__ calling PoolingBaseServing.__call__.
-        "cross": (model_dirs["cross-encoder"], "tiny-cross-encoder", ()),
-        "rooted": (model_dirs["embed"], "minilm", ("--root-path", ROOT_PATH)),
+        "cross": (model_dirs["cross-encoder"], "tiny-cross-encoder", {}, ()),
+        # The heavy request holds the place for seconds only when its long
+        # texts are tokenized whole: prefix tokenization reads a few hundred
+        # characters of each, and it could be answered before the first probe.
+        "rooted": (model_dirs["embed"], "minilm", {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}, ("--root-path", ROOT_PATH)),
+        # Prefix tokenization on (the default), a cost bound, lanes' places.
+        "priced": (model_dirs["embed"], "minilm", {"OFFLOAD_VLLM_MAX_QUEUED_COST": str(PRICED_BOUND)}, ()),
     }
     starts = {
-        key: functools.partial(start_server, model, name, "thread", logs, workers=1, extra_env=ONE_AT_A_TIME, extra_args=args)
-        for key, (model, name, args) in wanted.items()
+        key: functools.partial(
+            start_server,
+            model,
+            name,
+            "thread",
+            logs,
+            workers=1,
+            extra_env=env if key == "priced" else {**ONE_AT_A_TIME, **env},
+            extra_args=args,
+        )
+        for key, (model, name, env, args) in wanted.items()
     }
     with servers_started(starts) as started:
         yield started
@@ -151,3 +170,37 @@ def test_behind_a_root_path_a_full_server_refuses_before_reading_the_body(
     print(f"\n[root path {path}] {dict(statuses)}")  # noqa: T201
     assert statuses[503] > 0, statuses
     assert set(statuses) <= {400, 503}, statuses
+
+
+# ---- what a truncated text is charged -----------------------------------------------
+
+
+def test_a_truncated_text_tokenized_whole_is_charged_whole(bounded: dict[str, Server]) -> None:
+    """Prefix tokenization reads a few hundred characters of a long truncated
+    text, and admission charges that much; a text with no whitespace has no
+    place to cut and is tokenized whole, and is charged whole. So while 64 of
+    them are queued, a small request is refused by a bound that the capped
+    price (or the body's bytes) would leave room under."""
+    from offload_vllm._cost import body_floor, inputs_cost, truncated_cap
+
+    server = bounded["priced"]
+    body = unbroken_heavy_body(server.model)
+    texts = body["input"]
+    assert isinstance(texts, list)
+    capped = sum(min(len(text), truncated_cap(16) or 0) + 128 for text in texts)
+    floor = body_floor(len(json.dumps(body).encode()))
+    # The premise: charged capped, the request would leave room for a small one.
+    assert max(capped, floor) < PRICED_BOUND < inputs_cost(texts)
+    statuses: Counter[int] = Counter()
+    seen_queued = 0.0
+    with in_flight(server, "/v1/embeddings", body) as heavy:
+        while not heavy.done():
+            seen_queued = max(seen_queued, total(scrape(server), "offload_lane_queued_cost"))
+            r = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, "input": "small"}, timeout=60)
+            statuses[r.status_code] += 1
+            time.sleep(0.01)
+    assert heavy.result().status_code == 200, heavy.result().text[:300]
+    print(f"\n[charged whole] {dict(statuses)}, queued cost seen up to {seen_queued:.0f}")  # noqa: T201
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[503] > 0, statuses
+    assert seen_queued > PRICED_BOUND

@@ -315,3 +315,41 @@ def test_a_truncated_text_is_priced_by_what_prefix_tokenization_reads() -> None:
     assert characters([long, short], cap) == cap + len(short)
     assert characters([[101, 102, 103]], cap) == 3  # token ids are not text: never capped
     assert inputs_cost([long, long], cap) == 2 * (cap + 128)
+
+
+def test_a_truncated_text_that_prefix_tokenization_reads_whole_is_priced_whole() -> None:
+    """A text with no safe cut near the cap (no whitespace, or one long word
+    first or last) is tokenized far past the cap or whole: priced as the
+    cap, 43,000 characters of tokenization were admitted for 204."""
+    from offload_vllm._cost import characters, truncated_cap
+
+    cap = truncated_cap(16)
+    assert cap == 204
+    no_whitespace = "offload,keeps,the,event,loop,alive," * 1200
+    long_word_first = "x" * 40_000 + " and then words" * 100
+    long_word_last = "words and " * 100 + "x" * 40_000
+    for text in (no_whitespace, long_word_first, long_word_last):
+        assert characters(text, cap) == len(text), text[:40]
+    words = "offload keeps the event loop alive " * 1200
+    assert characters(words, cap) == cap
+    # "_" is no letter or digit (`str.isalnum`): no safe cut before its space.
+    assert characters("a_ " * 10_000, cap) == 30_000
+
+
+@given(
+    st.text(alphabet=st.sampled_from("ab1_,.é٣ \t\n\r\u00a0\u3000漢"), min_size=0, max_size=400),
+    st.integers(1, 100),
+    st.integers(0, 100),
+)
+def test_the_cap_check_finds_the_cuts_prefix_tokenization_makes(text: str, span: int, extra: int) -> None:
+    """`first_pieces_within` agrees with the cuts `encode_truncated` makes
+    (`_cut_right`, `_cut_left`) on every text: Unicode letters and digits,
+    the underscore, punctuation, non-ASCII spaces (which are no safe cut)."""
+    from offload_vllm import _prefix
+
+    limit = span + extra
+    n = len(text)
+    expected = n <= limit or (
+        _prefix._cut_right(text, span) <= limit and n - _prefix._cut_left(text, n - span) <= limit
+    )
+    assert _prefix.first_pieces_within(text, span, limit) == expected

@@ -105,7 +105,9 @@ def characters(value: Any, cap: int | None = None) -> float:
     an `image_url` key). Anything else (a number that is not a token id, a
     tensor) counts 0. `cap`: a string counts at most this many characters (a
     truncated text prompt, which prefix tokenization reads only the start of:
-    `truncated_cap`); an image's pixels are counted whatever the cap.
+    `truncated_cap`) when its first prefix and suffix end within the cap
+    (`_prefix.first_pieces_within`), and all of them otherwise; an image's
+    pixels are counted whatever the cap.
 
     Walked with a stack, not recursion: any depth a parser gives is walked;
     deeper than `MAX_DEPTH` raises `TooDeep`."""
@@ -114,7 +116,10 @@ def characters(value: Any, cap: int | None = None) -> float:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            total += len(item) if cap is None else min(len(item), cap)
+            # Capped only where prefix tokenization stops near the cap: a text
+            # with no safe cut there is read far past it, or whole.
+            capped = cap is not None and _prefix.first_pieces_within(item, cap // 2, cap)
+            total += min(len(item), cap) if capped and cap is not None else len(item)
             if item.startswith(DATA_URL):
                 total += image_cost(item)
             continue

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -187,6 +188,26 @@ def _cut_left(text: str, at: int) -> int:
 #: First guess of characters per kept token; a wrong guess costs only a regrowth.
 _CHARS_PER_TOKEN = 6
 _MIN_CHARS = 64
+
+# `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore): the
+# regular expressions find what `_cut_right` and `_cut_left` walk to, in C.
+_SAFE_CUT = re.compile(r"[^\W_][ \t\n\r]")
+_SAFE_START = re.compile(r"[ \t\n\r][^\W_]")
+
+
+def first_pieces_within(text: str, span: int, limit: int) -> bool:
+    """Whether the first prefix and the first suffix `encode_truncated` cuts
+    from `text` when trying `span` characters are each at most `limit` long:
+    a safe cut in `[span, limit]` from the start, a safe start in
+    `[len - limit, len - span]` from the end. False for a text with no safe cut
+    there (one long word, no whitespace), which is read much further or whole.
+    Reads at most `2 * limit` characters."""
+    n = len(text)
+    if n <= limit:
+        return True
+    if span < 1 or _SAFE_CUT.search(text, span - 1, limit + 1) is None:
+        return False
+    return _SAFE_START.search(text, n - limit - 1, n - span + 1) is not None
 
 
 def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
