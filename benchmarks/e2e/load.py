@@ -10,17 +10,16 @@ kernel's receive timestamp), which that wait does not delay.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 import multiprocessing.connection
 import socket
-import struct
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from benchmarks.e2e import raw_http
 from benchmarks.e2e.side_process import SideProcess
 from offload._lag import percentile
 
@@ -29,9 +28,6 @@ REQUEST_TIMEOUT_S = 120.0
 # 10 ms between probes: fine enough to catch a stall of a few tens of ms, cheap for the server.
 PROBE_INTERVAL_S = 0.01
 PROBER_START_TIMEOUT_S = 120.0
-# Linux's SO_TIMESTAMPNS (35), where Python does not name it; a timespec of two int64.
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_TIMESTAMP_SPACE = socket.CMSG_SPACE(16)
 #: The share of probes with a receive timestamp below which none is reported.
 ARRIVALS_NEEDED = 0.95
 
@@ -65,32 +61,8 @@ def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
     }
 
 
-def _read_response(sock: socket.socket) -> float | None:
-    """Read one HTTP response whose body has a Content-Length; return when its
-    last byte reached this socket by the kernel's clock (`SO_TIMESTAMPNS`,
-    wall-clock seconds), or None where the kernel gave no timestamp."""
-    data, arrived = b"", None
-    while True:
-        chunk, ancillary, _, _ = sock.recvmsg(65536, _TIMESTAMP_SPACE)
-        if not chunk:
-            raise ConnectionError("the server closed the connection")
-        data += chunk
-        for level, kind, value in ancillary:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-                seconds, nanoseconds = struct.unpack("qq", value[:16])
-                arrived = seconds + nanoseconds / 1e9
-        head, found, body = data.partition(b"\r\n\r\n")
-        if found:
-            lengths = [line.split(b":", 1)[1] for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")]
-            if len(body) >= (int(lengths[0]) if lengths else 0):
-                return arrived
-
-
 def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
-    parsed = urllib.parse.urlsplit(url)
-    host = parsed.hostname or "127.0.0.1"
-    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    request = raw_http.request_bytes("GET", urllib.parse.urljoin(url, "/health"))
     latencies: list[float] = []
     # Each probe's time until its answer had arrived (the kernel's receive
     # timestamp): the server's time and the network's, without the time this
@@ -102,16 +74,11 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
     while not stop.is_set():
         try:
             if sock is None:
-                sock = socket.create_connection((host, parsed.port or 80), timeout=30)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-            start, sent_at = time.perf_counter(), time.time()  # in this order: arrived <= latency
-            sock.sendall(request)
-            arrived = _read_response(sock)
+                sock = raw_http.connect(url, timeout=30)
+            start = time.perf_counter()
+            answer, sent = raw_http.exchange(sock, request)  # sent after start: arrived <= latency
             latencies.append(time.perf_counter() - start)
-            # None: no timestamp (the kernel turns timestamps on a moment after the first socket asks).
-            arrivals.append(None if arrived is None else max(0.0, arrived - sent_at))
+            arrivals.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
             ready.set()
         except (OSError, ValueError):
             failures += 1
@@ -148,19 +115,27 @@ class HealthProber(SideProcess):
         return list(self.result[2]) if self.result and len(self.result) > 2 else []
 
     def summary(self) -> dict[str, float]:
-        summary = {**summarize_ms(self.latencies), "failures": float(self.failures)}
-        arrived = [a for a in self.arrivals if a is not None]
-        # Reported where nearly every probe has one: a few early probes may not.
-        if arrived and len(arrived) >= ARRIVALS_NEEDED * len(self.latencies):
-            summary.update(quantiles_ms(arrived, "arrived"))
-            summary["without_arrival"] = float(len(self.latencies) - len(arrived))
-        return summary
+        # Arrivals reported where nearly every probe has one: a few early probes may not.
+        return {
+            **summarize_ms(self.latencies), "failures": float(self.failures),
+            **arrived_ms(self.arrivals, len(self.latencies)),
+        }
 
 
 def quantiles_ms(values_s: list[float], name: str) -> dict[str, float]:
     """p50, p99 and max of `values_s` in ms, as `p50_<name>_ms`, `p99_<name>_ms`, `max_<name>_ms`."""
     summary = summarize_ms(values_s)
     return {f"{q}_{name}_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")}
+
+
+def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]:
+    """p50, p99 and max (ms, keys `..._arrived_ms`) of the times until each answer
+    arrived (`raw_http`), and how many `answers` had none (`without_arrival`);
+    nothing where fewer than `ARRIVALS_NEEDED` of them have one."""
+    arrived = [a for a in arrivals_s if a is not None]
+    if not arrived or len(arrived) < ARRIVALS_NEEDED * answers:
+        return {}
+    return {**quantiles_ms(arrived, "arrived"), "without_arrival": float(answers - len(arrived))}
 
 
 def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:

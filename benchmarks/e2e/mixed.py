@@ -34,6 +34,8 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import random
+import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,8 +43,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from benchmarks.e2e import workloads
-from benchmarks.e2e.load import REQUEST_TIMEOUT_S, less_wait_ms, summarize_ms
+from benchmarks.e2e import raw_http, workloads
+from benchmarks.e2e.load import REQUEST_TIMEOUT_S, arrived_ms, less_wait_ms, summarize_ms
 from benchmarks.e2e.side_process import SideProcess
 from benchmarks.e2e.thread_states import own_wait_s
 
@@ -82,6 +84,11 @@ class Tally:
     #: The client thread's own wait for a CPU (s) while each 200 was in
     #: flight, in `latencies_s`' order (empty where the kernel does not say).
     waits_s: list[float] = field(default_factory=list)
+    #: Plain-socket clients (`open_loop_timed`): each 200's time (s) from
+    #: sending until its answer reached the client's socket, by the kernel's
+    #: clock (`raw_http`), in `latencies_s`' order; None where the kernel gave
+    #: no stamp. Empty for aiohttp's clients, which cannot read it.
+    arrivals_s: list[float | None] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -95,13 +102,13 @@ class Tally:
         return {
             "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
             "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
-            "waits_s": self.waits_s,
+            "waits_s": self.waits_s, "arrivals_s": self.arrivals_s,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
         return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"], data.get("waits_s", []))
+                   data["finished_at"], data["first_error"], data.get("waits_s", []), data.get("arrivals_s", []))
 
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
@@ -121,6 +128,7 @@ class Tally:
             "requests_per_s": done / (end - begin) if end > begin else 0.0,
             "first_error": self.first_error,
             **less_wait_ms(self.latencies_s, self.waits_s),
+            **arrived_ms(self.arrivals_s, len(self.latencies_s)),
         }
 
 
@@ -211,6 +219,78 @@ async def open_loop(
         await asyncio.gather(*in_flight)
 
 
+def open_loop_timed(
+    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT
+) -> None:
+    """`open_loop` on plain sockets (`raw_http`), each request on a thread of
+    its own: each 200 also records when its answer reached the client's
+    socket (`Tally.arrivals_s`). Idle keep-alive connections are reused,
+    newest first, for at most `KEEPALIVE_S`. Returns once every request sent
+    is answered or lost (each within `REQUEST_TIMEOUT_S`)."""
+    import concurrent.futures
+
+    requests = [raw_http.request_bytes("POST", url, body) for body in bodies]
+    lock = threading.Lock()  # guards `tally`, `idle` and `in_flight`
+    idle: list[tuple[float, socket.socket]] = []
+    in_flight = 0
+
+    def connection() -> socket.socket:
+        with lock:
+            while idle:
+                used, sock = idle.pop()
+                if time.monotonic() - used < KEEPALIVE_S:
+                    return sock
+                sock.close()
+        return raw_http.connect(url, REQUEST_TIMEOUT_S)
+
+    def send(request: bytes) -> None:
+        nonlocal in_flight
+        waited, t0 = own_wait_s(), time.monotonic()
+        sock: socket.socket | None = None
+        try:
+            sock = connection()
+            answer, sent = raw_http.exchange(sock, request)
+        except (OSError, ValueError) as exc:
+            if sock is not None:
+                sock.close()
+            with lock:
+                in_flight -= 1
+                tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"
+            return
+        done, after = time.monotonic(), own_wait_s()
+        with lock:
+            in_flight -= 1
+            if answer.closes:
+                sock.close()
+            else:
+                idle.append((done, sock))
+            tally.statuses[str(answer.status)] += 1
+            if answer.status != 200:
+                tally.first_error = tally.first_error or f"HTTP {answer.status}"
+                return
+            tally.latencies_s.append(done - t0)
+            tally.finished_at.append(done)
+            tally.arrivals_s.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
+            if waited is not None and after is not None:
+                tally.waits_s.append(after - waited)
+
+    with concurrent.futures.ThreadPoolExecutor(max_in_flight) as pool:
+        start = time.monotonic()
+        for n, at in enumerate(arrivals):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            with lock:
+                if in_flight >= max_in_flight:
+                    tally.unsent += 1
+                    continue
+                in_flight += 1
+                tally.sent += 1
+            pool.submit(send, requests[n % len(requests)])
+    for _, sock in idle:
+        sock.close()
+
+
 def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
     """A closed loop for `seconds` (the requests in flight then are still waited for)."""
     tally = Tally()
@@ -223,6 +303,13 @@ def run_open(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight
     """`open_loop` from now until the last arrival (its requests in flight then are still waited for)."""
     tally = Tally()
     asyncio.run(open_loop(url, bodies, arrivals, tally, max_in_flight))
+    return tally
+
+
+def run_open_timed(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
+    """`open_loop_timed` from now until the last arrival (its requests in flight then are still waited for)."""
+    tally = Tally()
+    open_loop_timed(url, bodies, arrivals, tally, max_in_flight)
     return tally
 
 
