@@ -5,6 +5,7 @@ Poisson schedule, pausing the idle servers, and verdicts from made-up rounds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import unittest.mock
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,24 +92,46 @@ def test_verdicts_come_from_the_rounds() -> None:
     assert "2.20" in line
 
 
-@pytest.fixture
-def answering_server() -> Iterator[str]:
-    """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
-    /busy 503, /drop closes the connection unanswered."""
+def _read_head(conn: socket.socket) -> bytes | None:
+    """Read up to the end of one request's head; None if the client closed first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+@contextlib.contextmanager
+def _loopback_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback server running `handle(conn)` on a thread per connection."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    port = listener.getsockname()[1]
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+@pytest.fixture
+def answering_server() -> Iterator[str]:
+    """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
+    /close 200 with `Connection: close` and closes, /chunked a chunked 200,
+    /busy 503, /drop closes the connection unanswered."""
 
     def serve(conn: socket.socket) -> None:
         with conn:
-            while True:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
+            while (data := _read_head(conn)) is not None:
                 head, _, body = data.partition(b"\r\n\r\n")
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
@@ -119,20 +142,17 @@ def answering_server() -> Iterator[str]:
                     return
                 if path == b"/slow":
                     time.sleep(0.5)
+                if path == b"/close":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+                    return
+                if path == b"/chunked":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+                    continue
                 status = b"200 OK" if path in (b"/ok", b"/health", b"/slow") else b"503 Service Unavailable"
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}")
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{port}"
-    listener.close()
+    with _loopback_server(serve) as url:
+        yield url
 
 
 @pytest.mark.parametrize(("path", "status"), [("/ok", "200"), ("/busy", "503"), ("/drop", None)])
@@ -186,6 +206,21 @@ def test_the_timed_client_sends_no_more_than_max_in_flight(answering_server: str
     assert tally.statuses == {"200": 2}
     # The first answer's arrival includes the server's 0.5 s.
     assert all(a is None or a >= 0.5 for a in tally.arrivals_s)
+
+
+def test_the_timed_client_reuses_no_connection_the_server_closes(answering_server: str) -> None:
+    """An answer with `Connection: close` gives its connection up: the next
+    request opens another instead of failing on the closed one."""
+    tally = mixed.run_open_timed(answering_server + "/close", [b"{}"], [0.02 * n for n in range(10)])
+    assert tally.statuses == {"200": 10}
+    assert tally.lost == 0
+
+
+def test_the_timed_client_counts_a_body_it_cannot_read_as_lost(answering_server: str) -> None:
+    tally = mixed.run_open_timed(answering_server + "/chunked", [b"{}"], [0.0, 0.05])
+    assert tally.sent == tally.lost == 2
+    assert "ValueError" in tally.first_error
+    assert "chunked" in tally.first_error
 
 
 def test_poisson_schedule_is_seeded_at_its_rate_with_exponential_gaps() -> None:
@@ -410,29 +445,14 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
 @pytest.fixture
 def hanging_up_server() -> Iterator[str]:
     """A loopback server that answers one `/health` per connection, then closes it."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                if data:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    def answer_once(conn: socket.socket) -> None:
+        with conn:
+            if _read_head(conn) is not None:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    listener.close()
+    with _loopback_server(answer_once) as url:
+        yield url
 
 
 def test_the_prober_counts_a_dropped_connection_and_probes_on(hanging_up_server: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import functools
 import io
 import json
@@ -227,8 +228,6 @@ def open_loop_timed(
     socket (`Tally.arrivals_s`). Idle keep-alive connections are reused,
     newest first, for at most `KEEPALIVE_S`. Returns once every request sent
     is answered or lost (each within `REQUEST_TIMEOUT_S`)."""
-    import concurrent.futures
-
     requests = [raw_http.request_bytes("POST", url, body) for body in bodies]
     lock = threading.Lock()  # guards `tally`, `idle` and `in_flight`
     idle: list[tuple[float, socket.socket]] = []
@@ -245,6 +244,13 @@ def open_loop_timed(
 
     def send(request: bytes) -> None:
         nonlocal in_flight
+        try:
+            exchanged(request)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    def exchanged(request: bytes) -> None:
         waited, t0 = own_wait_s(), time.monotonic()
         sock: socket.socket | None = None
         try:
@@ -254,12 +260,10 @@ def open_loop_timed(
             if sock is not None:
                 sock.close()
             with lock:
-                in_flight -= 1
                 tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"
             return
         done, after = time.monotonic(), own_wait_s()
         with lock:
-            in_flight -= 1
             if answer.closes:
                 sock.close()
             else:

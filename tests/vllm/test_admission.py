@@ -53,13 +53,13 @@ def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     logs = tmp_path_factory.mktemp("admission")
     wanted = {
         # Late interaction: vLLM scores with flash_late_interaction (its default).
-        "late": (model_dirs["late-interaction"], "tiny-colbert", {}, ()),
+        "late": (model_dirs["late-interaction"], "tiny-colbert", ONE_AT_A_TIME, ()),
         # ServingScores.__call__ calling PoolingBaseServing.__call__.
-        "cross": (model_dirs["cross-encoder"], "tiny-cross-encoder", {}, ()),
+        "cross": (model_dirs["cross-encoder"], "tiny-cross-encoder", ONE_AT_A_TIME, ()),
         # The heavy request holds the place for seconds only when its long
         # texts are tokenized whole: prefix tokenization reads a few hundred
         # characters of each, and it could be answered before the first probe.
-        "rooted": (model_dirs["embed"], "minilm", {"OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}, ("--root-path", ROOT_PATH)),
+        "rooted": (model_dirs["embed"], "minilm", {**ONE_AT_A_TIME, "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}, ("--root-path", ROOT_PATH)),
         # Prefix tokenization on (the default), a cost bound, lanes' places.
         "priced": (model_dirs["embed"], "minilm", {"OFFLOAD_VLLM_MAX_QUEUED_COST": str(PRICED_BOUND)}, ()),
     }
@@ -71,7 +71,7 @@ def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
             "thread",
             logs,
             workers=1,
-            extra_env=env if key == "priced" else {**ONE_AT_A_TIME, **env},
+            extra_env=env,
             extra_args=args,
         )
         for key, (model, name, env, args) in wanted.items()

@@ -118,8 +118,10 @@ def characters(value: Any, cap: int | None = None) -> float:
         if isinstance(item, str):
             # Capped only where prefix tokenization stops near the cap: a text
             # with no safe cut there is read far past it, or whole.
-            capped = cap is not None and _prefix.first_pieces_within(item, cap // 2, cap)
-            total += min(len(item), cap) if capped and cap is not None else len(item)
+            if cap is not None and _prefix.first_pieces_within(item, cap // 2, cap):
+                total += min(len(item), cap)
+            else:
+                total += len(item)
             if item.startswith(DATA_URL):
                 total += image_cost(item)
             continue
