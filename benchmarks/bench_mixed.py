@@ -150,6 +150,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes express 0", "process", (*TWO_WORKERS, "--offload-express-cost", "0")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
+    # The server's switch interval at 1 ms (CPython's is 5 ms): the loop waits
+    # less for a worker thread to drop the GIL.
+    Row(ServerConfig("thread lanes switch 0.001", "thread", (*TWO_WORKERS, "--offload-switch-interval", "0.001")),
+        needs=(SCHEDULING,), fifo="thread fifo switch 0.001", against=("thread lanes",)),
+    Row(ServerConfig("thread fifo switch 0.001", "thread",
+                     (*TWO_WORKERS, *FIFO, "--offload-switch-interval", "0.001"))),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

@@ -38,6 +38,7 @@ RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
 EXPRESS_COST_ENV = "OFFLOAD_VLLM_EXPRESS_COST"
+SWITCH_INTERVAL_ENV = "OFFLOAD_VLLM_SWITCH_INTERVAL"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -58,6 +59,11 @@ DEFAULT_INLINE_COST = 1024.0
 #: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
 #: strategy rules, at most a quarter of the costliest call running.
 DEFAULT_EXPRESS_COST = 16384.0
+
+#: The API server process's switch interval (`sys.setswitchinterval`) under
+#: `OFFLOAD_VLLM_SWITCH_INTERVAL`'s bound; a longer one only makes the loop
+#: wait longer for the GIL.
+MAX_SWITCH_INTERVAL_S = 0.1
 
 SCHEDULING = ("fair", "fifo")
 _TRUE = ("1", "true", "yes", "on")
@@ -216,6 +222,16 @@ def _parse_nice(name: str, raw: str) -> int:
     return int(raw)
 
 
+def _parse_switch_interval(name: str, raw: str) -> float:
+    seconds = _number(raw)
+    if not 0 < seconds <= MAX_SWITCH_INTERVAL_S:
+        raise OffloadVLLMConfigError(
+            f"{name}={raw!r} is not a switch interval; give seconds above 0 and at most "
+            f"{MAX_SWITCH_INTERVAL_S:g}, such as 0.001 (CPython's own is 0.005)"
+        )
+    return seconds
+
+
 def _parse_switch(name: str, raw: str) -> bool:
     if raw.lower() in _TRUE:
         return True
@@ -333,6 +349,7 @@ OPTIONS = (
         EXPRESS_COST_ENV, "--offload-express-cost", "C", _parse_express_cost, _takes_express_cost,
         "it has no express worker (thread and process have one)",
     ),
+    Option(SWITCH_INTERVAL_ENV, "--offload-switch-interval", "SECONDS", _parse_switch_interval),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -388,6 +405,10 @@ class Settings:
     #: this (and a quarter of the costliest running), at the loop's priority
     #: (the strategy's `express_cost`); `None`: `DEFAULT_EXPRESS_COST`.
     express_cost_setting: float | None = None
+    #: The server process's switch interval, in seconds (`sys.setswitchinterval`):
+    #: how long the event loop may wait for a worker thread to drop the GIL;
+    #: `None`: `switch_interval` decides.
+    switch_interval_setting: float | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -430,6 +451,12 @@ class Settings:
         return DEFAULT_EXPRESS_COST if self.express_cost_setting is None else self.express_cost_setting
 
     @property
+    def switch_interval(self) -> float | None:
+        """The server process's switch interval (`sys.setswitchinterval`), in
+        seconds: the setting; `None` leaves the interpreter's own."""
+        return self.switch_interval_setting
+
+    @property
     def batch_window(self) -> float:
         """Seconds a tokenizer batch waits for other requests in flight: the
         setting, else `DEFAULT_BATCH_WAIT_S`, for a strategy that batches; 0 for the others."""
@@ -470,6 +497,8 @@ class Settings:
             parts.append(f"inline_cost={self.inline_cost_setting:g}")
         if self.express_cost_setting is not None:
             parts.append(f"express_cost={self.express_cost_setting:g}")
+        if self.switch_interval_setting is not None:
+            parts.append(f"switch_interval={self.switch_interval_setting:g}s")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -622,6 +651,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         worker_nice=values.get(WORKER_NICE_ENV),
         inline_cost_setting=values.get(INLINE_COST_ENV),
         express_cost_setting=values.get(EXPRESS_COST_ENV),
+        switch_interval_setting=values.get(SWITCH_INTERVAL_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),
