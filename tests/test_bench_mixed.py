@@ -56,20 +56,21 @@ def test_rows_that_need_new_flags_wait_for_them() -> None:
         assert notes == []
 
 
-def block(alone_ms: float, flooded_ms: float, heavy_per_s: float) -> dict[str, Any]:
+def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float = 5.0) -> dict[str, Any]:
     def phase(p50: float, per_s: float) -> dict[str, Any]:
         return {"sent": 10, "statuses": {"200": 10}, "lost": 0, "ok": 10, "p50_ms": p50, "p99_ms": 2 * p50,
                 "max_ms": 2 * p50, "requests_per_s": per_s, "first_error": ""}
 
     return {"alone": phase(alone_ms, 100.0), "flooded": phase(flooded_ms, 10.0),
-            "heavy": phase(500.0, heavy_per_s), "health": {"p99_ms": 5.0, "failures": 0.0}}
+            "heavy": phase(500.0, heavy_per_s),
+            "health": {"p99_ms": health_ms, "p99_arrived_ms": health_ms, "failures": 0.0}}
 
 
 def test_verdicts_come_from_the_rounds() -> None:
     blocks = {
-        bench_mixed.DEFAULT: [block(10, 1000 + r, 20) for r in range(5)],
-        "thread fifo": [block(10, 600 + r, 20) for r in range(5)],
-        "thread lanes": [block(10, 20 + r, 19 + 0.1 * r) for r in range(5)],
+        bench_mixed.DEFAULT: [block(10, 1000 + r, 20, health_ms=12 + r) for r in range(5)],
+        "thread fifo": [block(10, 600 + r, 20, health_ms=15 + r) for r in range(5)],
+        "thread lanes": [block(10, 20 + r, 18.6 + 0.1 * r, health_ms=9 + r) for r in range(5)],
     }
     evaluated = [bench_mixed.evaluate(t, blocks) for t in bench_mixed.targets(list(blocks))]
     results = {(t["row"], t["metric"], t["baseline"]): t for t in evaluated}
@@ -77,8 +78,22 @@ def test_verdicts_come_from_the_rounds() -> None:
     lanes = results[("thread lanes", "p50_ratio", None)]
     assert lanes["met"] is True
     assert lanes["interval"]["median"] == pytest.approx(2.2)
-    assert results[("thread lanes", "heavy_per_s", "thread fifo")]["met"] is True  # 0.96x >= 0.9x
-    assert results[("thread lanes", "heavy_per_s", bench_mixed.DEFAULT)]["met"] is False  # 0.96x < 1x
+    assert results[("thread lanes", "heavy_per_s", "thread fifo")]["met"] is False  # 0.94x < 0.95x
+    assert results[("thread lanes", "heavy_per_s", bench_mixed.DEFAULT)]["met"] is True  # 0.94x >= 0.9x
+    # /health: at most max(10 ms, the default's median, 14 ms), judged on the row's own values.
+    health = {row: results[(row, "health_p99_arrived_ms", None)] for row in ("thread fifo", "thread lanes")}
+    assert (health["thread fifo"]["bound"], health["thread fifo"]["met"]) == (14, False)  # 17 ms
+    assert (health["thread lanes"]["bound"], health["thread lanes"]["met"]) == (14, True)  # 11 ms
+    assert (bench_mixed.DEFAULT, "health_p99_arrived_ms", None) not in results  # not judged against itself
+    assert bench_mixed.verdict_line(health["thread lanes"]).endswith(
+        "<= 14 ms: 11.0 [9.0, 13.0] ms — **met** (median; the whole interval)"
+    )
+    # The floor holds where the default's own /health is faster.
+    quick = {row: [{**b, "health": {**b["health"], "p99_arrived_ms": 3.0}} for b in blocks[row]]
+             if row == bench_mixed.DEFAULT else blocks[row] for row in blocks}
+    floor = [bench_mixed.evaluate(t, quick) for t in bench_mixed.targets(list(quick))
+             if t.metric == "health_p99_arrived_ms" and t.row == "thread lanes"]
+    assert (floor[0]["bound"], floor[0]["met"]) == (10, False)  # 11 ms > 10 ms
     summary = bench_mixed.summarize(blocks)
     assert {(p["row"], p["baseline"]) for p in summary["pairs"]} == {
         ("thread fifo", bench_mixed.DEFAULT), ("thread lanes", bench_mixed.DEFAULT), ("thread lanes", "thread fifo"),

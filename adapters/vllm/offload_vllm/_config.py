@@ -16,7 +16,7 @@ from typing import Any
 
 import offload
 
-from ._kinds import STRATEGIES, StrategyRow
+from ._kinds import IN_THREAD, STRATEGIES, StrategyRow
 from ._lanes import DEFAULT_LANE, LANE_HEADER, LANE_NAME_CHARACTERS, LaneRouter, is_lane_name
 from ._seams.routes import POOLING_PATHS
 
@@ -60,9 +60,13 @@ DEFAULT_INLINE_COST = 1024.0
 #: strategy rules, at most a quarter of the costliest call running.
 DEFAULT_EXPRESS_COST = 16384.0
 
-#: The API server process's switch interval (`sys.setswitchinterval`) under
-#: `OFFLOAD_VLLM_SWITCH_INTERVAL`'s bound; a longer one only makes the loop
-#: wait longer for the GIL.
+#: `thread`: the server process's switch interval (`sys.setswitchinterval`;
+#: CPython's is 0.005), so that the event loop waits at most about this long
+#: for a worker thread running Python code to drop the GIL
+#: (`OFFLOAD_VLLM_SWITCH_INTERVAL`; measured in docs/benchmarks.md).
+DEFAULT_SWITCH_INTERVAL_S = 0.001
+#: `OFFLOAD_VLLM_SWITCH_INTERVAL`'s bound: a longer interval only makes the
+#: loop wait longer for the GIL.
 MAX_SWITCH_INTERVAL_S = 0.1
 
 SCHEDULING = ("fair", "fifo")
@@ -453,8 +457,14 @@ class Settings:
     @property
     def switch_interval(self) -> float | None:
         """The server process's switch interval (`sys.setswitchinterval`), in
-        seconds: the setting; `None` leaves the interpreter's own."""
-        return self.switch_interval_setting
+        seconds: the setting, else `DEFAULT_SWITCH_INTERVAL_S` for a strategy
+        whose workers are threads of the server process (`thread`); `None`
+        leaves the interpreter's own."""
+        if self.switch_interval_setting is not None:
+            return self.switch_interval_setting
+        if self.strategy is not None and self.row.kind is IN_THREAD:
+            return DEFAULT_SWITCH_INTERVAL_S
+        return None
 
     @property
     def batch_window(self) -> float:
