@@ -81,7 +81,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
 
 from benchmarks import _common, models  # noqa: E402
 from benchmarks.e2e import idle_servers, load, mixed, stats, thread_states  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, switch_interval_env  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -94,6 +94,8 @@ SCHEDULING = "--offload-scheduling"
 FIFO = (SCHEDULING, "fifo")
 PRIORITY_POLICY = ("--scheduling-policy", "priority")  # vLLM's own flag
 ENGINE_PRIORITY = "--offload-engine-priority"
+#: Every server process's switch interval at 1 ms (CPython's is 5 ms).
+SWITCH_1MS = switch_interval_env(0.001)
 #: Flag and value that ask for what an adapter without the flag does anyway:
 #: dropped where the adapter lacks the flag, so the row still runs.
 TODAYS_BEHAVIOUR = {FIFO}
@@ -150,18 +152,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes express 0", "process", (*TWO_WORKERS, "--offload-express-cost", "0")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
-    # The server's switch interval at 1 ms (CPython's is 5 ms): the loop waits
-    # less for a worker thread to drop the GIL. The default under `thread` since
-    # these rows were measured (results/switch); "switch 0.005" rows are the
-    # behaviour before.
-    Row(ServerConfig("thread lanes switch 0.001", "thread", (*TWO_WORKERS, "--offload-switch-interval", "0.001")),
-        needs=(SCHEDULING,), fifo="thread fifo switch 0.001", against=("thread lanes",)),
-    Row(ServerConfig("thread fifo switch 0.001", "thread",
-                     (*TWO_WORKERS, *FIFO, "--offload-switch-interval", "0.001"))),
-    Row(ServerConfig("thread lanes switch 0.005", "thread", (*TWO_WORKERS, "--offload-switch-interval", "0.005")),
-        needs=(SCHEDULING,), fifo="thread fifo switch 0.005", against=("thread lanes",)),
-    Row(ServerConfig("thread fifo switch 0.005", "thread",
-                     (*TWO_WORKERS, *FIFO, "--offload-switch-interval", "0.005"))),
+    # The server's switch interval at 1 ms (CPython's is 5 ms), so that the loop
+    # may wait less for a worker thread to drop the GIL (`e2e/switch_interval`;
+    # results/switch: no difference beyond the noise).
+    Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
+        needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
+    Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

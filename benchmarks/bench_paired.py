@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_paired.py` as well as 
 
 from benchmarks import models  # noqa: E402
 from benchmarks.e2e import load, procstat, stats, workloads  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, running_servers  # noqa: E402
+from benchmarks.e2e.server import ServerConfig, running_servers, switch_interval_env  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it.
 SMOKE_TIMEOUT_S = 900
@@ -63,17 +63,9 @@ DEFAULT = "vLLM default"
 #: They measure, one step at a time, what keeps the event loop waiting
 #: beside the workers (the loop-first targets): the process workers' niceness (10
 #: by default), the GIL's switch interval (5 ms by default), the thread pool's size.
-_SWITCH_INTERVAL_DIR = str(ROOT / "benchmarks" / "e2e" / "switch_interval")
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "process nice 0": ("process", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_WORKER_NICE": "0"}),
-    "thread switch 1ms": (
-        "thread",
-        {
-            "OFFLOAD_VLLM_WORKERS": "2",
-            "OFFLOAD_BENCH_SWITCH_INTERVAL": "0.001",
-            "PYTHONPATH": os.pathsep.join(filter(None, [_SWITCH_INTERVAL_DIR, os.environ.get("PYTHONPATH")])),
-        },
-    ),
+    "thread switch 1ms": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", **switch_interval_env(0.001)}),
     "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
     # What prefix tokenization and cross-request batches add (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),

@@ -56,14 +56,17 @@ def test_rows_that_need_new_flags_wait_for_them() -> None:
         assert notes == []
 
 
-def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float = 5.0) -> dict[str, Any]:
+def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float | None = None) -> dict[str, Any]:
+    """One round of a row; `health_ms`: /health p99 until the answer arrived
+    (None: a result from before that was measured)."""
     def phase(p50: float, per_s: float) -> dict[str, Any]:
         return {"sent": 10, "statuses": {"200": 10}, "lost": 0, "ok": 10, "p50_ms": p50, "p99_ms": 2 * p50,
                 "max_ms": 2 * p50, "requests_per_s": per_s, "first_error": ""}
 
     return {"alone": phase(alone_ms, 100.0), "flooded": phase(flooded_ms, 10.0),
             "heavy": phase(500.0, heavy_per_s),
-            "health": {"p99_ms": health_ms, "p99_arrived_ms": health_ms, "failures": 0.0}}
+            "health": {"p99_ms": 5.0, "failures": 0.0} if health_ms is None
+            else {"p99_ms": health_ms, "p99_arrived_ms": health_ms, "failures": 0.0}}
 
 
 def test_verdicts_come_from_the_rounds() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import offload_vllm
 import pytest
@@ -245,6 +246,20 @@ def test_unknown_names_and_old_names_bad_values(env: dict[str, str], message: st
     with pytest.raises(OffloadVLLMConfigError) as info:
         read_settings(env)
     assert message in str(info.value)
+
+
+def test_every_setting_has_its_row_in_the_docs() -> None:
+    """docs/vllm.md documents each setting in a table row that names its
+    variable and its launcher flag."""
+    from offload_vllm._config import OPTIONS
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    rows = [line for line in docs.splitlines() if line.startswith("| `OFFLOAD_VLLM_")]
+    undocumented = [
+        option.env for option in OPTIONS
+        if not any(row.startswith(f"| `{option.env}` (`{option.flag}") for row in rows)
+    ]
+    assert undocumented == []
 
 
 def test_unknown_name_lists_the_known_ones() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import offload
 
-from ._kinds import IN_THREAD, STRATEGIES, StrategyRow
+from ._kinds import STRATEGIES, StrategyRow
 from ._lanes import DEFAULT_LANE, LANE_HEADER, LANE_NAME_CHARACTERS, LaneRouter, is_lane_name
 from ._seams.routes import POOLING_PATHS
 
@@ -38,7 +38,6 @@ RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
 EXPRESS_COST_ENV = "OFFLOAD_VLLM_EXPRESS_COST"
-SWITCH_INTERVAL_ENV = "OFFLOAD_VLLM_SWITCH_INTERVAL"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -59,15 +58,6 @@ DEFAULT_INLINE_COST = 1024.0
 #: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
 #: strategy rules, at most a quarter of the costliest call running.
 DEFAULT_EXPRESS_COST = 16384.0
-
-#: `thread`: the server process's switch interval (`sys.setswitchinterval`;
-#: CPython's is 0.005), so that the event loop waits at most about this long
-#: for a worker thread running Python code to drop the GIL
-#: (`OFFLOAD_VLLM_SWITCH_INTERVAL`; measured in docs/benchmarks.md).
-DEFAULT_SWITCH_INTERVAL_S = 0.001
-#: `OFFLOAD_VLLM_SWITCH_INTERVAL`'s bound: a longer interval only makes the
-#: loop wait longer for the GIL.
-MAX_SWITCH_INTERVAL_S = 0.1
 
 SCHEDULING = ("fair", "fifo")
 _TRUE = ("1", "true", "yes", "on")
@@ -226,16 +216,6 @@ def _parse_nice(name: str, raw: str) -> int:
     return int(raw)
 
 
-def _parse_switch_interval(name: str, raw: str) -> float:
-    seconds = _number(raw)
-    if not 0 < seconds <= MAX_SWITCH_INTERVAL_S:
-        raise OffloadVLLMConfigError(
-            f"{name}={raw!r} is not a switch interval; give seconds above 0 and at most "
-            f"{MAX_SWITCH_INTERVAL_S:g}, such as 0.001 (CPython's own is 0.005)"
-        )
-    return seconds
-
-
 def _parse_switch(name: str, raw: str) -> bool:
     if raw.lower() in _TRUE:
         return True
@@ -353,7 +333,6 @@ OPTIONS = (
         EXPRESS_COST_ENV, "--offload-express-cost", "C", _parse_express_cost, _takes_express_cost,
         "it has no express worker (thread and process have one)",
     ),
-    Option(SWITCH_INTERVAL_ENV, "--offload-switch-interval", "SECONDS", _parse_switch_interval),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -409,10 +388,6 @@ class Settings:
     #: this (and a quarter of the costliest running), at the loop's priority
     #: (the strategy's `express_cost`); `None`: `DEFAULT_EXPRESS_COST`.
     express_cost_setting: float | None = None
-    #: The server process's switch interval, in seconds (`sys.setswitchinterval`):
-    #: how long the event loop may wait for a worker thread to drop the GIL;
-    #: `None`: `switch_interval` decides.
-    switch_interval_setting: float | None = None
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -455,18 +430,6 @@ class Settings:
         return DEFAULT_EXPRESS_COST if self.express_cost_setting is None else self.express_cost_setting
 
     @property
-    def switch_interval(self) -> float | None:
-        """The server process's switch interval (`sys.setswitchinterval`), in
-        seconds: the setting, else `DEFAULT_SWITCH_INTERVAL_S` for a strategy
-        whose workers are threads of the server process (`thread`); `None`
-        leaves the interpreter's own."""
-        if self.switch_interval_setting is not None:
-            return self.switch_interval_setting
-        if self.strategy is not None and self.row.kind is IN_THREAD:
-            return DEFAULT_SWITCH_INTERVAL_S
-        return None
-
-    @property
     def batch_window(self) -> float:
         """Seconds a tokenizer batch waits for other requests in flight: the
         setting, else `DEFAULT_BATCH_WAIT_S`, for a strategy that batches; 0 for the others."""
@@ -507,8 +470,6 @@ class Settings:
             parts.append(f"inline_cost={self.inline_cost_setting:g}")
         if self.express_cost_setting is not None:
             parts.append(f"express_cost={self.express_cost_setting:g}")
-        if self.switch_interval_setting is not None:
-            parts.append(f"switch_interval={self.switch_interval_setting:g}s")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:
@@ -661,7 +622,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         worker_nice=values.get(WORKER_NICE_ENV),
         inline_cost_setting=values.get(INLINE_COST_ENV),
         express_cost_setting=values.get(EXPRESS_COST_ENV),
-        switch_interval_setting=values.get(SWITCH_INTERVAL_ENV),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +51,6 @@ class Runtime:
         """The placement, its executor built and started at the first call."""
         with self._lock:
             if self._placement is None or self._placement.executor.closed:
-                self._set_switch_interval()
                 executor = self._build(vllm_config)
                 self._start(executor)
                 self._placement = self._placement_class(
@@ -109,17 +107,6 @@ class Runtime:
             self._placement_class.executor_options(vllm_config, row, prefix_tokenize=settings.prefix_tokenize)
         )
         return offload.get_executor(self.strategy, **options)
-
-    def _set_switch_interval(self) -> None:
-        """Bound how long the event loop waits for a worker thread holding the
-        GIL: the interpreter asks the holder to drop it after this long. It is
-        the whole process's setting; the server process is the adapter's."""
-        seconds = self.settings.switch_interval
-        if seconds is not None and sys.getswitchinterval() != seconds:
-            logger.info(
-                "offload-vllm: switch interval %gs (was %gs)", seconds, sys.getswitchinterval()
-            )
-            sys.setswitchinterval(seconds)
 
     def _start(self, executor: offload.Executor) -> None:
         """Start every worker now: this runs while vLLM builds its pooling
