@@ -158,6 +158,10 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
     Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
+    # One worker thread: the loop contends for the GIL with one thread, not two
+    # (image processing holds it for much of its time).
+    Row(ServerConfig("thread lanes 1 worker", "thread", ("--offload-workers", "1")),
+        needs=(SCHEDULING,), against=("thread lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}
