@@ -129,6 +129,9 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     # Worker threads at the loop's priority (before the default became nice 10).
     Row(ServerConfig("thread lanes nice 0", "thread", (*TWO_WORKERS, "--offload-worker-nice", "0")),
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    # Between the two: worker threads a little below the loop.
+    Row(ServerConfig("thread lanes nice 5", "thread", (*TWO_WORKERS, "--offload-worker-nice", "5")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes", "thread lanes nice 0")),
     # Every call on a worker (before small calls ran on the loop by default).
     Row(ServerConfig("thread lanes inline 0", "thread", (*TWO_WORKERS, "--offload-inline-cost", "0")),
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
