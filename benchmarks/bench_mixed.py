@@ -157,7 +157,7 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     # The server's switch interval at 1 ms (CPython's is 5 ms), so that the loop
     # may wait less for a worker thread to drop the GIL (`e2e/switch_interval`;
-    # results/switch: no difference beyond the noise).
+    # results/switch-1ms and switch-5ms: no difference beyond the noise).
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
     Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
@@ -576,7 +576,6 @@ def targets(rows: list[str]) -> list[Target]:
         if row.config.strategy is not None and DEFAULT in rows:
             out.append(Target(name, f"heavy requests/s vs `{DEFAULT}`", "heavy_per_s", HEAVY_VS_DEFAULT_BOUND,
                               at_least=True, baseline=DEFAULT))
-        if row.config.strategy is not None and DEFAULT in rows:
             out.append(Target(name, f"/health p99 flooded, until the answer arrived, vs max({HEALTH_P99_FLOOR_MS:g} ms, "
                               f"`{DEFAULT}`'s)", "health_p99_arrived_ms", HEALTH_P99_FLOOR_MS,
                               at_most_median_of=DEFAULT, unit="ms"))
