@@ -551,7 +551,7 @@ class Target:
     baseline: str | None = None
     #: The bound is raised to this row's median of the same metric (an absolute
     #: target that the baseline server may itself miss, such as /health's).
-    at_most_median_of: str | None = None
+    raised_to_median_of: str | None = None
     #: What the values and the bound are in: "x" (a ratio) or "ms".
     unit: str = "x"
 
@@ -578,7 +578,7 @@ def targets(rows: list[str]) -> list[Target]:
                               at_least=True, baseline=DEFAULT))
             out.append(Target(name, f"/health p99 flooded, until the answer arrived, vs max({HEALTH_P99_FLOOR_MS:g} ms, "
                               f"`{DEFAULT}`'s)", "health_p99_arrived_ms", HEALTH_P99_FLOOR_MS,
-                              at_most_median_of=DEFAULT, unit="ms"))
+                              raised_to_median_of=DEFAULT, unit="ms"))
         if "--scheduling-policy" in row.config.extra_args and name != DEFAULT and DEFAULT in rows:
             out.append(Target(name, f"small p99 flooded vs `{DEFAULT}`", "flooded_p99_ms", PRIORITY_P99_BOUND,
                               baseline=DEFAULT))
@@ -592,8 +592,8 @@ def evaluate(target: Target, blocks: dict[str, list[dict[str, Any]]]) -> dict[st
         values = paired_ratios(blocks, target.row, target.baseline, target.metric)
     result: dict[str, Any] = {**dataclasses.asdict(target), "interval": None, "met": None, "whole_interval": None}
     bound = target.bound
-    if target.at_most_median_of is not None:
-        theirs = [v for v in _values(blocks[target.at_most_median_of], target.metric) if v is not None]
+    if target.raised_to_median_of is not None:
+        theirs = [v for v in _values(blocks[target.raised_to_median_of], target.metric) if v is not None]
         if not theirs:
             return result
         bound = result["bound"] = max(bound, stats.median_interval(theirs).median)
@@ -614,7 +614,7 @@ def evaluate(target: Target, blocks: dict[str, list[dict[str, Any]]]) -> dict[st
 
 def verdict_line(result: dict[str, Any]) -> str:
     sign = ">=" if result["at_least"] else "<="
-    unit = result.get("unit", "x")
+    unit = result["unit"]
     space = " " if unit == "ms" else ""
     head = f"- `{result['row']}`: {result['what']} {sign} {result['bound']:.3g}{space}{unit}:"
     interval = result["interval"]
