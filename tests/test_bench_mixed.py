@@ -144,7 +144,7 @@ def _loopback_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
 def answering_server() -> Iterator[str]:
     """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
     /close 200 with `Connection: close` and closes, /chunked a chunked 200,
-    /busy 503, /drop closes the connection unanswered."""
+    /busy 503, /drop closes the connection unanswered, /hang never answers."""
 
     def serve(conn: socket.socket) -> None:
         with conn:
@@ -161,6 +161,9 @@ def answering_server() -> Iterator[str]:
                     time.sleep(0.5)
                 if path == b"/close":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+                    return
+                if path == b"/hang":  # never answers; returns once the client gives up
+                    conn.recv(1)
                     return
                 if path == b"/chunked":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
@@ -238,6 +241,21 @@ def test_the_timed_client_counts_a_body_it_cannot_read_as_lost(answering_server:
     assert tally.sent == tally.lost == 2
     assert "ValueError" in tally.first_error
     assert "chunked" in tally.first_error
+
+
+def test_the_timed_client_counts_a_request_past_its_timeout_as_lost(
+    answering_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that never answers: each request's socket times out for real
+    (the timeout shortened from 120 s), is counted lost with its error, and
+    the client returns instead of waiting on."""
+    monkeypatch.setattr(mixed, "REQUEST_TIMEOUT_S", 0.3)
+    began = time.monotonic()
+    tally = mixed.run_open_timed(answering_server + "/hang", [b"{}"], [0.0, 0.05, 0.1])
+    assert tally.sent == tally.lost == 3
+    assert tally.statuses == {}
+    assert "TimeoutError" in tally.first_error
+    assert time.monotonic() - began < 3  # within the 0.3 s timeouts, not 120 s
 
 
 def test_poisson_schedule_is_seeded_at_its_rate_with_exponential_gaps() -> None:
