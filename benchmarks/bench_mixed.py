@@ -165,6 +165,10 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     # (image processing holds it for much of its time).
     Row(ServerConfig("thread lanes 1 worker", "thread", ("--offload-workers", "1")),
         needs=(SCHEDULING,), against=("thread lanes",)),
+    # One worker thread at the loop's priority: vLLM's own image set-up (its
+    # multimodal executor is one thread at the server's priority).
+    Row(ServerConfig("thread lanes 1 worker nice 0", "thread", ("--offload-workers", "1", "--offload-worker-nice", "0")),
+        needs=(SCHEDULING,), against=("thread lanes", "thread lanes 1 worker")),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}
