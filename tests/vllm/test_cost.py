@@ -334,22 +334,3 @@ def test_a_truncated_text_that_prefix_tokenization_reads_whole_is_priced_whole()
     assert characters(words, cap) == cap
     # "_" is no letter or digit (`str.isalnum`): no safe cut before its space.
     assert characters("a_ " * 10_000, cap) == 30_000
-
-
-@given(
-    st.text(alphabet=st.sampled_from("ab1_,.é٣ \t\n\r\u00a0\u3000漢"), min_size=0, max_size=400),
-    st.integers(1, 100),
-    st.integers(0, 100),
-)
-def test_the_cap_check_finds_the_cuts_prefix_tokenization_makes(text: str, span: int, extra: int) -> None:
-    """`first_pieces_within` agrees with the cuts `encode_truncated` makes
-    (`_cut_right`, `_cut_left`) on every text: Unicode letters and digits,
-    the underscore, punctuation, non-ASCII spaces (which are no safe cut)."""
-    from offload_vllm import _prefix
-
-    limit = span + extra
-    n = len(text)
-    expected = n <= limit or (
-        _prefix._cut_right(text, span) <= limit and n - _prefix._cut_left(text, n - span) <= limit
-    )
-    assert _prefix.first_pieces_within(text, span, limit) == expected

@@ -51,8 +51,6 @@ from typing import Any, Literal
 
 Side = Literal["left", "right"]
 
-_WHITESPACE = frozenset(" \t\n\r")
-
 #: Normalizers that keep a safe cut safe, with the settings they must have.
 _NORMALIZERS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "BertNormalizer": lambda n: True,
@@ -164,35 +162,44 @@ def plan(tokenizer: Any) -> Plan:
     return found
 
 
-def _cut_right(text: str, at: int) -> int:
-    """The first safe cut at or after `at`, or `len(text)`."""
-    n = len(text)
-    i = max(at, 1)
-    while i < n:
-        if text[i] in _WHITESPACE and text[i - 1].isalnum():
-            return i
-        i += 1
-    return n
-
-
-def _cut_left(text: str, at: int) -> int:
-    """The last safe start at or before `at` (a suffix `text[start:]`), or 0."""
-    i = min(at, len(text) - 1)
-    while i > 0:
-        if text[i - 1] in _WHITESPACE and text[i].isalnum():
-            return i
-        i -= 1
-    return 0
-
-
 #: First guess of characters per kept token; a wrong guess costs only a regrowth.
 _CHARS_PER_TOKEN = 6
 _MIN_CHARS = 64
 
-# `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore): the
-# regular expressions find what `_cut_right` and `_cut_left` walk to, in C.
+# The safe-cut rule, in one place. `[^\W_]` is exactly `str.isalnum` (`\w`
+# is it plus the underscore); the whitespace is ASCII's.
+#: A letter or digit, then the whitespace a prefix ends before.
 _SAFE_CUT = re.compile(r"[^\W_][ \t\n\r]")
+#: Whitespace, then the letter or digit a suffix starts at.
 _SAFE_START = re.compile(r"[ \t\n\r][^\W_]")
+
+#: How far back `_cut_left` first looks; the window doubles while it finds nothing.
+_BACK_WINDOW = 256
+
+
+def _cut_right(text: str, at: int, last: int | None = None) -> int:
+    """The first safe cut `i` (a prefix `text[:i]`) with `at <= i` and, unless
+    `last` is None, `i <= last`; `len(text)` when there is none."""
+    end = len(text) if last is None else min(len(text), last + 1)
+    found = _SAFE_CUT.search(text, max(at, 1) - 1, end)
+    return len(text) if found is None else found.start() + 1
+
+
+def _cut_left(text: str, at: int, first: int = 1) -> int:
+    """The last safe start `i` (a suffix `text[i:]`) with `first <= i <= at`,
+    or 0 when there is none."""
+    # `re` searches forwards only: windows back from `at`, doubling, each one
+    # ending a character into the one searched before it (a match is two long).
+    floor = max(first, 1) - 1
+    end = min(at, len(text) - 1) + 1
+    width = _BACK_WINDOW
+    while end - floor >= 2:
+        start = max(floor, end - width)
+        starts = [match.start() for match in _SAFE_START.finditer(text, start, end)]
+        if starts:
+            return starts[-1] + 1
+        end, width = start + 1, 2 * width
+    return 0
 
 
 def first_pieces_within(text: str, span: int, limit: int) -> bool:
@@ -201,13 +208,13 @@ def first_pieces_within(text: str, span: int, limit: int) -> bool:
     a safe cut in `[span, limit]` from the start, a safe start in
     `[len - limit, len - span]` from the end. False for a text with no safe cut
     there (one long word, no whitespace), which is read much further or whole.
-    Reads at most `2 * limit` characters."""
+    Reads at most about `2 * limit` characters."""
     n = len(text)
     if n <= limit:
         return True
-    if span < 1 or _SAFE_CUT.search(text, span - 1, limit + 1) is None:
+    if span < 1 or _cut_right(text, span, last=limit) > limit:
         return False
-    return _SAFE_START.search(text, n - limit - 1, n - span + 1) is not None
+    return _cut_left(text, n - span, first=n - limit) > 0
 
 
 def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
