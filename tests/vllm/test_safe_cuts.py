@@ -1,9 +1,10 @@
 """The safe-cut rule of prefix tokenization, against its plain definition.
 
-`_prefix` finds safe cuts with regular expressions (`_cut_right`,
-`_cut_left`, and `first_pieces_within`, which prices a truncated text on the
-event loop from the same two functions). These properties hold them to the
-rule as `_prefix`'s docstring states it, walked character by character here:
+`_prefix` writes the rule once, as two regular expressions, and finds
+cuts with them: `_cut_right` and `_cut_left` for prefix tokenization, and
+`first_pieces_within`, which prices a truncated text on the event loop.
+These properties hold all three to the rule as `_prefix`'s docstring states
+it, walked character by character here:
 a prefix may end at `i` where `text[i]` is ASCII whitespace and `text[i - 1]`
 a letter or digit (`str.isalnum`); a suffix may start at `i` where
 `text[i - 1]` is ASCII whitespace and `text[i]` a letter or digit.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from unittest import mock
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from offload_vllm import _prefix
 
@@ -57,11 +58,14 @@ def test_cut_left_is_the_last_suffix_start_in_range(text: str, data: st.DataObje
             assert _prefix._cut_left(text, at) == (within[-1] if within else 0)
 
 
-@given(texts, st.integers(1, 100), st.integers(0, 100))
-def test_the_cap_check_finds_the_cuts_prefix_tokenization_makes(text: str, span: int, extra: int) -> None:
+@settings(max_examples=500)
+@given(texts, st.data())
+def test_the_cap_check_finds_the_cuts_prefix_tokenization_makes(text: str, data: st.DataObject) -> None:
     """`first_pieces_within`, which prices a truncated text, agrees with the
-    first prefix and suffix `encode_truncated` cuts: each within `limit`."""
-    limit = span + extra
+    first prefix and suffix `encode_truncated` cuts: each within `limit`
+    (narrow ranges too, where one cut at either end decides)."""
+    span = data.draw(st.integers(1, max(1, len(text))))
+    limit = span + data.draw(st.integers(0, 3) | st.integers(0, len(text)))
     n = len(text)
     expected = n <= limit or (
         any(span <= i <= limit for i in prefix_ends(text))

@@ -166,15 +166,16 @@ def plan(tokenizer: Any) -> Plan:
 _CHARS_PER_TOKEN = 6
 _MIN_CHARS = 64
 
-# The safe-cut rule, in one place. `[^\W_]` is exactly `str.isalnum` (`\w`
-# is it plus the underscore); the whitespace is ASCII's.
-#: A letter or digit, then the whitespace a prefix ends before.
+# The safe-cut rule, in one place: a letter or digit next to ASCII
+# whitespace. `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore).
+#: A letter or digit, then the whitespace a prefix ends before (read
+#: backwards: the whitespace a suffix starts after, then its first letter or digit).
 _SAFE_CUT = re.compile(r"[^\W_][ \t\n\r]")
 #: Whitespace, then the letter or digit a suffix starts at.
 _SAFE_START = re.compile(r"[ \t\n\r][^\W_]")
 
 #: How far back `_cut_left` first looks; the window doubles while it finds nothing.
-_BACK_WINDOW = 256
+_BACK_WINDOW = 32
 
 
 def _cut_right(text: str, at: int, last: int | None = None) -> int:
@@ -188,16 +189,18 @@ def _cut_right(text: str, at: int, last: int | None = None) -> int:
 def _cut_left(text: str, at: int, first: int = 1) -> int:
     """The last safe start `i` (a suffix `text[i:]`) with `first <= i <= at`,
     or 0 when there is none."""
-    # `re` searches forwards only: windows back from `at`, doubling, each one
-    # ending a character into the one searched before it (a match is two long).
+    # `re` searches forwards only: search a window back from `at`, reversed
+    # (where a safe start reads as a safe cut), and widen it (doubling) while
+    # nothing is found, each window ending a character into the one before it
+    # (a match is two long).
     floor = max(first, 1) - 1
     end = min(at, len(text) - 1) + 1
     width = _BACK_WINDOW
     while end - floor >= 2:
         start = max(floor, end - width)
-        starts = [match.start() for match in _SAFE_START.finditer(text, start, end)]
-        if starts:
-            return starts[-1] + 1
+        found = _SAFE_CUT.search(text[start:end][::-1])
+        if found is not None:
+            return end - 1 - found.start()
         end, width = start + 1, 2 * width
     return 0
 
@@ -208,13 +211,15 @@ def first_pieces_within(text: str, span: int, limit: int) -> bool:
     a safe cut in `[span, limit]` from the start, a safe start in
     `[len - limit, len - span]` from the end. False for a text with no safe cut
     there (one long word, no whitespace), which is read much further or whole.
-    Reads at most about `2 * limit` characters."""
+    Reads at most `2 * limit` characters."""
     n = len(text)
     if n <= limit:
         return True
-    if span < 1 or _cut_right(text, span, last=limit) > limit:
+    # As `_cut_right(text, span) <= limit` and `_cut_left(text, n - span) >= n - limit`
+    # say, but searching only those ranges: this runs on the event loop, per text.
+    if span < 1 or _SAFE_CUT.search(text, span - 1, limit + 1) is None:
         return False
-    return _cut_left(text, n - span, first=n - limit) > 0
+    return _SAFE_START.search(text, n - limit - 1, n - span + 1) is not None
 
 
 def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
