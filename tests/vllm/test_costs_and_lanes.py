@@ -17,10 +17,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
 from offload_vllm._priority import engine_priority
+from offload_vllm._seams import requests as requests_seam
 from offload_vllm._seams.requests import request_cost
 
 from ._heavy import heavy_body, in_flight
@@ -269,7 +271,10 @@ def test_engine_priority_reaches_vllms_scheduler(servers_by_role: dict[str, Serv
         r = embed(server, path, request_id=name, **body)
         assert r.status_code == 200, r.text[:300]
         fields = {k: v for k, v in body.items() if k != "headers"}
-        cost = request_cost(EmbeddingCompletionRequest(model=server.model, **fields))
+        # Priced as the server prices it, prefix tokenization off, whatever an
+        # earlier test installed in this process.
+        with mock.patch.object(requests_seam, "prefix_installed", return_value=False):
+            cost = request_cost(EmbeddingCompletionRequest(model=server.model, **fields))
         expected[name] = own if own is not None else engine_priority(cost, weight)
     seen: dict[str, set[int]] = {}
     for line in engine_log.read_text().splitlines():
