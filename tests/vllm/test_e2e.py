@@ -56,6 +56,10 @@ def test_embedding_endpoints(embed_server: Server, strategy: str) -> None:
     assert_strategy_applied(
         s, strategy, "EmbedIOProcessor.render_async", "ServingEmbedding._postprocessing_async"
     )
+    assert (
+        "offload-vllm: /v1/embeddings validates a body whose input cannot be chat messages"
+        " without the chat-input models" in s.log.read_text(errors="replace")
+    )
     assert embeddings(s, TEXTS[0]).shape == (1, 384)
     assert embeddings(s, TEXTS).shape == (3, 384)
     ids = httpx.post(f"{s.url}/tokenize", json={"model": s.model, "prompt": TEXTS[0]}).json()["tokens"]
@@ -305,6 +309,35 @@ def test_bad_requests_answer_like_vllm(embed_server: Server, reference_server: S
     # vLLM embeds "" (as [CLS][SEP]): not an error, but the answer must match too.
     assert answer(embed_server, "/v1/embeddings", {"json": {"model": embed_server.model, "input": ""}})[0] == 200
     assert embeddings(embed_server, TEXTS).shape == (3, 384)  # still serving
+
+
+def test_bodies_validate_like_vllm(embed_server: Server, reference_server: Server) -> None:
+    """`/v1/embeddings` validates without the chat-input models where a value in
+    `input` rules them out: every answer is still vLLM's, status and body."""
+    model = embed_server.model
+    ids = httpx.post(f"{embed_server.url}/tokenize", json={"model": model, "prompt": TEXTS[0]}).json()["tokens"]
+    conversation = [{"role": "user", "content": TEXTS[0]}]
+    bodies = {
+        "batch-of-ids": {"input": [ids, ids[:3]]},
+        "ids": {"input": ids},
+        "text-and-messages": {"input": TEXTS[0], "messages": conversation},
+        "conversation-in-input": {"input": conversation},
+        "batch-of-conversations-in-input": {"input": [conversation, conversation]},
+        "id-and-text": {"input": [[1, 2, "x"]]},
+        "id-and-message": {"input": [ids, conversation]},
+        "message-missing-role": {"input": [[{"content": "hi"}], 3]},
+        "float": {"input": 1.5},
+        "removed-parameter": {"input": ids, "normalize": True},
+    }
+    for name, body in bodies.items():
+        ours = post(embed_server, "/v1/embeddings", {"model": model, **body})
+        theirs = post(reference_server, "/v1/embeddings", {"model": model, **body})
+        assert ours.status_code == theirs.status_code, (name, ours.text[:300], theirs.text[:300])
+        if theirs.status_code == 200:
+            vectors = [np.array([d["embedding"] for d in r.json()["data"]]) for r in (ours, theirs)]
+            np.testing.assert_allclose(*vectors, atol=1e-5, err_msg=name)
+        else:
+            assert ours.json() == theirs.json(), name
 
 
 # ---- the event loop stays alive ---------------------------------------------

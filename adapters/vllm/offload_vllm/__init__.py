@@ -86,7 +86,7 @@ def register() -> None:
 
     version = require_supported_vllm()
     from ._runtime import Runtime
-    from ._seams import admission, io_processor, offline, serving
+    from ._seams import admission, io_processor, offline, serving, validation
 
     # async-renderer's window is spent only while other requests are in flight.
     in_flight = admission.RequestsInFlight() if settings.batch_window > 0 else None
@@ -99,6 +99,7 @@ def register() -> None:
         max_request_cost=settings.max_request_cost,
     )
     admission.install(policy)
+    validation.install()
     admission.install_door(
         policy,
         refuse=(

@@ -78,6 +78,7 @@ _S_OFFLINE = "_seams/offline.py"
 _S_RENDERER = "_seams/renderer.py"
 _S_CONFIG = "_seams/config.py"
 _S_REQUESTS = "_seams/requests.py"
+_S_VALIDATION = "_seams/validation.py"
 _WORKERS = "_workers.py"
 _PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
 _EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
@@ -157,6 +158,13 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", "code", "field", used_by=_S_ADMISSION),
     # Looked up in the module that calls it: the adapter replaces that binding.
     Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_ADMISSION),
+    Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_VALIDATION),
+    # `/v1/embeddings`' body union, and its members that take chat messages in `input`.
+    Seam(_EMBED_PROTOCOL, None, "EmbeddingRequest", used_by=_S_VALIDATION),
+    *(
+        Seam(_EMBED_PROTOCOL, cls, "input", "field", used_by=_S_VALIDATION)
+        for cls in ("EmbeddingChatInputRequest", "EmbeddingBatchChatInputRequest")
+    ),
     # Offline `LLM`: `_executor` replaced after `PoolingOfflineMixin.__init__`,
     # which runs on an `LLM` whose engine has the config.
     Seam("vllm.entrypoints.pooling.offline", "PoolingOfflineMixin", "__init__", used_by=_S_OFFLINE),
