@@ -48,8 +48,9 @@ verdict per target (`targets` below), computed from the run.
 Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
 tokens: the work is tokenization), `engine` (heavy = 16 inputs of 150 words,
 untruncated: the engine shares the work), `score` (`/score` on a tiny
-cross-encoder), `multimodal` (image embeddings on a tiny CLIP; skipped with a
-message where it cannot run). Rows (`--rows`) are the table `ROWS`; a row
+cross-encoder), `token-ids` (heavy = 16 lists of 512 token ids truncated to
+32: vLLM's validation of the body is the loop's work), `multimodal` (image
+embeddings on a tiny CLIP; skipped with a message where it cannot run). Rows (`--rows`) are the table `ROWS`; a row
 whose `--offload-*` flags the installed adapter lacks is not run, except that
 `--offload-scheduling fifo` is dropped where the adapter has no such flag (FIFO
 is then its only behaviour). Writes mixed-<variant>.json and .md into --out
@@ -267,6 +268,14 @@ VARIANTS: dict[str, Variant] = {
         lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
         rows=(DEFAULT, "vLLM default + priority", "thread fifo", "process fifo", "thread lanes", "process lanes",
               "process lanes + priority"),
+    ),
+    "token-ids": Variant(
+        "tiny BERT embeddings; small: one 8-word input; heavy: 16 lists of 512 token ids with "
+        "`truncate_prompt_tokens: 32` (vLLM's validation of the body is the loop's work)",
+        "/v1/embeddings", _embed_model, _small_texts,
+        lambda m: mixed.bodies(mixed.token_id_bodies, m, count=HEAVY_POOL, inputs=16, ids=512, truncate=32,
+                               seed=HEAVY_SEED),
+        rows=(DEFAULT, "thread lanes", "process lanes"),
     ),
     "score": Variant(
         "tiny BERT cross-encoder on `/score`; small: one 8-word query, 2 documents of 8 words; heavy: one "

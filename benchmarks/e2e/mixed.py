@@ -383,6 +383,23 @@ def text_bodies(
     return bodies
 
 
+def token_id_bodies(
+    model: str, *, count: int, inputs: int, ids: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `inputs` lists of `ids` token ids each
+    (ids of a BERT vocabulary, past its special tokens)."""
+    bodies = []
+    for i in range(count):
+        rng = random.Random(seed + i)
+        body: dict[str, Any] = {
+            "model": model, "input": [[rng.randrange(1000, 30_000) for _ in range(ids)] for _ in range(inputs)],
+        }
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
 def score_bodies(
     model: str, *, count: int, documents: int, words: int, truncate: int | None = None, seed: int = 0
 ) -> list[bytes]:
