@@ -96,7 +96,7 @@ def measure(rounds: int, repeats: int, seed: int) -> dict[str, Any]:
         return validator.validate_python(value), []
 
     def parse_with_shortcut(body: bytes) -> Any:
-        return shortcut.validate(json.loads(body), full, {}, ("body",))[0]
+        return shortcut.validate(json.loads(body), full, {}, loc=("body",))[0]
 
     def parse_as_completion(body: bytes) -> Any:
         # The one model of the union that takes every shape here: what

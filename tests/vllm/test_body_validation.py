@@ -140,7 +140,7 @@ def refuse_full(*args: Any, **kwargs: Any) -> Any:
 def test_ids_and_texts_skip_the_chat_input_models(value: Any) -> None:
     body = {"model": "m", "input": value}
     assert shortcut().ruled_out(body) == set(validation.CHAT_INPUT_MEMBERS)
-    request, errors = shortcut().validate(body, refuse_full, {}, ("body",))
+    request, errors = shortcut().validate(body, refuse_full, {}, loc=("body",))
     assert errors == []
     assert isinstance(request, protocol.EmbeddingCompletionRequest)
     assert request.input == value
@@ -169,7 +169,7 @@ def test_a_chat_member_is_ruled_out_only_where_it_cannot_match(value: Any) -> No
     skipped = shortcut().ruled_out(body)
     assert not any(_could_match(member, value) for member in skipped)
     if not skipped:
-        assert shortcut().validate(body, full, {}, ("body",)) == ("full", [])
+        assert shortcut().validate(body, full, {}, loc=("body",)) == ("full", [])
         assert calls == [body]
 
 
@@ -192,7 +192,7 @@ def test_a_body_the_smaller_union_refuses_gets_vllms_errors() -> None:
 
     body = {"input": [[1, 2, "x"]]}
     assert shortcut().ruled_out(body)
-    assert shortcut().validate(body, full, {}, ("body",)) == (None, ["vLLM's own"])
+    assert shortcut().validate(body, full, {}, loc=("body",)) == (None, ["vLLM's own"])
     assert calls == [("body",)]
 
 
@@ -219,6 +219,20 @@ def test_installed_where_vllm_builds_its_app(monkeypatch: pytest.MonkeyPatch) ->
     app_module.init_entrypoints_middleware(args, app, ("embed",))
     field = embeddings_field(app)
     assert getattr(field.validate, "__offload_vllm_validation__", False)
-    full = field.validate.__kwdefaults__["full"]
+    full = field.validate.__kwdefaults__["_full"]
     assert not getattr(full, "__offload_vllm_validation__", False)  # wrapped once, not twice
     assert any("CORSMiddleware" in repr(m) for m in app.user_middleware)  # vLLM's own ran
+
+
+def test_a_fastapi_without_the_field_method_keeps_vllms_validation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where FastAPI's body field no longer validates through `validate`, the
+    route is left as vLLM built it, and the server says so."""
+    app = vllm_app()
+    field = embeddings_field(app)
+    monkeypatch.delattr(type(field), "validate")
+    with caplog.at_level("WARNING", logger="vllm.offload_vllm"):
+        assert validation.shortcut_routes(app) == []
+    assert "/v1/embeddings validates its body as vLLM does" in caplog.text
+    assert "validate" not in vars(field)

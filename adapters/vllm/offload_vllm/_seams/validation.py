@@ -130,16 +130,17 @@ class UnionShortcut:
         value = body[INPUT_FIELD]
         return frozenset(member for member, shape in self.skippable.items() if _fails(shape, value))
 
-    def validate(self, body: Any, full: Validate, values: dict[str, Any], loc: tuple[int | str, ...]) -> tuple[Any, list[Any]]:
-        """`full(body, values, loc=loc)`'s answer (FastAPI's `ModelField.validate`),
-        found without the members `body` rules out where it can be."""
+    def validate(self, body: Any, full: Validate, *args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
+        """`full(body, *args, **kwargs)`'s answer (FastAPI's `ModelField.validate`:
+        the request and no errors, or no request and its errors), found without
+        the members `body` rules out where it can be."""
         skipped = self.ruled_out(body)
         if skipped:
             try:
                 return self._adapters[skipped].validate_python(body, from_attributes=True), []
             except ValidationError:
                 pass  # validated again in full: vLLM's own errors, word for word
-        return full(body, values, loc=loc)
+        return full(body, *args, **kwargs)
 
 
 def shortcut_routes(app: Any) -> list[str]:
@@ -152,7 +153,13 @@ def shortcut_routes(app: Any) -> list[str]:
         if not isinstance(route, APIRoute) or route.path not in POOLING_PATHS:
             continue
         field = route.body_field
-        if field is None or getattr(field.validate, _MARK, False):
+        if field is None:
+            continue
+        if not callable(getattr(field, "validate", None)) or not hasattr(field, "field_info"):
+            # A FastAPI whose body fields validate otherwise: vLLM's own validation, unchanged.
+            logger.warning("offload-vllm: %s validates its body as vLLM does (FastAPI's body field changed)", route.path)
+            continue
+        if getattr(field.validate, _MARK, False):
             continue
         union, _ = _split_annotated(field.field_info.annotation, [])
         if not any(member in CHAT_INPUT_MEMBERS for member in typing.get_args(union)):
@@ -160,15 +167,11 @@ def shortcut_routes(app: Any) -> list[str]:
         shortcut = UnionShortcut(field.field_info.annotation, list(field.field_info.metadata), field.config)
         full: Validate = field.validate
 
+        # FastAPI's other arguments (`values`, `loc`) pass through as they come.
         def validate(
-            value: Any,
-            values: dict[str, Any] | None = None,
-            *,
-            loc: tuple[int | str, ...] = (),
-            shortcut: UnionShortcut = shortcut,
-            full: Validate = full,
+            value: Any, *args: Any, _shortcut: UnionShortcut = shortcut, _full: Validate = full, **kwargs: Any
         ) -> tuple[Any, list[Any]]:
-            return shortcut.validate(value, full, {} if values is None else values, loc)
+            return _shortcut.validate(value, _full, *args, **kwargs)
 
         setattr(validate, _MARK, True)
         # FastAPI validates a single body parameter with this field's `validate`.
