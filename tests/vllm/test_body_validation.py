@@ -235,4 +235,5 @@ def test_a_fastapi_without_the_field_method_keeps_vllms_validation(
     with caplog.at_level("WARNING", logger="vllm.offload_vllm"):
         assert validation.shortcut_routes(app) == []
     assert "/v1/embeddings validates its body as vLLM does" in caplog.text
+    assert "/v2/embed" not in caplog.text  # a route without chat-input models is not concerned
     assert "validate" not in vars(field)

@@ -152,19 +152,18 @@ def shortcut_routes(app: Any) -> list[str]:
     for route in app.routes:
         if not isinstance(route, APIRoute) or route.path not in POOLING_PATHS:
             continue
-        field = route.body_field
-        if field is None:
+        field: Any = route.body_field
+        field_info: Any = getattr(field, "field_info", None)
+        union, _ = _split_annotated(getattr(field_info, "annotation", None), [])
+        if not any(member in CHAT_INPUT_MEMBERS for member in typing.get_args(union)):
             continue
-        if not callable(getattr(field, "validate", None)) or not hasattr(field, "field_info"):
+        if not callable(getattr(field, "validate", None)):
             # A FastAPI whose body fields validate otherwise: vLLM's own validation, unchanged.
             logger.warning("offload-vllm: %s validates its body as vLLM does (FastAPI's body field changed)", route.path)
             continue
         if getattr(field.validate, _MARK, False):
             continue
-        union, _ = _split_annotated(field.field_info.annotation, [])
-        if not any(member in CHAT_INPUT_MEMBERS for member in typing.get_args(union)):
-            continue
-        shortcut = UnionShortcut(field.field_info.annotation, list(field.field_info.metadata), field.config)
+        shortcut = UnionShortcut(field_info.annotation, list(field_info.metadata), getattr(field, "config", None))
         full: Validate = field.validate
 
         # FastAPI's other arguments (`values`, `loc`) pass through as they come.
