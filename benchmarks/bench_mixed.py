@@ -82,7 +82,13 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
 
 from benchmarks import _common, models  # noqa: E402
 from benchmarks.e2e import idle_servers, load, mixed, stats, thread_states  # noqa: E402
-from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, switch_interval_env  # noqa: E402
+from benchmarks.e2e.server import (  # noqa: E402
+    ServerConfig,
+    ServerFailed,
+    call_soon_threadsafe_env,
+    running_servers,
+    switch_interval_env,
+)
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -162,6 +168,10 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
     Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
+    # Worker threads wake the loop with uvloop's `call_soon_threadsafe`, which
+    # writes its eventfd holding the GIL (offload's doorbell releases it).
+    Row(ServerConfig("thread lanes call_soon_threadsafe", "thread", TWO_WORKERS, env=call_soon_threadsafe_env()),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     # One worker thread: the loop contends for the GIL with one thread, not two
     # (image processing holds it for much of its time).
     Row(ServerConfig("thread lanes 1 worker", "thread", ("--offload-workers", "1")),
