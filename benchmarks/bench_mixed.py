@@ -697,7 +697,12 @@ def _idle_line(result: dict[str, Any]) -> str:
 
 def _server_command(config: ServerConfig, server_args: tuple[str, ...]) -> str:
     argv = dataclasses.replace(config, extra_args=(*server_args, *config.extra_args)).command(Path("MODEL"), 8000)
-    return " ".join(["python", *argv[1:]])
+    env = []
+    for name, value in sorted(config.env.items()):
+        if name == "PYTHONPATH":  # the row's own folder, first: the rest is the caller's
+            value = os.path.relpath(value.split(os.pathsep)[0], ROOT)
+        env.append(f"{name}={value}")
+    return " ".join([*env, "python", *argv[1:]])
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import threading
 import weakref
@@ -43,8 +42,9 @@ class _Doorbell:
 
     One per loop, made on the loop's thread; `ring` may be called from any
     thread. Callbacks run on the loop in the order rung; they must not raise.
-    The pipe is closed with `close`: when the loop is garbage-collected, when
-    a later doorbell is made and finds this loop closed, or in a forked child.
+    The pipe is closed with `close`: when the loop is garbage-collected, once
+    the loop is closed (`close_doorbells_of_closed_loops`), or in a forked
+    child.
     """
 
     __slots__ = ("__weakref__", "_closed", "_lock", "_loop", "_pending", "_read_fd", "_write_fd")
@@ -91,10 +91,6 @@ class _Doorbell:
         while pending:
             pending.popleft()()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Close the pipe (idempotent). The loop must no longer watch it, or be closed."""
         with self._lock:
@@ -107,15 +103,22 @@ class _Doorbell:
 
 
 #: Each non-standard loop's doorbell (None where the loop cannot watch a pipe).
+#: Read without the lock on the hot path; changed under it.
 _doorbells: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Doorbell | None] = weakref.WeakKeyDictionary()
+_doorbells_lock = threading.Lock()
 
 
-def _close_doorbells_of_closed_loops() -> None:
-    for loop, bell in list(_doorbells.items()):
-        if loop.is_closed():
+def close_doorbells_of_closed_loops() -> None:
+    """Close the pipes of loops that are closed but not yet collected (a test
+    suite runs many loops). Called when a doorbell is made and when an
+    executor shuts down; safe from any thread."""
+    with _doorbells_lock:
+        closed = [(loop, bell) for loop, bell in list(_doorbells.items()) if loop.is_closed()]
+        for loop, _ in closed:
             del _doorbells[loop]
-            if bell is not None:
-                bell.close()
+    for _, bell in closed:
+        if bell is not None:
+            bell.close()
 
 
 def _doorbell(loop: asyncio.AbstractEventLoop) -> _Doorbell | None:
@@ -126,8 +129,7 @@ def _doorbell(loop: asyncio.AbstractEventLoop) -> _Doorbell | None:
         return _doorbells[loop]
     except KeyError:
         pass
-    # Loops closed but not yet collected (a test suite runs many) keep no pipe.
-    _close_doorbells_of_closed_loops()
+    close_doorbells_of_closed_loops()
     bell: _Doorbell | None = None
     if not isinstance(loop, asyncio.BaseEventLoop):
         try:
@@ -136,19 +138,24 @@ def _doorbell(loop: asyncio.AbstractEventLoop) -> _Doorbell | None:
             pass
         else:
             weakref.finalize(loop, bell.close)
-    _doorbells[loop] = bell
+    with _doorbells_lock:
+        _doorbells[loop] = bell
     return bell
 
 
 def forget_doorbells_in_child() -> None:
-    """In a child made by `os.fork()`: stop watching the parent's pipes. A
-    loop object the child inherited would otherwise read rings meant for the
-    parent's loop, which would then miss them."""
-    for loop, bell in list(_doorbells.items()):
+    """In a child made by `os.fork()`: close the child's copies of the
+    parent's pipes, so that nothing here reads or rings them.
+
+    The loop is not asked to stop watching (`remove_reader`): a loop's epoll
+    instance is shared with the parent across the fork, and removing the
+    pipe from it here would remove it from the parent's loop, which would
+    then never hear its workers again."""
+    global _doorbells_lock
+    _doorbells_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    for bell in list(_doorbells.values()):
         if bell is not None:
-            bell._lock = threading.Lock()  # a parent's thread may have held it at the fork
-            with contextlib.suppress(Exception):  # a closed or broken loop: nothing to stop
-                loop.remove_reader(bell._read_fd)
+            bell._lock = threading.Lock()
             bell.close()
     _doorbells.clear()
 
