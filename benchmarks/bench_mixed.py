@@ -82,13 +82,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
 
 from benchmarks import _common, models  # noqa: E402
 from benchmarks.e2e import idle_servers, load, mixed, stats, thread_states  # noqa: E402
-from benchmarks.e2e.server import (  # noqa: E402
-    ServerConfig,
-    ServerFailed,
-    call_soon_threadsafe_env,
-    running_servers,
-    switch_interval_env,
-)
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, switch_interval_env  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -168,10 +162,6 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
     Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
-    # Worker threads wake the loop with uvloop's `call_soon_threadsafe`, which
-    # writes its eventfd holding the GIL (offload's doorbell releases it).
-    Row(ServerConfig("thread lanes call_soon_threadsafe", "thread", TWO_WORKERS, env=call_soon_threadsafe_env()),
-        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     # One worker thread: the loop contends for the GIL with one thread, not two
     # (image processing holds it for much of its time).
     Row(ServerConfig("thread lanes 1 worker", "thread", ("--offload-workers", "1")),
@@ -180,6 +170,12 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     # multimodal executor is one thread at the server's priority).
     Row(ServerConfig("thread lanes 1 worker nice 0", "thread", ("--offload-workers", "1", "--offload-worker-nice", "0")),
         needs=(SCHEDULING,), against=("thread lanes", "thread lanes 1 worker")),
+    # vLLM's own validation of a `/v1/embeddings` body (the adapter's shortcut off):
+    # what the shortcut buys apart from offloading, under the token-ids flood.
+    Row(ServerConfig("thread lanes vLLM validation", "thread", (*TWO_WORKERS, "--offload-validation-shortcut", "0")),
+        needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
+    Row(ServerConfig("process lanes vLLM validation", "process", (*TWO_WORKERS, "--offload-validation-shortcut", "0")),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
 )}

@@ -23,7 +23,7 @@ from ._lanes import DEFAULT_LANE_NAME, Flow, Lane, check_cost
 from ._metrics import function_label, metrics_enabled
 from ._strategy import Strategy
 from ._unit import Admission
-from ._waiter import checkpoint_if_cancelled, close_doorbells_of_closed_loops
+from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -420,8 +420,6 @@ class Executor(concurrent.futures.Executor):
         """Stop the executor. See the class docstring. Idempotent."""
         self._closed = True
         self._strategy.shutdown(wait, cancel_futures)
-        # Loops closed since (their callers are gone) keep no pipe open.
-        close_doorbells_of_closed_loops()
 
     # ASYNC109: the timeout bounds the wait for running calls, then stops them:
     # more than a `fail_after` around the call could do.

@@ -9,9 +9,8 @@ starts fresh ones. Calls that were pending in the parent at the fork belong to
 the parent's callers and are forgotten with the rest.
 
 Process-wide state that outlives any executor is reset here too, once per
-fork: multiprocessing's forkserver (the parent's child, not ours), the
-locks of offload's metrics (a thread of the parent may have held one), and
-the pipes by which workers wake the parent's event loops.
+fork: multiprocessing's forkserver (the parent's child, not ours), and the
+locks of offload's metrics (a thread of the parent may have held one).
 """
 
 from __future__ import annotations
@@ -79,16 +78,9 @@ def _reset_metric_locks() -> None:
     _metrics.reset_locks_in_child()
 
 
-def _forget_doorbells() -> None:
-    from . import _waiter
-
-    _waiter.forget_doorbells_in_child()
-
-
 def _after_fork_in_child() -> None:
     _reset_forkserver()
     _reset_metric_locks()
-    _forget_doorbells()
     for executor in list(_executors):
         executor._after_fork_in_child()
 

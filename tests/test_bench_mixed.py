@@ -28,7 +28,7 @@ from benchmarks.e2e import idle_servers, load, mixed
 from benchmarks.e2e.server import ServerFailed
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
-LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C] [--offload-express-cost C]"
+LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C] [--offload-express-cost C] [--offload-validation-shortcut 1|0]"
 
 
 def test_rows_that_need_new_flags_wait_for_them() -> None:
@@ -54,6 +54,14 @@ def test_rows_that_need_new_flags_wait_for_them() -> None:
         config, notes = bench_mixed.plan(row, LATER)
         assert config == row.config
         assert notes == []
+
+
+def test_the_report_names_a_rows_environment() -> None:
+    # Rows that differ only in their environment must not print the same command.
+    switch = bench_mixed._server_command(bench_mixed.ROWS["thread lanes switch 1ms"].config, ())
+    plain = bench_mixed._server_command(bench_mixed.ROWS["thread lanes"].config, ())
+    assert switch == "OFFLOAD_BENCH_SWITCH_INTERVAL=0.001 PYTHONPATH=benchmarks/e2e/switch_interval " + plain
+    assert plain.startswith("python -m offload_vllm serve MODEL --offload-strategy thread")
 
 
 def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float | None = None) -> dict[str, Any]:

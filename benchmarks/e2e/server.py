@@ -72,24 +72,15 @@ class ServerConfig:
         return env
 
 
-def _sitecustomize_env(folder: str, **env: str) -> dict[str, str]:
-    path = str(Path(__file__).resolve().parent / folder)
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-
-
 def switch_interval_env(seconds: float) -> dict[str, str]:
     """A server environment in which every process starts with the GIL's switch
     interval at `seconds` (`switch_interval/sitecustomize.py`): for rows that
     measure what a shorter interval does; not a setting of offload's."""
-    return _sitecustomize_env("switch_interval", OFFLOAD_BENCH_SWITCH_INTERVAL=f"{seconds:g}")
-
-
-def call_soon_threadsafe_env() -> dict[str, str]:
-    """A server environment in which offload wakes the event loop from worker
-    threads with `loop.call_soon_threadsafe`, as before its doorbell
-    (`loop_wakeup/sitecustomize.py`): for rows that measure what the doorbell
-    buys; not a setting of offload's."""
-    return _sitecustomize_env("loop_wakeup", OFFLOAD_BENCH_LOOP_WAKEUP="call_soon_threadsafe")
+    folder = str(Path(__file__).resolve().parent / "switch_interval")
+    return {
+        "OFFLOAD_BENCH_SWITCH_INTERVAL": f"{seconds:g}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])),
+    }
 
 
 def adapter_installed() -> bool:

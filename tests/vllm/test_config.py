@@ -147,6 +147,7 @@ VALID = {
     "OFFLOAD_VLLM_WORKER_NICE": ("0", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_INLINE_COST": ("256", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_EXPRESS_COST": ("16384", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_VALIDATION_SHORTCUT": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
     "OFFLOAD_VLLM_BATCH_WAIT": ("0.002", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
@@ -270,7 +271,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_EXPRESS_COST, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_EXPRESS_COST, OFFLOAD_VLLM_VALIDATION_SHORTCUT, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 
@@ -378,6 +379,23 @@ def test_vllm_plugin_load_patches_seams() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["thread", "True"]
+
+
+@pytest.mark.parametrize(("switch", "wrapped"), [(None, "True"), ("0", "False")])
+def test_vllm_plugin_load_installs_the_validation_shortcut_unless_off(switch: str | None, wrapped: str) -> None:
+    """A fresh process, as vLLM starts one: the switch decides whether vLLM's
+    app is built with the shortcut (`_seams/validation.py`)."""
+    env = {"OFFLOAD_VLLM_STRATEGY": "thread"}
+    if switch is not None:
+        env["OFFLOAD_VLLM_VALIDATION_SHORTCUT"] = switch
+    proc = _python(
+        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+        "from vllm.entrypoints.launchers import app\n"
+        "print(getattr(app.init_entrypoints_middleware, '__offload_vllm_validation__', False))",
+        **env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == wrapped
 
 
 def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
@@ -591,3 +609,14 @@ def test_prefix_tokenization_and_cross_request_batching_are_on_unless_turned_off
         read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": "0"})
     with pytest.raises(OffloadVLLMConfigError, match="is not a switch"):
         read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "maybe"})
+
+
+def test_the_validation_shortcut_is_on_unless_turned_off() -> None:
+    on = read_settings({"OFFLOAD_VLLM_STRATEGY": "thread"})
+    assert on.validation_shortcut is True
+    assert "validation_shortcut" not in on.summary()
+    off = read_settings({"OFFLOAD_VLLM_STRATEGY": "process", "OFFLOAD_VLLM_VALIDATION_SHORTCUT": "off"})
+    assert off.validation_shortcut is False
+    assert "validation_shortcut=off" in off.summary()
+    with pytest.raises(OffloadVLLMConfigError, match="is not a switch"):
+        read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_VALIDATION_SHORTCUT": "maybe"})

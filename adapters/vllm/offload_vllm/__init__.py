@@ -99,7 +99,8 @@ def register() -> None:
         max_request_cost=settings.max_request_cost,
     )
     admission.install(policy)
-    validation.install()
+    if settings.validation_shortcut:
+        validation.install()
     admission.install_door(
         policy,
         refuse=(

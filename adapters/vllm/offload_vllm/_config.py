@@ -38,6 +38,7 @@ RAY_ADDRESS_ENV = "OFFLOAD_VLLM_RAY_ADDRESS"
 WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
 EXPRESS_COST_ENV = "OFFLOAD_VLLM_EXPRESS_COST"
+VALIDATION_SHORTCUT_ENV = "OFFLOAD_VLLM_VALIDATION_SHORTCUT"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -333,6 +334,7 @@ OPTIONS = (
         EXPRESS_COST_ENV, "--offload-express-cost", "C", _parse_express_cost, _takes_express_cost,
         "it has no express worker (thread and process have one)",
     ),
+    Option(VALIDATION_SHORTCUT_ENV, "--offload-validation-shortcut", "1|0", _parse_switch),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -388,6 +390,9 @@ class Settings:
     #: this (and a quarter of the costliest running), at the loop's priority
     #: (the strategy's `express_cost`); `None`: `DEFAULT_EXPRESS_COST`.
     express_cost_setting: float | None = None
+    #: `/v1/embeddings` validates a body without the chat-input models a value
+    #: in its `input` rules out (`_seams/validation.py`).
+    validation_shortcut: bool = True
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -460,6 +465,8 @@ class Settings:
             parts.append(f"max_request_cost={self.max_request_cost:g}")
         if self.engine_priority:
             parts.append("engine_priority=on")
+        if not self.validation_shortcut:
+            parts.append("validation_shortcut=off")
         if not self.prefix_tokenize:
             parts.append("prefix_tokenize=off")
         if not self.batch_across_requests:
@@ -622,6 +629,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         worker_nice=values.get(WORKER_NICE_ENV),
         inline_cost_setting=values.get(INLINE_COST_ENV),
         express_cost_setting=values.get(EXPRESS_COST_ENV),
+        validation_shortcut=values.get(VALIDATION_SHORTCUT_ENV, True),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),
