@@ -34,6 +34,8 @@ def machine() -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         commit = ""
+    # A copy of the tree without its .git (a lent GPU machine's) names its commit here.
+    commit = commit or os.environ.get("OFFLOAD_BENCH_COMMIT", "")
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(dist: str) -> str | None:

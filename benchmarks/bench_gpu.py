@@ -6,8 +6,14 @@ runs a randomly initialised BERT-base-sized encoder (built from a config, nothin
 downloaded) on the GPU when there is one. Per strategy: the device's busy
 fraction (forward time / wall time), items/s, and the event loop's lag.
 
-    python -m benchmarks.bench_gpu            # BERT-base, on cuda if available
+    python -m benchmarks.bench_gpu            # BERT-base, on cuda if available, 5 rounds
     python -m benchmarks.bench_gpu --smoke    # 1-layer model, CPU, seconds
+
+Each round runs every row once, in a fresh random order; the report gives
+medians over rounds with order-statistic intervals, and per-round ratios of
+each row to `run_in_executor` (the loop's default thread pool, as vLLM's shared
+pool). Results are rewritten after every round, so a run cut short keeps the
+rounds it finished.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import functools
 import queue
+import random
 import sys
 import threading
 import time
@@ -27,20 +34,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, library  # noqa: E402
+from benchmarks.e2e.stats import median_interval, paired_ratios  # noqa: E402
 from benchmarks.e2e.workloads import long_texts  # noqa: E402
 
 
-@functools.cache
-def _tokenizer_dir() -> str:
+def _packaged_tokenizer_dir() -> str:
     from benchmarks.models import minilm_dir
 
     return str(minilm_dir())
 
 
-def load_tokenizer() -> Any:
+def load_tokenizer(directory: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(_tokenizer_dir())
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def tokenize(texts: list[str], max_length: int) -> Any:
@@ -133,7 +140,7 @@ async def serve(executor: Any, engine: Engine, args: argparse.Namespace) -> dict
 def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(model, device, args.max_batch)
     engine.start()
-    executor = library.make_executor(name, args.workers, load_tokenizer)
+    executor = library.make_executor(name, args.workers, functools.partial(load_tokenizer, args.tokenizer))
     try:
         return asyncio.run(serve(executor, engine, args))
     finally:
@@ -142,12 +149,50 @@ def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dic
         executor.shutdown()
 
 
+METRICS = (("items_per_s", "items/s", "{:.0f}"), ("busy_fraction", "device busy", "{:.2f}"),
+           ("lag_p99_ms", "loop lag p99 ms", "{:.2f}"), ("lag_max_ms", "loop lag max ms", "{:.2f}"))
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    iv = median_interval(values)
+    return f"{fmt.format(iv.median)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
+
+
+def report(results: dict[str, Any]) -> str:
+    """Medians [intervals] per row, and per-round ratios to the baseline row."""
+    rounds = results["rounds"]
+    names = list(results["rows"])
+    body = [[n, *(_cell([r[n][key] for r in rounds], fmt) for key, _, fmt in METRICS)] for n in names]
+    text = _common.table(["row", *(title for _, title, _ in METRICS)], body)
+    base = library.BASELINE
+    if base in names and len(names) > 1:
+        ratio_rows = []
+        for n in names:
+            if n == base:
+                continue
+            cells = []
+            for key, _, _ in METRICS[:3]:
+                ratios = paired_ratios([r[n][key] for r in rounds], [r[base][key] for r in rounds])
+                cells.append(_cell(ratios, "{:.2f}") + "x" if ratios else "n/a")
+            ratio_rows.append([n, *cells])
+        text += (f"\nPaired per round, row / `{base}` (median [interval]):\n\n"
+                 + _common.table(["row", *(title for _, title, _ in METRICS[:3])], ratio_rows))
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     p = _common.parser(__doc__ or "")
-    p.add_argument("--strategies", nargs="*")
+    p.add_argument("--strategies", nargs="*", help="rows to run (default: every strategy and the baseline)")
+    p.add_argument("--rounds", type=int, help="rounds, every row once each (default 5; 1 with --smoke)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the packaged all-MiniLM-L6-v2's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the rows' order in each round")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    rounds = args.rounds if args.rounds is not None else (1 if args.smoke else 5)
+    if rounds < 1:
+        p.error("--rounds must be at least 1")
+    args.tokenizer = args.tokenizer or _packaged_tokenizer_dir()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     # Full: 64 clients × 8 texts of 160 words (128 tokens) per request, 8 workers on a 16-core host.
     args.clients, args.requests_per_client, args.texts_per_request = (4, 3, 2) if args.smoke else (64, 40, 8)
@@ -155,18 +200,30 @@ def main(argv: list[str] | None = None) -> int:
     args.workers, args.max_batch = (2, 8) if args.smoke else (8, 64)
     model = build_model(args.smoke, device)
     names = args.strategies or library.rows()
-    results: dict[str, Any] = {"meta": {**_common.machine(), "mode": "smoke" if args.smoke else "full", "device": device,
-                                        "torch": torch.__version__,
-                                        "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
-                               "rows": {}}
-    for name in names:
-        results["rows"][name] = measure(name, model, device, args)
-    body = [[n, f"{r['items_per_s']:.0f}", f"{r['busy_fraction']:.2f}", f"{r['lag_p50_ms']:.2f}",
-             f"{r['lag_p99_ms']:.2f}", f"{r['lag_max_ms']:.2f}"] for n, r in results["rows"].items()]
-    table = _common.table(["strategy", "items/s", "device busy", "loop lag p50 ms",
-                                    "loop lag p99 ms", "loop lag max ms"], body)
-    _common.write(args.out, "gpu_library", results, _common.header("Library-level: asyncio loop feeding an encoder", results["meta"]) + table)
-    print(table)
+    unknown = sorted(set(names) - set(library.rows()))
+    if unknown:
+        p.error(f"unknown rows {unknown}; known: {library.rows()}")
+    meta = {**_common.machine(), "mode": "smoke" if args.smoke else "full", "device": device,
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+            "command": "python -m benchmarks.bench_gpu " + " ".join(sys.argv[1:] if argv is None else argv),
+            "sizes": {k: getattr(args, k) for k in ("clients", "requests_per_client", "texts_per_request",
+                                                    "words", "max_length", "workers", "max_batch")}}
+    results: dict[str, Any] = {"meta": meta, "rows": {n: [] for n in names}, "rounds": []}
+    order = random.Random(args.seed)
+    for number in range(rounds):
+        this_round: dict[str, Any] = {}
+        for name in order.sample(names, len(names)):
+            this_round[name] = measure(name, model, device, args)
+            results["rows"][name].append(this_round[name])
+            print(f"round {number + 1}/{rounds} {name}: "
+                  + ", ".join(f"{title} {fmt.format(this_round[name][key])}" for key, title, fmt in METRICS), flush=True)
+        results["rounds"].append(this_round)
+        text = report(results)
+        title = "Library-level: asyncio loop feeding an encoder"
+        meta_line = (f"{meta['gpu'] or device}; {len(results['rounds'])} of {rounds} rounds, rows in a fresh random "
+                     f"order each round; sizes {meta['sizes']}; torch {meta['torch']}.\n\n")
+        _common.write(args.out, "gpu_library", results, _common.header(title, meta) + meta_line + text)
+    print(report(results))
     return 0
 
 
