@@ -3,8 +3,12 @@
 Clients submit texts; each request is tokenized through the strategy under test
 (the loop's own work if it is `inline`), then queued for an "engine" thread that
 runs a randomly initialised BERT-base-sized encoder (built from a config, nothing
-downloaded) on the GPU when there is one. Per strategy: the device's busy
-fraction (forward time / wall time), items/s, and the event loop's lag.
+downloaded) on the GPU when there is one. Per strategy: items/s; the GPU's
+utilization as NVML reports it (the share of time a kernel ran, sampled every
+50 ms; on CUDA only, where `pynvml` imports); the share of wall time the engine
+thread spent in its forwards (launches and the wait for the device, the wait
+for the GIL included, so not the device's busy time); the CPU time of this
+process and its children per item; and the event loop's lag.
 
     python -m benchmarks.bench_gpu            # BERT-base, on cuda if available, 5 rounds
     python -m benchmarks.bench_gpu --smoke    # 1-layer model, CPU, seconds
@@ -72,7 +76,7 @@ def build_model(smoke: bool, device: str) -> Any:
 
 
 class Engine(threading.Thread):
-    """Runs forwards on batches from a queue; accumulates the time the device was busy."""
+    """Runs forwards on batches from a queue; accumulates the wall time spent in them."""
 
     def __init__(self, model: Any, device: str, max_batch: int) -> None:
         super().__init__(daemon=True)
@@ -110,6 +114,54 @@ class Engine(threading.Thread):
                 loop.call_soon_threadsafe(fut.set_result, None)
 
 
+def _tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live children."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+class GpuUtilization(threading.Thread):
+    """NVML's utilization of GPU 0 (share of time a kernel ran), sampled every
+    50 ms until `stop()`, which returns the mean (None off CUDA or without pynvml)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(daemon=True)
+        self._samples: list[float] = []
+        self._done = threading.Event()
+        self._nvml: Any = None
+        if device == "cuda":
+            try:
+                import pynvml  # type: ignore[import-not-found, unused-ignore]
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            except Exception:  # no NVML here: the figure is left out
+                self._nvml = None
+        if self._nvml is not None:
+            self.start()
+
+    def run(self) -> None:
+        while not self._done.wait(0.05):
+            self._samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100)
+
+    def stop(self) -> float | None:
+        if self._nvml is None:
+            return None
+        self._done.set()
+        self.join()
+        return sum(self._samples) / len(self._samples) if self._samples else None
+
+
 async def serve(executor: Any, engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     import offload
 
@@ -129,11 +181,17 @@ async def serve(executor: Any, engine: Engine, args: argparse.Namespace) -> dict
 
     # Warm-up: every worker builds its tokenizer before the clock starts.
     await asyncio.gather(*(executor.run(tokenize, texts[:1], args.max_length) for _ in range(args.workers)))
+    engine.busy_s = 0.0
+    cpu_before = _tree_cpu_s()
+    gpu = GpuUtilization(engine.device)
     async with offload.LoopLagMonitor() as lag:
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(args.clients)))
         wall = time.perf_counter() - start
+    cpu = _tree_cpu_s() - cpu_before
+    gpu_util = gpu.stop()
     return {"items": done, "wall_s": wall, "items_per_s": done / wall, "busy_fraction": engine.busy_s / wall,
+            "gpu_util": gpu_util, "cpu_ms_per_item": cpu / done * 1e3 if done else 0.0,
             "lag_p50_ms": lag.p50 * 1e3, "lag_p99_ms": lag.p99 * 1e3, "lag_max_ms": lag.max * 1e3}
 
 
@@ -149,12 +207,22 @@ def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dic
         executor.shutdown()
 
 
-METRICS = (("items_per_s", "items/s", "{:.0f}"), ("busy_fraction", "device busy", "{:.2f}"),
+METRICS = (("items_per_s", "items/s", "{:.0f}"), ("gpu_util", "GPU utilization (NVML)", "{:.2f}"),
+           ("cpu_ms_per_item", "CPU ms per item", "{:.3f}"), ("busy_fraction", "engine in forward", "{:.2f}"),
            ("lag_p99_ms", "loop lag p99 ms", "{:.2f}"), ("lag_max_ms", "loop lag max ms", "{:.2f}"))
 
 
-def _cell(values: list[float], fmt: str) -> str:
-    iv = median_interval(values)
+PAIRED = ("items_per_s", "gpu_util", "cpu_ms_per_item", "lag_p99_ms")
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _cell(values: list[float | None], fmt: str) -> str:
+    if any(v is None for v in values):
+        return "n/a"
+    iv = median_interval([v for v in values if v is not None])
     return f"{fmt.format(iv.median)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
 
 
@@ -171,12 +239,14 @@ def report(results: dict[str, Any]) -> str:
             if n == base:
                 continue
             cells = []
-            for key, _, _ in METRICS[:3]:
-                ratios = paired_ratios([r[n][key] for r in rounds], [r[base][key] for r in rounds])
+            for key in PAIRED:
+                rows, baseline = [r[n][key] for r in rounds], [r[base][key] for r in rounds]
+                known = None not in rows and None not in baseline
+                ratios: list[float | None] = list(paired_ratios(rows, baseline)) if known else []
                 cells.append(_cell(ratios, "{:.2f}") + "x" if ratios else "n/a")
             ratio_rows.append([n, *cells])
         text += (f"\nPaired per round, row / `{base}` (median [interval]):\n\n"
-                 + _common.table(["row", *(title for _, title, _ in METRICS[:3])], ratio_rows))
+                 + _common.table(["row", *(title for key, title, _ in METRICS if key in PAIRED)], ratio_rows))
     return text
 
 
@@ -216,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             this_round[name] = measure(name, model, device, args)
             results["rows"][name].append(this_round[name])
             print(f"round {number + 1}/{rounds} {name}: "
-                  + ", ".join(f"{title} {fmt.format(this_round[name][key])}" for key, title, fmt in METRICS), flush=True)
+                  + ", ".join(f"{title} {_fmt(this_round[name][key], fmt)}" for key, title, fmt in METRICS), flush=True)
         results["rounds"].append(this_round)
         text = report(results)
         title = "Library-level: asyncio loop feeding an encoder"
