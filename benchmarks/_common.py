@@ -34,8 +34,9 @@ def machine() -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         commit = ""
-    # A copy of the tree without its .git (a lent GPU machine's) names its commit here.
-    commit = commit or os.environ.get("OFFLOAD_BENCH_COMMIT", "")
+    # A copy of the tree whose .git is not its own (a lent GPU machine's copy
+    # reports an older HEAD) names its commit here.
+    commit = os.environ.get("OFFLOAD_BENCH_COMMIT") or commit
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(dist: str) -> str | None:

@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         title = "Library-level: asyncio loop feeding an encoder"
         meta_line = (f"{meta['gpu'] or device}; {len(results['rounds'])} of {rounds} rounds, rows in a fresh random "
                      f"order each round; sizes {meta['sizes']}; torch {meta['torch']}.\n\n")
-        _common.write(args.out, "gpu_library", results, _common.header(title, meta) + meta_line + text)
+        tables = f"<!-- --8<-- [start:tables] -->\n{text}<!-- --8<-- [end:tables] -->\n"
+        _common.write(args.out, "gpu_library", results, _common.header(title, meta) + meta_line + tables)
     print(report(results))
     return 0
 

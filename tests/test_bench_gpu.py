@@ -1,0 +1,33 @@
+"""The GPU benchmark's report, from made-up rounds: medians with intervals,
+per-round ratios to the baseline, and figures a machine could not read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks import bench_gpu, library
+
+
+def _row(items: float, lag: float, gpu: float | None) -> dict[str, Any]:
+    return {"items_per_s": items, "gpu_util": gpu, "cpu_ms_per_item": 1.0, "busy_fraction": 0.5,
+            "lag_p99_ms": lag, "lag_max_ms": lag * 2}
+
+
+def _results(gpu: float | None) -> dict[str, Any]:
+    rounds = [{"process": _row(200.0 * k, 2.0, gpu), library.BASELINE: _row(100.0 * k, 20.0, gpu)} for k in (1, 2, 3)]
+    return {"rows": {name: [r[name] for r in rounds] for name in rounds[0]}, "rounds": rounds}
+
+
+def test_the_report_gives_medians_and_paired_ratios_to_the_baseline() -> None:
+    text = bench_gpu.report(_results(0.25))
+    assert "| process | 400 [200, 600] | 0.25 [0.25, 0.25] |" in text
+    paired = text.split("Paired per round")[1]
+    # items/s twice the baseline's and a tenth of its lag, in every round.
+    assert "| process | 2.00 [2.00, 2.00]x | 1.00 [1.00, 1.00]x | 1.00 [1.00, 1.00]x | 0.10 [0.10, 0.10]x |" in paired
+    assert f"| {library.BASELINE} |" not in paired
+
+
+def test_a_figure_the_machine_could_not_read_is_not_a_number() -> None:
+    text = bench_gpu.report(_results(None))
+    assert "| process | 400 [200, 600] | n/a |" in text
+    assert "| process | 2.00 [2.00, 2.00]x | n/a |" in text.split("Paired per round")[1]
