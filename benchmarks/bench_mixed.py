@@ -81,7 +81,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common, models  # noqa: E402
-from benchmarks.e2e import idle_servers, load, mixed, stats, thread_states  # noqa: E402
+from benchmarks.e2e import idle_servers, load, mixed, procstat, stats, thread_states  # noqa: E402
 from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, switch_interval_env  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
@@ -389,7 +389,8 @@ def measure(
     """One row's two phases: small requests alone, then under the flood; `idle_cpu()`
     reads the CPU used so far by the servers not being measured; with `loop_pid`,
     what that process's main thread (the API server's event loop) spends the
-    flooded phase on (`thread_states`)."""
+    flooded phase on (`thread_states`), and the CPU its server's parts use then
+    (`procstat`)."""
     cpu_before, start = idle_cpu(), time.monotonic()
     alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
@@ -400,10 +401,12 @@ def measure(
         time.sleep(ramp_s)
         with ExitStack() as sampling:
             loop = sampling.enter_context(thread_states.ThreadStates(loop_pid)) if loop_pid is not None else None
+            parts_before = procstat.snapshot(loop_pid) if loop_pid is not None else None
             cpu_before, begin = idle_cpu(), time.monotonic()
             flooded = traffic.run(url, small, seconds, round_number, "flooded")
             window = (begin, time.monotonic())
             idle["flooded"] = _per_s(idle_cpu() - cpu_before, window)
+            parts = procstat.cpu_used(parts_before, procstat.snapshot(loop_pid)) if parts_before and loop_pid else None
     block = {
         "alone": alone.summary(alone_window),
         "flooded": flooded.summary(window),
@@ -413,6 +416,8 @@ def measure(
     }
     if loop is not None:
         block["loop"] = loop.summary()
+    if parts is not None:
+        block["server_cpu_per_s"] = {part: _per_s(parts[part], window) for part in SERVER_PARTS}
     return block
 
 
@@ -476,6 +481,12 @@ LOOP_LABELS = (
     "running (on a CPU or runnable)", "waiting for a lock (futex: mostly the GIL)", "idle in its selector", "other",
     "CPU s/s", "run-queue wait s/s",
 )
+#: The measured server's parts whose CPU the flooded phase reports (`procstat.cpu_used`).
+SERVER_PARTS = ("api", "workers", "engine")
+SERVER_PART_LABELS = (
+    "API server process (loop and worker threads)", "offload's worker processes",
+    "vLLM's engine processes (engine core, model worker)",
+)
 #: Metrics compared between rows, round by round.
 PAIRED = ("flooded_p50_ms", "flooded_p99_ms", "heavy_per_s", "health_p99_ms", "health_p99_arrived_ms")
 
@@ -529,6 +540,7 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             }
         idle = [b["idle_cpu_per_s"] for b in row_blocks if "idle_cpu_per_s" in b]
         loops = [b["loop"] for b in row_blocks if "error" not in b.get("loop", {"error": ""})]
+        parts = [b["server_cpu_per_s"] for b in row_blocks if "server_cpu_per_s" in b]
         summary["rows"][row] = {
             "values": {m: _interval(_values(row_blocks, m)) for m in METRICS},
             "counts": counts,
@@ -538,6 +550,7 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "idle_cpu_per_s": {phase: _interval([i[phase] for i in idle]) for phase in PHASES} if idle else None,
             "health_failures": sum(int(b["health"].get("failures", 0)) for b in row_blocks),
             "loop": {key: _interval([loop[key] for loop in loops]) for key in LOOP_KEYS} if loops else None,
+            "server_cpu_per_s": {part: _interval([p[part] for p in parts]) for part in SERVER_PARTS} if parts else None,
         }
     for row, base in pairs(rows):
         ratios = {}
@@ -788,6 +801,19 @@ def markdown(result: dict[str, Any]) -> str:
         for row, loop in loops.items():
             cells = [_fmt(loop[key]) if loop else "–" for key in LOOP_KEYS]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    parts = {row: summary["rows"][row].get("server_cpu_per_s") for row in rows}
+    if any(parts.values()):
+        lines += [
+            "",
+            ("CPU of the measured server's processes during the flooded phase, CPU-s/s, from `/proc` "
+             "(`benchmarks/e2e/procstat.py`; on this CPU-only host vLLM's model worker runs the model):"),
+            "",
+            "| row | " + " | ".join(SERVER_PART_LABELS) + " |",
+            "|---|" + "---|" * len(SERVER_PART_LABELS),
+        ]
+        for row, used in parts.items():
+            part_cells = [_fmt(used[part]) if used else "–" for part in SERVER_PARTS]
+            lines.append(f"| {row} | " + " | ".join(part_cells) + " |")
     if summary["pairs"]:
         lines += [
             "",

@@ -454,6 +454,32 @@ def test_the_report_gives_what_the_loop_thread_spent_the_flood_on() -> None:
     assert "| thread lanes | – | – |" in report  # rounds whose sampling failed count for nothing
 
 
+def test_the_report_gives_what_cpu_the_measured_servers_parts_used() -> None:
+    used = {"api": 0.9, "workers": 0.0, "engine": 1.0}
+    sampled = {bench_mixed.DEFAULT: [{**block(10, 1000, 20), "server_cpu_per_s": used} for _ in range(5)],
+               "thread lanes": [block(10, 100, 80) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(sampled))
+    assert "vLLM's engine processes (engine core, model worker)" in report
+    assert "| vLLM default | 0.90 [0.90, 0.90] | 0.00 [0.00, 0.00] | 1.00 [1.00, 1.00] |" in report
+    assert "| thread lanes | – | – | – |" in report  # rounds that did not read it count for nothing
+
+
+def test_the_flooded_phase_reads_the_cpu_of_the_servers_parts(answering_server: str) -> None:
+    """With `loop_pid`, `measure` reads the CPU of that process's parts during the
+    flooded phase. Here that is this test's own process, whose children (the
+    flood, the prober, the sampler) stand where a server's engine would."""
+    traffic = bench_mixed.SmallTraffic(arrivals="closed", clients=1)
+    heavy = bench_mixed.HeavyTraffic(clients=1)
+    url = answering_server + "/ok"
+    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    result = bench_mixed.measure(url, [b"{}"], build, traffic, heavy, 0.5, 0.1, loop_pid=os.getpid())
+    used = result["server_cpu_per_s"]
+    assert set(used) == set(bench_mixed.SERVER_PARTS)
+    assert used["api"] > 0  # this process ran the small client's thread meanwhile
+    assert used["engine"] > 0  # the flood process sent requests all phase long
+    assert used["workers"] == 0  # no child titled as offload's worker processes
+
+
 def test_latencies_less_the_clients_own_wait_for_a_cpu() -> None:
     # 10 ms with no wait, 50 ms of which the client waited 45 ms: 10 and 5 ms are the server's.
     less = load.less_wait_ms([0.010, 0.050], [0.0, 0.045])
