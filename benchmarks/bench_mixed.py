@@ -82,13 +82,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_mixed.py` as well as `
 
 from benchmarks import _common, models  # noqa: E402
 from benchmarks.e2e import idle_servers, load, mixed, procstat, stats, thread_states  # noqa: E402
-from benchmarks.e2e.server import (  # noqa: E402
-    ServerConfig,
-    ServerFailed,
-    engine_busy_loop_env,
-    running_servers,
-    switch_interval_env,
-)
+from benchmarks.e2e.server import ServerConfig, ServerFailed, running_servers, switch_interval_env  # noqa: E402
 
 #: Starting the smoke run's two servers is most of it (as bench_paired's).
 SMOKE_TIMEOUT_S = 900
@@ -103,8 +97,6 @@ PRIORITY_POLICY = ("--scheduling-policy", "priority")  # vLLM's own flag
 ENGINE_PRIORITY = "--offload-engine-priority"
 #: Every server process's switch interval at 1 ms (CPython's is 5 ms).
 SWITCH_1MS = switch_interval_env(0.001)
-#: vLLM's engine readers sleep at once instead of spinning 1 s after each read.
-ENGINE_NO_SPIN = engine_busy_loop_env(0)
 #: Flag and value that ask for what an adapter without the flag does anyway:
 #: dropped where the adapter lacks the flag, so the row still runs.
 TODAYS_BEHAVIOUR = {FIFO}
@@ -170,14 +162,6 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),
     Row(ServerConfig("thread fifo switch 1ms", "thread", (*TWO_WORKERS, *FIFO), env=SWITCH_1MS)),
-    # vLLM's shared-memory queue readers do not spin after a read
-    # (`e2e/engine_idle`): what the engine's spinning on this 2-core host costs
-    # the API server's loop, with and without offload.
-    Row(ServerConfig("vLLM default engine no spin", env=ENGINE_NO_SPIN)),
-    Row(ServerConfig("thread lanes engine no spin", "thread", TWO_WORKERS, env=ENGINE_NO_SPIN),
-        needs=(SCHEDULING,), against=("thread lanes", "vLLM default engine no spin")),
-    Row(ServerConfig("process lanes engine no spin", "process", TWO_WORKERS, env=ENGINE_NO_SPIN),
-        needs=(SCHEDULING,), against=("process lanes", "vLLM default engine no spin")),
     # One worker thread: the loop contends for the GIL with one thread, not two
     # (image processing holds it for much of its time).
     Row(ServerConfig("thread lanes 1 worker", "thread", ("--offload-workers", "1")),

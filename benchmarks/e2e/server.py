@@ -83,18 +83,6 @@ def switch_interval_env(seconds: float) -> dict[str, str]:
     }
 
 
-def engine_busy_loop_env(seconds: float) -> dict[str, str]:
-    """A server environment in which vLLM's shared-memory queue readers spin
-    `seconds` after each read before they sleep (`engine_idle/sitecustomize.py`;
-    vLLM's own is 1 s): for rows that measure what the engine's spinning on a
-    shared CPU costs the API server; not a setting of offload's."""
-    folder = str(Path(__file__).resolve().parent / "engine_idle")
-    return {
-        "OFFLOAD_BENCH_ENGINE_BUSY_LOOP_S": f"{seconds:g}",
-        "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])),
-    }
-
-
 def adapter_installed() -> bool:
     import importlib.util
 
