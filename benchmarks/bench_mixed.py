@@ -660,6 +660,20 @@ def verdict_line(result: dict[str, Any]) -> str:
 # ---- report ----------------------------------------------------------------
 
 
+def _intervals_table(
+    caption: str, labels: tuple[str, ...], keys: tuple[str, ...], per_row: dict[str, dict[str, Any] | None],
+) -> list[str]:
+    """A table of intervals by row and key after `caption`; none if no row has them
+    (a row without them shows dashes)."""
+    if not any(per_row.values()):
+        return []
+    lines = ["", caption, "", "| row | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for row, values in per_row.items():
+        cells = [_fmt(values[key]) if values else "–" for key in keys]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _fmt(interval: dict[str, float] | None, digits: int = 2) -> str:
     if interval is None:
         return "–"
@@ -787,33 +801,17 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
-    loops = {row: summary["rows"][row].get("loop") for row in rows}
-    if any(loops.values()):
-        lines += [
-            "",
-            ("The API server's event-loop thread (the server's main thread) during the flooded phase: shares of "
-             f"samples every {thread_states.INTERVAL_S * 1000:g} ms of its state and wait channel, and CPU and "
-             "run-queue seconds per second from its schedstat (`benchmarks/e2e/thread_states.py`):"),
-            "",
-            "| row | " + " | ".join(LOOP_LABELS) + " |",
-            "|---|" + "---|" * len(LOOP_LABELS),
-        ]
-        for row, loop in loops.items():
-            cells = [_fmt(loop[key]) if loop else "–" for key in LOOP_KEYS]
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    parts = {row: summary["rows"][row].get("server_cpu_per_s") for row in rows}
-    if any(parts.values()):
-        lines += [
-            "",
-            ("CPU of the measured server's processes during the flooded phase, CPU-s/s, from `/proc` "
-             "(`benchmarks/e2e/procstat.py`; on this CPU-only host vLLM's model worker runs the model):"),
-            "",
-            "| row | " + " | ".join(SERVER_PART_LABELS) + " |",
-            "|---|" + "---|" * len(SERVER_PART_LABELS),
-        ]
-        for row, used in parts.items():
-            part_cells = [_fmt(used[part]) if used else "–" for part in SERVER_PARTS]
-            lines.append(f"| {row} | " + " | ".join(part_cells) + " |")
+    lines += _intervals_table(
+        ("The API server's event-loop thread (the server's main thread) during the flooded phase: shares of "
+         f"samples every {thread_states.INTERVAL_S * 1000:g} ms of its state and wait channel, and CPU and "
+         "run-queue seconds per second from its schedstat (`benchmarks/e2e/thread_states.py`):"),
+        LOOP_LABELS, LOOP_KEYS, {row: summary["rows"][row].get("loop") for row in rows},
+    )
+    lines += _intervals_table(
+        ("CPU of the measured server's processes during the flooded phase, CPU-s/s, from `/proc` "
+         "(`benchmarks/e2e/procstat.py`; on this CPU-only host vLLM's model worker runs the model):"),
+        SERVER_PART_LABELS, SERVER_PARTS, {row: summary["rows"][row].get("server_cpu_per_s") for row in rows},
+    )
     if summary["pairs"]:
         lines += [
             "",
