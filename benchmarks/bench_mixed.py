@@ -821,8 +821,8 @@ def markdown(result: dict[str, Any]) -> str:
             "|---|---|" + "---|" * len(PAIRED),
         ]
         for pair in summary["pairs"]:
-            cells = [f"{_fmt(pair['ratios'][m])}x" if pair["ratios"][m] else "–" for m in PAIRED]
-            lines.append(f"| {pair['row']} | {pair['baseline']} | " + " | ".join(cells) + " |")
+            ratio_cells = [f"{_fmt(pair['ratios'][m])}x" if pair["ratios"][m] else "–" for m in PAIRED]
+            lines.append(f"| {pair['row']} | {pair['baseline']} | " + " | ".join(ratio_cells) + " |")
     errors = {
         row: {kind: b[kind]["first_error"] for b in result["blocks"][row] for kind in ("alone", "flooded", "heavy")
               if b[kind]["first_error"]}
