@@ -3,7 +3,10 @@ per-round ratios to the baseline, and figures a machine could not read."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from benchmarks import bench_gpu, library
 
@@ -31,3 +34,15 @@ def test_a_figure_the_machine_could_not_read_is_not_a_number() -> None:
     text = bench_gpu.report(_results(None))
     assert "| process | 400 [200, 600] | n/a |" in text
     assert "| process | 2.00 [2.00, 2.00]x | n/a |" in text.split("Paired per round")[1]
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main(["--smoke", "--rounds", "0", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main(["--smoke", "--strategies", "nope", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "unknown rows ['nope']" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no results written
