@@ -159,6 +159,7 @@ class GpuUtilization(threading.Thread):
             return None
         self._done.set()
         self.join()
+        self._nvml.nvmlShutdown()
         return sum(self._samples) / len(self._samples) if self._samples else None
 
 
@@ -207,6 +208,9 @@ def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dic
         executor.shutdown()
 
 
+#: (key, title, format) per figure. `busy_fraction` keeps the name it had when
+#: it was reported as "device busy"; it is the engine thread's wall time in its
+#: forwards (GIL waits included), not the GPU's busy time (that is `gpu_util`).
 METRICS = (("items_per_s", "items/s", "{:.0f}"), ("gpu_util", "GPU utilization (NVML)", "{:.2f}"),
            ("cpu_ms_per_item", "CPU ms per item", "{:.3f}"), ("busy_fraction", "engine in forward", "{:.2f}"),
            ("lag_p99_ms", "loop lag p99 ms", "{:.2f}"), ("lag_max_ms", "loop lag max ms", "{:.2f}"))
@@ -226,25 +230,21 @@ def _cell(values: list[float | None], fmt: str) -> str:
     return f"{fmt.format(iv.median)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
 
 
-def report(results: dict[str, Any]) -> str:
-    """Medians [intervals] per row, and per-round ratios to the baseline row."""
-    rounds = results["rounds"]
-    names = list(results["rows"])
+def _ratio_cell(rows: list[float | None], baseline: list[float | None]) -> str:
+    if None in rows or None in baseline:
+        return "n/a"
+    ratios = paired_ratios([v for v in rows if v is not None], [v for v in baseline if v is not None])
+    return _cell(list(ratios), "{:.2f}") + "x" if ratios else "n/a"
+
+
+def report(names: list[str], rounds: list[dict[str, dict[str, Any]]]) -> str:
+    """Medians [intervals] per row over `rounds`, and per-round ratios to the baseline row."""
     body = [[n, *(_cell([r[n][key] for r in rounds], fmt) for key, _, fmt in METRICS)] for n in names]
     text = _common.table(["row", *(title for _, title, _ in METRICS)], body)
     base = library.BASELINE
     if base in names and len(names) > 1:
-        ratio_rows = []
-        for n in names:
-            if n == base:
-                continue
-            cells = []
-            for key in PAIRED:
-                rows, baseline = [r[n][key] for r in rounds], [r[base][key] for r in rounds]
-                known = None not in rows and None not in baseline
-                ratios: list[float | None] = list(paired_ratios(rows, baseline)) if known else []
-                cells.append(_cell(ratios, "{:.2f}") + "x" if ratios else "n/a")
-            ratio_rows.append([n, *cells])
+        ratio_rows = [[n, *(_ratio_cell([r[n][key] for r in rounds], [r[base][key] for r in rounds]) for key in PAIRED)]
+                      for n in names if n != base]
         text += (f"\nPaired per round, row / `{base}` (median [interval]):\n\n"
                  + _common.table(["row", *(title for key, title, _ in METRICS if key in PAIRED)], ratio_rows))
     return text
@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.smoke else 5)
     if rounds < 1:
         p.error("--rounds must be at least 1")
+    names = args.strategies or library.rows()
+    unknown = sorted(set(names) - set(library.rows()))
+    if unknown:
+        p.error(f"unknown rows {unknown}; known: {library.rows()}")
     args.tokenizer = args.tokenizer or _packaged_tokenizer_dir()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     # Full: 64 clients × 8 texts of 160 words (128 tokens) per request, 8 workers on a 16-core host.
@@ -269,32 +273,28 @@ def main(argv: list[str] | None = None) -> int:
     args.words, args.max_length = (40, 32) if args.smoke else (160, 128)
     args.workers, args.max_batch = (2, 8) if args.smoke else (8, 64)
     model = build_model(args.smoke, device)
-    names = args.strategies or library.rows()
-    unknown = sorted(set(names) - set(library.rows()))
-    if unknown:
-        p.error(f"unknown rows {unknown}; known: {library.rows()}")
     meta = {**_common.machine(), "mode": "smoke" if args.smoke else "full", "device": device,
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
             "command": "python -m benchmarks.bench_gpu " + " ".join(sys.argv[1:] if argv is None else argv),
+            "rows": names,
             "sizes": {k: getattr(args, k) for k in ("clients", "requests_per_client", "texts_per_request",
                                                     "words", "max_length", "workers", "max_batch")}}
-    results: dict[str, Any] = {"meta": meta, "rows": {n: [] for n in names}, "rounds": []}
+    results: dict[str, Any] = {"meta": meta, "rounds": []}
     order = random.Random(args.seed)
     for number in range(rounds):
         this_round: dict[str, Any] = {}
         for name in order.sample(names, len(names)):
             this_round[name] = measure(name, model, device, args)
-            results["rows"][name].append(this_round[name])
             print(f"round {number + 1}/{rounds} {name}: "
                   + ", ".join(f"{title} {_fmt(this_round[name][key], fmt)}" for key, title, fmt in METRICS), flush=True)
         results["rounds"].append(this_round)
-        text = report(results)
+        text = report(names, results["rounds"])
         title = "Library-level: asyncio loop feeding an encoder"
         meta_line = (f"{meta['gpu'] or device}; {len(results['rounds'])} of {rounds} rounds, rows in a fresh random "
                      f"order each round; sizes {meta['sizes']}; torch {meta['torch']}.\n\n")
         tables = f"<!-- --8<-- [start:tables] -->\n{text}<!-- --8<-- [end:tables] -->\n"
         _common.write(args.out, "gpu_library", results, _common.header(title, meta) + meta_line + tables)
-    print(report(results))
+    print(report(names, results["rounds"]))
     return 0
 
 

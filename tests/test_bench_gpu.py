@@ -3,6 +3,7 @@ per-round ratios to the baseline, and figures a machine could not read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,13 @@ def _row(items: float, lag: float, gpu: float | None) -> dict[str, Any]:
             "lag_p99_ms": lag, "lag_max_ms": lag * 2}
 
 
-def _results(gpu: float | None) -> dict[str, Any]:
+def _report(gpu: float | None) -> str:
     rounds = [{"process": _row(200.0 * k, 2.0, gpu), library.BASELINE: _row(100.0 * k, 20.0, gpu)} for k in (1, 2, 3)]
-    return {"rows": {name: [r[name] for r in rounds] for name in rounds[0]}, "rounds": rounds}
+    return bench_gpu.report(["process", library.BASELINE], rounds)
 
 
 def test_the_report_gives_medians_and_paired_ratios_to_the_baseline() -> None:
-    text = bench_gpu.report(_results(0.25))
+    text = _report(0.25)
     assert "| process | 400 [200, 600] | 0.25 [0.25, 0.25] |" in text
     paired = text.split("Paired per round")[1]
     # items/s twice the baseline's and a tenth of its lag, in every round.
@@ -31,7 +32,7 @@ def test_the_report_gives_medians_and_paired_ratios_to_the_baseline() -> None:
 
 
 def test_a_figure_the_machine_could_not_read_is_not_a_number() -> None:
-    text = bench_gpu.report(_results(None))
+    text = _report(None)
     assert "| process | 400 [200, 600] | n/a |" in text
     assert "| process | 2.00 [2.00, 2.00]x | n/a |" in text.split("Paired per round")[1]
 
@@ -46,3 +47,13 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path, capsys: 
     assert exc.value.code == 2
     assert "unknown rows ['nope']" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no results written
+
+
+def test_the_committed_gpu_run_reports_what_its_rounds_hold() -> None:
+    """The committed H200 run's tables are what `report` makes of its own rounds:
+    neither the figures nor the report code drifted. (The run predates the
+    rows' list in `meta`; its per-row lists name them.)"""
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu"
+    data = json.loads((results / "gpu_library.json").read_text())
+    names = data["meta"].get("rows") or list(data["rows"])
+    assert bench_gpu.report(names, data["rounds"]) in (results / "gpu_library.md").read_text()
