@@ -406,7 +406,9 @@ def measure(
             flooded = traffic.run(url, small, seconds, round_number, "flooded")
             window = (begin, time.monotonic())
             idle["flooded"] = _per_s(idle_cpu() - cpu_before, window)
-            parts = procstat.cpu_used(parts_before, procstat.snapshot(loop_pid)) if parts_before and loop_pid else None
+            parts = None
+            if parts_before is not None and loop_pid is not None:
+                parts = procstat.cpu_used(parts_before, procstat.snapshot(loop_pid))
     block = {
         "alone": alone.summary(alone_window),
         "flooded": flooded.summary(window),
