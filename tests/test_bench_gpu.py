@@ -4,6 +4,7 @@ per-round ratios to the baseline, and figures a machine could not read."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,11 @@ def test_the_committed_gpu_run_reports_what_its_rounds_hold() -> None:
     data = json.loads((results / "gpu_library.json").read_text())
     names = data["meta"].get("rows") or list(data["rows"])
     assert bench_gpu.report(names, data["rounds"]) in (results / "gpu_library.md").read_text()
+
+
+def test_without_nvml_the_gpu_figure_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    sampler = bench_gpu.GpuUtilization("cuda")
+    assert not sampler.is_alive()  # nothing sampled, no thread left behind
+    assert sampler.stop() is None
+    assert bench_gpu.GpuUtilization("cpu").stop() is None
