@@ -75,6 +75,12 @@ IDLE = "waiting for I/O (idle)"
 #: Native functions in which the loop thread waits, not runs.
 IDLE_NATIVE = frozenset({"epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect"})
 OTHER = "other Python"
+#: Innermost native frames of a thread inside a write system call. The loop
+#: writes to wake a reader: an HTTP client (on this host in the benchmarks) or
+#: ZeroMQ's I/O thread, which sends to the engine. The kernel wakes the reader
+#: inside the call and may hand it the CPU there, so a loop preempted by the
+#: thread it woke is sampled here (py-spy cannot tell preempted from running).
+WRITE_NATIVE = frozenset({"write", "writev", "send", "sendto", "sendmsg"})
 
 
 _PYTHON_FRAME = re.compile(r"\([^()]*\.py:\d+\)$")
@@ -93,12 +99,16 @@ def categorize(frames: list[str]) -> str:
 
 
 def loop_thread_shares(
-    raw: str, natives: collections.Counter[str] | None = None
+    raw: str,
+    natives: collections.Counter[str] | None = None,
+    writes: collections.Counter[str] | None = None,
 ) -> tuple[int, dict[str, int]]:
     """Running samples of the event-loop thread in py-spy's raw output, by
     category. Samples waiting in an I/O poll (`IDLE_NATIVE`, seen only with
     native frames) are not counted. With `natives`, the samples of the loop's
-    own C code are also counted there by their innermost native frame."""
+    own C code are also counted there by their innermost native frame. With
+    `writes`, running samples inside a write system call (`WRITE_NATIVE`) are
+    also counted there by their category."""
     counts: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.splitlines():
@@ -114,6 +124,8 @@ def loop_thread_shares(
         total += int(n)
         category = categorize(frames)
         counts[category] += int(n)
+        if writes is not None and frames and frames[-1].split(" (")[0] in WRITE_NATIVE:
+            writes[category] += int(n)
         if natives is not None and category == LOOP_ITSELF and frames and not _PYTHON_FRAME.search(frames[-1]):
             natives[frames[-1].split(" (")[0]] += int(n)
     return total, dict(counts)
@@ -145,7 +157,8 @@ def profile_row(
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
     natives: collections.Counter[str] = collections.Counter()
-    total, counts = loop_thread_shares(raw, natives)
+    writes: collections.Counter[str] = collections.Counter()
+    total, counts = loop_thread_shares(raw, natives, writes)
     return {
         "requests": level.requests,
         "requests_per_s": level.requests_per_s,
@@ -156,6 +169,7 @@ def profile_row(
         "loop_samples": total,
         "loop_samples_by_category": counts,
         "loop_c_code_by_native_function": dict(natives.most_common(12)),
+        "loop_write_samples_by_category": dict(writes),
     }
 
 
@@ -169,7 +183,8 @@ def markdown(result: dict[str, Any]) -> str:
         for row in rows.values():
             share = row["loop_samples_by_category"].get(name, 0) / max(row["loop_samples"], 1)
             ms = share * row["cpu_ms_per_request"]["loop"]
-            cells.append(f"{100 * share:.0f}% ({ms:.2f} ms)")
+            written = row.get("loop_write_samples_by_category", {}).get(name, 0) / max(row["loop_samples"], 1)
+            cells.append(f"{100 * share:.0f}% ({ms:.2f} ms)" + (f"; {100 * written:.0f}% in write" if written else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     cpu = " | ".join(f"{r['cpu_ms_per_request']['loop']:.2f}" for r in rows.values())
     api = " | ".join(f"{r['cpu_ms_per_request']['api']:.2f}" for r in rows.values())
@@ -206,7 +221,9 @@ def markdown(result: dict[str, Any]) -> str:
         + (", native frames (the server paused per sample)" if result.get("native") else ", Python frames only")
         + ". Share of the event-loop thread's running py-spy samples"
         + (" (waits in epoll left out)" if result.get("native") else " (waits in epoll counted as C code)")
-        + ", and that share of its CPU per request (ms, from `/proc`, same window):\n\n"
+        + ", and that share of its CPU per request (ms, from `/proc`, same window); "
+        "\"in write\": the share of the same samples inside a write system call, where the loop "
+        "wakes a reader (an HTTP client, ZeroMQ's I/O thread) that may take the CPU from it:\n\n"
         + header + "\n".join(lines) + "\n"
         f"| **loop-thread CPU per request (ms)** | {cpu} |\n"
         f"| API-server process CPU per request (ms) | {api} |\n"

@@ -52,3 +52,27 @@ def test_native_frames_never_decide_and_io_waits_are_idle() -> None:
     assert counts == {LOOP_ITSELF: 4, "FastAPI: body parsing and pydantic validation": 2, IDLE: 5}
     # Waiting in epoll is idle: not a sample of the loop's work.
     assert natives == {"Handle__run": 4}
+
+
+def test_writes_are_counted_within_their_category() -> None:
+    import collections
+
+    answer = "RequestResponseCycle.send (uvicorn/protocols/http/httptools_impl.py:524);UVStream__try_write (loop.c:1)"
+    engine = "Socket.send_multipart (zmq/sugar/socket.py:767);Socket.send (zmq/sugar/socket.py:713);0x7f00 (libzmq.so)"
+    raw = "\n".join(
+        [
+            f"{MAIN};{RUN};{answer};write (libc.so.6) 4",
+            f"{MAIN};{RUN};{engine};write (libc.so.6) 3",
+            f"{MAIN};{RUN};{answer};PyObject_Malloc (python3.11) 2",
+            # A worker thread's write is not the loop's.
+            "thread (2): offload-thread-0;_AsyncioWaiter.wake (offload/_waiter.py:45);write (libc.so.6) 9",
+        ]
+    )
+    writes: collections.Counter[str] = collections.Counter()
+    total, counts = loop_thread_shares(raw, writes=writes)
+    http = "HTTP and ASGI (uvicorn, Starlette middleware, routing)"
+    zmq = "vLLM engine client: send to engine (msgspec, zmq)"
+    assert total == 9
+    # Still counted in their categories: the writes are an "of which".
+    assert counts == {http: 6, zmq: 3}
+    assert writes == {http: 4, zmq: 3}
