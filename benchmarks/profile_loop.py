@@ -20,7 +20,11 @@ I/O wait are counted as idle, reported as their own share, and left out of
 the shares of the loop's work. Unwinding native frames
 means pausing the server for each sample, which slows it: read the shares;
 the CPU per request of a native run is lower than an unpaused run's (the
-paired benchmark is the measurement of CPU per request).
+paired benchmark is the measurement of CPU per request). With native
+frames, each category also says what share of the loop's samples were inside a
+write system call ("in write"): there the loop wakes a reader, an HTTP client
+or ZeroMQ's I/O thread, and a reader on the same CPUs may take the CPU from it
+inside the call.
 
     python -m benchmarks.profile_loop                        # vLLM default, thread, process
     python -m benchmarks.profile_loop --rows process --seconds 30
