@@ -122,16 +122,18 @@ def loop_thread_shares(
         thread, *frames = stack.split(";")
         if "MainThread" not in thread:
             continue
-        if frames and frames[-1].split(" (")[0] in IDLE_NATIVE:
-            counts[IDLE] += int(n)
+        samples = int(n)
+        innermost = frames[-1].split(" (")[0] if frames else ""
+        if innermost in IDLE_NATIVE:
+            counts[IDLE] += samples
             continue
-        total += int(n)
+        total += samples
         category = categorize(frames)
-        counts[category] += int(n)
-        if writes is not None and frames and frames[-1].split(" (")[0] in WRITE_NATIVE:
-            writes[category] += int(n)
+        counts[category] += samples
+        if writes is not None and innermost in WRITE_NATIVE:
+            writes[category] += samples
         if natives is not None and category == LOOP_ITSELF and frames and not _PYTHON_FRAME.search(frames[-1]):
-            natives[frames[-1].split(" (")[0]] += int(n)
+            natives[innermost] += samples
     return total, dict(counts)
 
 
