@@ -210,17 +210,18 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
 
 @final
 class _Slot:
-    """One slot's actor. `actor` and `killed` change under the dispatcher's lock."""
+    """One slot's actor. `actor`, `killed` and `held` change under the dispatcher's lock."""
 
-    __slots__ = ("actor", "killed", "number", "placed")
+    __slots__ = ("actor", "held", "killed", "number")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.actor: Any = None
         #: offload killed (or is killing) its actor on purpose.
         self.killed = False
-        #: `actor` was placed (it holds its resources) and initialized.
-        self.placed = False
+        #: `actor` answered (ready, or its initializer failed): its constructor
+        #: ran, so its node had granted its reservation.
+        self.held = False
 
 
 @final
@@ -268,8 +269,9 @@ class RayStrategy(Strategy):
     still starting, when the timeout passes (their callers get `WorkerCrashed`).
     With `wait`, `shutdown()` returns once Ray reports every actor it killed
     dead and the cluster's resource view (`ray.available_resources()`) counts
-    their reservations as free again, so a pool started next can take them at
-    once; if that takes longer than `actor_stop_timeout` seconds, it logs a
+    their reservations as free again (every actor that had answered, also one
+    still starting when shutdown began), so a pool started next can take them
+    at once; if that takes longer than `actor_stop_timeout` seconds, it logs a
     warning (logger `offload_ray`) saying what is still held and returns; if
     Ray's GCS does not answer, shutdown returns all the same, within
     `actor_stop_timeout` plus 10 s. Actors
@@ -372,13 +374,12 @@ class RayStrategy(Strategy):
         )
         self._stopping = False
         self._terminating = False
-        #: Set when shutdown begins: the actors placed then, and the cluster's
-        #: free resources then (`None`: not connected, or Ray did not answer).
-        self._placed_at_stop: list[Any] | None = None
+        #: Set when shutdown begins: the cluster's free resources then
+        #: (`None`: no actor then, Ray going away, or its GCS not answering).
         self._free_at_stop: dict[str, float] | None = None
-        #: The actors killed since shutdown began, until `shutdown(wait=True)`
-        #: has waited for them.
-        self._stopped: list[Any] = []
+        #: The actors killed since shutdown began, each with whether it held
+        #: its reservation, until `shutdown(wait=True)` has waited for them.
+        self._stopped: list[tuple[Any, bool]] = []
 
     def actors(self) -> list[Any]:
         """The live actor handles (for tests and diagnostics)."""
@@ -419,18 +420,16 @@ class RayStrategy(Strategy):
         return True
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        if self._placed_at_stop is None:
-            # Before any actor is killed: what they hold is not free yet.
+        if not self._stopping:
+            # Before any actor is killed: what they hold is not free yet. An
+            # actor still starting counts: it may hold its reservation already.
             slots = self._dispatch.slots()
             with self._dispatch.lock:
-                placed = [s.actor for s in slots if s.actor is not None and s.placed]
-            if placed and _gcs_answers():
-                # `None` (nothing to measure against): Ray going away, or its
-                # GCS not answering.
+                has_actors = any(s.actor is not None for s in slots)
+            if has_actors and _gcs_answers():
                 self._free_at_stop = _answer_within(
                     ray.available_resources, min(_GCS_GRACE, self._actor_stop_timeout)
                 )
-            self._placed_at_stop = placed
         self._stopping = True
         self._dispatch.close(cancel_futures)
         if wait:
@@ -458,8 +457,8 @@ class RayStrategy(Strategy):
                 self._actor_stop_timeout, len(stopped),
             )
 
-    def _wait_for_release(self, stopped: list[Any], deadline: float) -> None:
-        alive = [actor for actor in stopped if not _dead_by(actor, deadline)]
+    def _wait_for_release(self, stopped: list[tuple[Any, bool]], deadline: float) -> None:
+        alive = [actor for actor, _ in stopped if not _dead_by(actor, deadline)]
         if alive:
             logger.warning(
                 "ray strategy: shutdown waited %g s and Ray does not report %d of its %d "
@@ -467,8 +466,11 @@ class RayStrategy(Strategy):
                 self._actor_stop_timeout, len(alive), len(stopped),
             )
             return
-        placed = self._placed_at_stop or []
-        held = sum(1 for actor in stopped if any(actor is p for p in placed))
+        # Every actor that answered, whenever it did: one still starting when
+        # shutdown began may already count as taken in the view read then.
+        # (Counting one that did not only asks for more than the view can
+        # show: the cluster's total caps that.)
+        held = sum(1 for _, holds in stopped if holds)
         free_before = self._free_at_stop
         if (
             not held
@@ -556,21 +558,22 @@ class RayStrategy(Strategy):
         except ray.exceptions.RayActorError as exc:
             self._retire(slot)
             raise offload.WorkerCrashed(f"ray actor died while starting: {exc}") from exc
+        with self._dispatch.lock:
+            slot.held = slot.actor is actor
         if init_error is not None:
             self._retire(slot)
             cause = _rebuild_error(init_error)
             raise initializer_failed(self._initializer, cause) from cause
-        with self._dispatch.lock:
-            slot.placed = slot.actor is actor
 
     def stop_worker(self, slot: _Slot) -> None:
         self._retire(slot)
 
     def _retire(self, slot: _Slot) -> None:
         with self._dispatch.lock:
-            actor, slot.actor, slot.placed = slot.actor, None, False
+            actor, held = slot.actor, slot.held
+            slot.actor, slot.held = None, False
             if actor is not None and self._stopping:
-                self._stopped.append(actor)
+                self._stopped.append((actor, held))
         if actor is not None:
             _kill(actor)
 
