@@ -2,21 +2,15 @@
 
 Built on offload's public strategy interface only (`offload.strategy`): the
 queue, the slot threads, start-up and shutdown are `Dispatcher`'s; this module
-is what one slot does with its actor.
+is what one slot does with its actor (the package's `__init__` maps the rest).
 """
 
 from __future__ import annotations
 
-import gc
 import itertools
-import logging
 import math
-import os
-import queue
-import threading
-import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, final
+from typing import Any, final
 
 import ray
 import ray.exceptions
@@ -36,13 +30,9 @@ from offload.strategy import (
 )
 
 from ._actor import RayWorker
-
-#: Arguments of at least this many bytes (`bytes`, `bytearray`, NumPy arrays,
-#: anything with an integer `nbytes`) are put in the object store once and
-#: passed by reference. 100 KiB is Ray's own limit for inlining an argument in
-#: the task message (`max_direct_call_object_size`), so smaller values would
-#: only gain a round trip to the store.
-DEFAULT_OBJECT_STORE_THRESHOLD = 100 << 10
+from ._arguments import DEFAULT_OBJECT_STORE_THRESHOLD, through_object_store
+from ._connection import connect, keep_parents_pool
+from ._release import Release, kill_actor
 
 #: How long an actor may take to be placed and run its initializer. Long enough
 #: for a cold worker process that imports a tokenizer on a busy node; an actor
@@ -54,14 +44,6 @@ DEFAULT_ACTOR_START_TIMEOUT = 120.0
 #: a fraction of a second; a node that stopped answering takes Ray up to its
 #: health-check period (about 30 s) to declare dead.
 DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
-
-#: Resource amounts closer than this are equal: Ray counts resources in
-#: units of 1/10000.
-_RESOURCE_SLACK = 0.5e-4
-
-_T = TypeVar("_T")
-
-logger = logging.getLogger("offload_ray")
 
 _pool_ids = itertools.count()
 
@@ -76,136 +58,8 @@ def _number(name: str, value: object, *, allow_zero: bool = False) -> float:
     return float(value)
 
 
-def _nbytes(value: object) -> int | None:
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    if isinstance(value, memoryview):
-        return value.nbytes
-    size = getattr(value, "nbytes", None)
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
-
-
 def _call_name(call: Call[Any]) -> str:
     return getattr(call.fn, "__qualname__", None) or repr(call.fn)
-
-
-def _rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
-    exception, text = payload
-    if exception is not None:
-        return exception
-    return offload.OffloadError(
-        "the offloaded function raised an exception that cannot be pickled; "
-        f"its traceback in the actor:\n{text}"
-    )
-
-
-# ---- connecting -------------------------------------------------------------------
-#
-# Ray binds the processes `ray.init` starts (a local GCS and raylet) to the
-# thread that started them (`prctl(PR_SET_PDEATHSIG)` fires when that *thread*
-# exits): started from a slot thread, they would die at the first shutdown and
-# take the program down with them. So every connection is made by one thread
-# that lives as long as the process.
-
-_connect_requests: queue.SimpleQueue[tuple[Callable[[], None], Any]] = queue.SimpleQueue()
-_connector: threading.Thread | None = None
-_connector_lock = threading.Lock()
-#: True in a child forked from a process connected to Ray: it has Ray's
-#: state but not the connection (Ray does not support fork).
-_inherited_connection = False
-
-
-def _serve_connections() -> None:
-    while True:
-        connect, reply = _connect_requests.get()
-        try:
-            connect()
-        except BaseException as exc:
-            reply.put(exc)
-        else:
-            reply.put(None)
-
-
-def _connect(address: str | None, options: Mapping[str, Any]) -> None:
-    """Connect this process to Ray (once), on the connector thread."""
-    global _connector
-    if _inherited_connection and ray.is_initialized():
-        raise offload.OffloadError(
-            "ray strategy: this process was forked from one connected to Ray, and Ray's "
-            "connection does not survive os.fork(); use Ray from a process that did not "
-            "inherit a connection (connect after forking, or spawn)"
-        )
-    if ray.is_initialized():
-        return
-    with _connector_lock:
-        if _connector is None or not _connector.is_alive():
-            _connector = threading.Thread(target=_serve_connections, name="offload-ray-connect", daemon=True)
-            _connector.start()
-
-    def connect() -> None:
-        if not ray.is_initialized():
-            ray.init(address=address, **options)
-
-    reply: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-    _connect_requests.put((connect, reply))
-    error = reply.get()
-    if error is not None:
-        raise error
-
-
-#: Ray jobs (connections) of this process that were connected when it forked.
-#: A child that releases Ray objects it inherited (object refs, actor
-#: handles) speaks on the parent's connections; with Ray 2.60 the parent's
-#: GCS then stopped answering (`ray.available_resources()` never returned, no
-#: new actor started) or Ray aborted it. Children forked with offload loaded
-#: no longer do that (`_after_fork_in_child`), but a child's own code still
-#: can, so shutdown does not wait on the GCS in such a parent.
-_forked_jobs: set[str] = set()
-
-#: In a child: the parent's pools (slots, actor handles, killed actors), kept
-#: so that dropping them never releases the parent's actors through Ray.
-_parents_pools: list[dict[str, Any]] = []
-
-
-def _current_job() -> str | None:
-    try:
-        return str(ray.get_runtime_context().get_job_id()) if ray.is_initialized() else None
-    except Exception:  # Ray going away: no job
-        return None
-
-
-def _after_fork_in_parent() -> None:
-    job = _current_job()
-    if job is not None:
-        _forked_jobs.add(job)
-
-
-def _gcs_answers() -> bool:
-    """Whether shutdown may wait on Ray's GCS (actor deaths, free resources):
-    not in a process that forked while on its current connection."""
-    return ray.is_initialized() and _current_job() not in _forked_jobs
-
-
-def _after_fork_in_child() -> None:
-    # The connector thread is the parent's; so is the connection.
-    global _connector, _connect_requests, _connector_lock, _inherited_connection
-    _connector = None
-    _connect_requests = queue.SimpleQueue()
-    _connector_lock = threading.Lock()
-    _inherited_connection = ray.is_initialized()
-    if _inherited_connection:
-        # The child's cycle collector would finalize Ray objects inherited from
-        # the parent, and their finalizers tell Ray, on the parent's
-        # connections, that the parent released them. Frozen objects are never
-        # collected (they stay, shared copy-on-write, as after any fork).
-        gc.freeze()
-
-
-if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
-    os.register_at_fork(after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent)
-
-
-# ---- the strategy --------------------------------------------------------------------
 
 
 @final
@@ -246,8 +100,8 @@ class RayStrategy(Strategy):
     or more are put in the object store once (`ray.put`), and NumPy arrays
     arrive in the actor as read-only zero-copy views of it. An exception
     reaches the caller with its own type and message and the function's frames
-    (tblib); one that cannot be pickled becomes `OffloadError` with its
-    traceback text. `contextvars` do not cross.
+    (`offload.strategy.portable_error`; a class defined in the caller's
+    `__main__` included: `_actor.portable`). `contextvars` do not cross.
 
     **Crashes.** If an actor dies while running a call (its process killed, its
     node lost), that call raises `WorkerCrashed`, and a fresh actor takes its
@@ -374,12 +228,11 @@ class RayStrategy(Strategy):
         )
         self._stopping = False
         self._terminating = False
-        #: Set when shutdown begins: the cluster's free resources then
-        #: (`None`: no actor then, Ray going away, or its GCS not answering).
-        self._free_at_stop: dict[str, float] | None = None
-        #: The actors killed since shutdown began, each with whether it held
-        #: its reservation, until `shutdown(wait=True)` has waited for them.
-        self._stopped: list[tuple[Any, bool]] = []
+        self._release = Release(
+            {"CPU": self._num_cpus, **self._resources},
+            self._actor_stop_timeout,
+            to_cluster=not isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy),
+        )
 
     def actors(self) -> list[Any]:
         """The live actor handles (for tests and diagnostics)."""
@@ -416,107 +269,27 @@ class RayStrategy(Strategy):
                 actor = slot.actor
                 slot.killed = slot.killed or actor is not None
             if actor is not None:
-                _kill(actor)
+                kill_actor(actor)
         return True
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        if not self._stopping:
-            # Before any actor is killed: what they hold is not free yet. An
-            # actor still starting counts: it may hold its reservation already.
-            slots = self._dispatch.slots()
-            with self._dispatch.lock:
-                has_actors = any(s.actor is not None for s in slots)
-            if has_actors and _gcs_answers():
-                self._free_at_stop = _answer_within(
-                    ray.available_resources, min(_GCS_GRACE, self._actor_stop_timeout)
-                )
+        # Before any actor is killed: what they hold is not free yet. An actor
+        # still starting counts: it may hold its reservation already.
+        slots = self._dispatch.slots()
+        with self._dispatch.lock:
+            has_actors = any(slot.actor is not None for slot in slots)
+        self._release.begin(has_actors=has_actors)
         self._stopping = True
         self._dispatch.close(cancel_futures)
         if wait:
             self._dispatch.join()
-            self._await_release()
-
-    def _await_release(self) -> None:
-        """Wait until the actors killed since shutdown began are dead and the
-        cluster counts what they held as free again, or `actor_stop_timeout`."""
-        with self._dispatch.lock:
-            stopped, self._stopped = self._stopped, []
-        if not stopped or not _gcs_answers():
-            return
-        deadline = time.monotonic() + self._actor_stop_timeout
-        # Ray's calls here go through its GCS and have no timeout of their own:
-        # one the GCS never answers would hold shutdown forever.
-        def wait() -> bool:
-            self._wait_for_release(stopped, deadline)
-            return True
-
-        if _answer_within(wait, self._actor_stop_timeout + _GCS_GRACE) is None:
-            logger.warning(
-                "ray strategy: shutdown waited %g s and Ray's GCS did not answer whether its "
-                "%d actors are dead and their resources free; returning",
-                self._actor_stop_timeout, len(stopped),
-            )
-
-    def _wait_for_release(self, stopped: list[tuple[Any, bool]], deadline: float) -> None:
-        alive = [actor for actor, _ in stopped if not _dead_by(actor, deadline)]
-        if alive:
-            logger.warning(
-                "ray strategy: shutdown waited %g s and Ray does not report %d of its %d "
-                "actors dead yet; returning without them",
-                self._actor_stop_timeout, len(alive), len(stopped),
-            )
-            return
-        # Every actor that answered, whenever it did: one still starting when
-        # shutdown began may already count as taken in the view read then.
-        # (Counting one that did not only asks for more than the view can
-        # show: the cluster's total caps that.)
-        held = sum(1 for _, holds in stopped if holds)
-        free_before = self._free_at_stop
-        if (
-            not held
-            or free_before is None
-            or isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy)
-        ):
-            return
-        reservation = {"CPU": self._num_cpus, **self._resources}
-        try:
-            total = ray.cluster_resources()
-        except Exception:  # Ray going away: nothing left to wait for
-            return
-        # What was free before plus what the actors held, at most the cluster's
-        # total (a node may have left since).
-        target = {
-            name: min(total.get(name, 0.0), free_before.get(name, 0.0) + amount * held)
-            for name, amount in reservation.items()
-            if amount > 0
-        }
-        while True:
-            try:
-                free = ray.available_resources()
-            except Exception:  # Ray going away
-                return
-            short = {
-                name: round(want - free.get(name, 0.0), 4)
-                for name, want in target.items()
-                if free.get(name, 0.0) < want - _RESOURCE_SLACK
-            }
-            if not short:
-                return
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "ray strategy: shutdown waited %g s and the cluster still counts %s of what its "
-                    "%d actors held as taken (other work waiting for those resources may have "
-                    "taken them); returning",
-                    self._actor_stop_timeout, short, held,
-                )
-                return
-            time.sleep(0.02)
+            self._release.wait()
 
     def after_fork_in_child(self) -> None:
         # The parent's slot threads do not exist here, its actors are its own
-        # (and Ray's connection is not ours: `_connect` says so).
+        # (and Ray's connection is not ours: `connect` says so).
         stopping = self._stopping
-        _parents_pools.append(dict(vars(self)))
+        keep_parents_pool(dict(vars(self)))
         self._new_pool()
         if stopping:
             self.shutdown(wait=False, cancel_futures=True)
@@ -532,7 +305,7 @@ class RayStrategy(Strategy):
     def start_worker(self, slot: _Slot) -> None:
         if slot.actor is not None:
             self._retire(slot)
-        _connect(self._address, self._ray_init_options)
+        connect(self._address, self._ray_init_options)
         if self._actor_class is None:
             self._actor_class = ray.remote(RayWorker)
         options: dict[str, Any] = {"num_cpus": self._num_cpus, "max_restarts": 0}
@@ -544,7 +317,7 @@ class RayStrategy(Strategy):
         with self._dispatch.lock:
             slot.actor, slot.killed = actor, self._terminating
         if slot.killed:
-            _kill(actor)
+            kill_actor(actor)
         try:
             init_error = ray.get(actor.ready.remote(), timeout=self._actor_start_timeout)
         except ray.exceptions.GetTimeoutError:
@@ -562,8 +335,7 @@ class RayStrategy(Strategy):
             slot.held = slot.actor is actor
         if init_error is not None:
             self._retire(slot)
-            cause = _rebuild_error(init_error)
-            raise initializer_failed(self._initializer, cause) from cause
+            raise initializer_failed(self._initializer, init_error) from init_error
 
     def stop_worker(self, slot: _Slot) -> None:
         self._retire(slot)
@@ -572,14 +344,12 @@ class RayStrategy(Strategy):
         with self._dispatch.lock:
             actor, held = slot.actor, slot.held
             slot.actor, slot.held = None, False
-            if actor is not None and self._stopping:
-                self._stopped.append((actor, held))
         if actor is not None:
-            _kill(actor)
+            self._release.kill(actor, held=held)
 
     def run(self, slot: _Slot, call: Call[Any]) -> None:
         try:
-            args, kwargs, stored = self._by_reference(call.args, call.kwargs)
+            args, kwargs, stored = through_object_store(call.args, call.kwargs, self._threshold)
             ref = slot.actor.run.remote(call.fn, *args, **kwargs)
         except Exception as exc:
             error = TypeError(
@@ -614,7 +384,7 @@ class RayStrategy(Strategy):
         if status == "ok":
             call.set_result(value)
         else:
-            call.set_exception(_rebuild_error(value))
+            call.set_exception(value)
 
     def _replace(self, slot: _Slot, reason: str) -> None:
         """Start the dead actor's successor now, so the pool keeps its size (a
@@ -626,78 +396,3 @@ class RayStrategy(Strategy):
             self.start_worker(slot)
         except BaseException:  # noqa: S110 (the next call retries and reports it)
             pass
-
-    def _by_reference(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
-        """Large top-level arguments replaced by object references (Ray resolves
-        those before the actor method runs); the references are returned too, so
-        the caller keeps them alive until the call is over."""
-        threshold = self._threshold
-        if threshold is None:
-            return args, kwargs, []
-        stored: list[Any] = []
-
-        def place(value: Any) -> Any:
-            size = _nbytes(value)
-            if size is None or size < threshold:
-                return value
-            ref = ray.put(value)
-            stored.append(ref)
-            return ref
-
-        return (
-            tuple(place(a) for a in args),
-            {k: place(v) for k, v in kwargs.items()},
-            stored,
-        )
-
-
-def _kill(actor: Any) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: S110 (already gone, or Ray is shutting down)
-        pass
-
-
-#: Seconds shutdown gives Ray's GCS for the free resources before it kills
-#: the actors, and past `actor_stop_timeout` for the wait after (a GCS that
-#: answers does so in milliseconds).
-_GCS_GRACE = 5.0
-
-
-def _answer_within(question: Callable[[], _T], timeout: float) -> _T | None:
-    """`question()`, or `None` if it raised or had not returned within
-    `timeout` seconds. It runs on a daemon thread, which a call stuck in Ray's
-    C++ core leaves behind: nothing can interrupt such a call."""
-    answers: queue.SimpleQueue[_T | None] = queue.SimpleQueue()
-
-    def ask() -> None:
-        try:
-            answers.put(question())
-        except BaseException:  # Ray going away: no answer
-            answers.put(None)
-
-    threading.Thread(target=ask, name="offload-ray-ask-gcs", daemon=True).start()
-    try:
-        return answers.get(timeout=timeout)
-    except queue.Empty:
-        return None
-
-
-def _dead_by(actor: Any, deadline: float) -> bool:
-    """Whether Ray reports the killed `actor` dead before `deadline`. Ray
-    answers a call to a dead actor with `RayActorError`; a kill still on its
-    way may let a call through first."""
-    while True:
-        try:
-            ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.RayActorError:
-            return True
-        except ray.exceptions.GetTimeoutError:
-            return False
-        except Exception:  # Ray going away: nothing left to wait for
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)

@@ -6,16 +6,12 @@ from typing import Any
 
 import pytest
 
-# The helpers beside this file (settings, the contract plugin) import by name.
+# The helpers beside this file (ray_settings) import by name.
 sys.path.insert(0, str(Path(__file__).parent))
 
 import ray_settings  # noqa: F401 (sets Ray's environment before any test imports ray)
 
-BACKENDS = [
-    pytest.param(("asyncio", {}), id="asyncio"),
-    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    pytest.param(("trio", {}), id="trio"),
-]
+from offload.testing import BACKENDS
 
 
 @pytest.fixture(params=BACKENDS)

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import ray
 from offload_ray import RayStrategy
+from offload_ray._arguments import through_object_store
 from ray_settings import LOCAL_RAY
 
 import offload
@@ -67,6 +68,15 @@ class Unpicklable(Exception):
 
 def raise_unpicklable() -> None:
     raise Unpicklable()
+
+
+class Refused(Exception):
+    """Crosses to the actors by value, as a class of the caller's `__main__`
+    would: they cannot import this module."""
+
+
+def refuse() -> None:
+    raise Refused("not this one")
 
 
 def recurse(n: int) -> int:
@@ -151,7 +161,7 @@ async def one_into(ex: offload.Executor, pids: set[int]) -> None:
 async def test_large_arguments_go_through_the_object_store() -> None:
     async with offload.Executor(RayStrategy(1, object_store_threshold=64 << 10)) as ex:
         large, small = np.ones(1 << 20, dtype=np.uint8), np.ones(1 << 10, dtype=np.uint8)
-        args, kwargs, stored = ex.strategy._by_reference((large, small), {"data": b"x" * (64 << 10)})
+        args, kwargs, stored = through_object_store((large, small), {"data": b"x" * (64 << 10)}, 64 << 10)
         assert isinstance(args[0], ray.ObjectRef)
         assert args[1] is small
         assert isinstance(kwargs["data"], ray.ObjectRef)
@@ -168,6 +178,10 @@ async def test_exceptions_keep_their_type_or_say_why_not() -> None:
         with pytest.raises(offload.OffloadError, match="cannot be pickled") as info:
             await ex.run(raise_unpicklable)
         assert "Unpicklable" in str(info.value)
+        # A class the actor has only by value comes back as itself, with the function's frames.
+        with pytest.raises(Refused, match="not this one") as refused:
+            await ex.run(refuse)
+        assert "refuse" in {frame.name for frame in refused.traceback}
 
 
 async def test_an_unserializable_argument_fails_that_call_only() -> None:
