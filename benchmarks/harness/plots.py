@@ -1,16 +1,16 @@
 """The benchmarks page's decision table and pictures, made from the committed results.
 
-Every figure comes from `benchmarks/results/**` (the JSON the benchmarks
+Every figure comes from `benchmarks/results/latest/**` (the JSON the suites
 wrote), so the table and the pictures cannot say something the results do
 not. `make bench`, `make bench-mixed` and `make bench-fairness` run this after
-their benchmark; `tests/test_bench_plots.py` regenerates everything from the
+their suite; `benchmarks/tests/test_plots.py` regenerates everything from the
 committed results and checks it matches what is committed.
 
-    python -m benchmarks.plots                 # writes the files below
-    python -m benchmarks.plots --out DIR       # elsewhere (the test)
+    python -m benchmarks plots                 # writes the files below
+    python -m benchmarks plots --out DIR       # elsewhere (the test)
 
 Writes `decision.md` (the table, between snippet markers) into
-benchmarks/results/, and the pictures (`PICTURES`) into docs/img/.
+benchmarks/results/latest/, and the pictures (`PICTURES`) into docs/img/.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Decision:
     use: str
     #: What it buys against vLLM's default, figures read from the results.
     buys: Callable[[Path], str]
-    #: Where on the benchmarks page the run is described.
+    #: Where the run is described: a section of the benchmarks page or a decision record.
     link: str
 
 
@@ -169,49 +169,49 @@ DECISIONS = (
         "Short texts, one prompt a request",
         "vLLM's default, or `thread` (never `inline`)",
         _short,
-        "#paired-cpu-per-request-make-bench",
+        "#paired-cpu-per-request",
     ),
     Decision(
         "Many prompts a request",
         "`process`, 2 workers (the adapter renders a request's prompts in one call per worker)",
         _batch,
-        "#a-request-of-many-prompts-workload-batch",
+        "decisions/0008-one-render-call-per-worker.md",
     ),
     Decision(
         "Heavy preprocessing, `/health` must stay fast",
         "`process` (workers at `nice` 10, the default)",
         _loop,
-        "#the-loop-first-health-under-the-batch-workload",
+        "decisions/0001-workers-below-the-loop-nice-10.md",
     ),
     Decision(
         "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
         "`thread`, the default (prefix tokenization is on by default, for every strategy)",
         _truncated_alone,
-        "#truncated-long-inputs-workload-truncated",
+        "decisions/0006-prefix-tokenization-on-by-default.md",
     ),
     Decision(
         "Long texts truncated, mixed small and heavy traffic",
         "`process` or `thread` with lanes (the default scheduling; no setting needed)",
         _truncated,
-        "#results-preprocessing-heavy-make-bench-mixed",
+        "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Small and large `/score` requests",
         "`thread` with lanes (default scheduling)",
         _score,
-        "#results-score-variant-score",
+        "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Heavy requests that the engine, not preprocessing, spends its time on",
         "vLLM's default is as good; lanes help only the preprocessing part",
         _engine,
-        "#results-engine-sharing-variant-engine",
+        "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Images",
         "`process` (keeps `/health` fast) or `thread`, with lanes, `--mm-processor-cache-gb 0`",
         _images,
-        "#results-multimodal-variant-multimodal",
+        "decisions/0003-express-worker-one-piece-and-a-quarter.md",
     ),
     Decision(
         "Beyond one machine",
@@ -267,8 +267,11 @@ def small_under_flood(path: Path, results: Path = RESULTS) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.8 / len(MIXED_ROWS)
     for k, row in enumerate(MIXED_ROWS):
-        values = [mixed_value(v, row, "flooded_p50_ms", results) for v in MIXED_VARIANTS]
-        xs = [i + (k - (len(MIXED_ROWS) - 1) / 2) * width for i in range(len(MIXED_VARIANTS))]
+        # A variant's latest run may leave a row out (images: four servers fit in memory at once).
+        shown = [(i, v) for i, v in enumerate(MIXED_VARIANTS)
+                 if row in load(f"mixed/mixed-{v}.json", results)["summary"]["rows"]]
+        values = [mixed_value(v, row, "flooded_p50_ms", results) for _, v in shown]
+        xs = [i + (k - (len(MIXED_ROWS) - 1) / 2) * width for i, _ in shown]
         ax.bar(xs, [v["median"] for v in values], width, yerr=_errors(values), capsize=2, label=row)
     alone = [mixed_value(v, DEFAULT, "alone_p50_ms", results)["median"] for v in MIXED_VARIANTS]
     ax.scatter(range(len(MIXED_VARIANTS)), alone, marker="_", s=600, color="black", zorder=3,
@@ -276,7 +279,7 @@ def small_under_flood(path: Path, results: Path = RESULTS) -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(len(MIXED_VARIANTS)), list(MIXED_VARIANTS.values()))
     ax.set_ylabel("small request p50 (ms)")
-    ax.set_title("A small request under a flood of heavy ones (make bench-mixed)")
+    ax.set_title("A small request under a flood of heavy ones (python -m benchmarks mixed)")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -301,7 +304,7 @@ def api_cpu(path: Path, results: Path = RESULTS) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(API_ROWS)), API_ROWS)
     ax.set_ylabel("API-server CPU / request\n(ratio to vLLM default)")
-    ax.set_title("API-server CPU per request (make bench; below 1 is less than vLLM's default)")
+    ax.set_title("API-server CPU per request (python -m benchmarks paired; below 1 is less than vLLM's default)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -331,7 +334,7 @@ def fairness(path: Path, results: Path = RESULTS) -> None:
     ax.axhspan(-1, 1, color="grey", alpha=0.2, linewidth=0)
     ax.set_xlabel("calls started")
     ax.set_ylabel("weighted served cost,\na minus b (pieces)")
-    ax.set_title("Two backlogged lanes, weights 4:1 (make bench-fairness; grey: within one piece)")
+    ax.set_title("Two backlogged lanes, weights 4:1 (python -m benchmarks fairness; grey: within one piece)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})

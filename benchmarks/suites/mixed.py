@@ -169,7 +169,7 @@ ROWS: dict[str, Row] = {row.name: row for row in (
     Row(ServerConfig("process lanes express 0", "process", (*TWO_WORKERS, "--offload-express-cost", "0")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     # The server's switch interval at 1 ms (CPython's is 5 ms), so that the loop
-    # may wait less for a worker thread to drop the GIL (`e2e/switch_interval`;
+    # may wait less for a worker thread to drop the GIL (`harness/switch_interval`;
     # results/switch-1ms and switch-5ms: no difference beyond the noise).
     Row(ServerConfig("thread lanes switch 1ms", "thread", TWO_WORKERS, env=SWITCH_1MS),
         needs=(SCHEDULING,), fifo="thread fifo switch 1ms", against=("thread lanes",)),

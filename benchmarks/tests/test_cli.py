@@ -32,7 +32,9 @@ def test_every_suite_module_exists_and_has_a_main() -> None:
 def test_an_unknown_suite_is_refused_with_the_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["nope"]) == 2
     err = capsys.readouterr().err
-    assert "no suite 'nope'" in err and "paired" in err and "compare" in err
+    assert "no suite 'nope'" in err
+    assert "paired" in err
+    assert "compare" in err
 
 
 def test_the_answer_is_the_targets_then_the_tables() -> None:
@@ -65,7 +67,9 @@ def test_progress_draws_a_bar_on_a_terminal() -> None:
         bar.note("a line of output")
         bar.step("two")
     text = stream.getvalue()
-    assert "\r" in text and "2/2" in text and "a line of output" in text
+    assert "\r" in text
+    assert "2/2" in text
+    assert "a line of output" in text
 
 
 def test_progress_away_from_a_terminal_writes_a_line_per_reported_step() -> None:

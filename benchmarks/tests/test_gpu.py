@@ -55,7 +55,7 @@ def test_the_committed_gpu_run_reports_what_its_rounds_hold() -> None:
     """The committed H200 run's tables are what `report` makes of its own rounds:
     neither the figures nor the report code drifted. (The run predates the
     rows' list in `meta`; its per-row lists name them.)"""
-    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "latest" / "gpu"
     data = json.loads((results / "gpu_library.json").read_text())
     names = data["meta"].get("rows") or list(data["rows"])
     assert bench_gpu.report(names, data["rounds"]) in (results / "gpu_library.md").read_text()

@@ -1,6 +1,6 @@
 """The benchmarks page's decision table and pictures cannot drift from the committed results.
 
-`benchmarks/plots.py` makes them from `benchmarks/results/**`; these tests
+`benchmarks/harness/plots.py` makes them from `benchmarks/results/latest/**`; these tests
 make them again, from the committed results, and compare with what is
 committed (a result rerun without `python -m benchmarks.plots` fails here).
 """
@@ -29,7 +29,7 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_decision_table_is_the_one_the_committed_results_give(regenerated: Path) -> None:
     committed = (plots.RESULTS / "decision.md").read_text()
     assert (regenerated / "decision.md").read_text() == committed, (
-        "benchmarks/results/decision.md is stale: run `python -m benchmarks.plots`"
+        "benchmarks/results/latest/decision.md is stale: run `python -m benchmarks plots`"
     )
 
 
@@ -39,11 +39,11 @@ def test_the_pictures_are_the_ones_the_committed_results_give(regenerated: Path,
 
     committed = (plots.IMG / name).read_text()
     made_by = re.search(r"Matplotlib v([\w.]+)", committed)
-    assert made_by is not None, f"docs/img/{name} was not made by benchmarks/plots.py"
+    assert made_by is not None, f"docs/img/{name} was not made by benchmarks/harness/plots.py"
     if made_by.group(1) != matplotlib.__version__:
         pytest.skip(f"docs/img/{name} was drawn by matplotlib {made_by.group(1)}, this is {matplotlib.__version__}")
     assert (regenerated / name).read_text() == committed, (
-        f"docs/img/{name} is stale: run `python -m benchmarks.plots`"
+        f"docs/img/{name} is stale: run `python -m benchmarks plots`"
     )
 
 
@@ -77,6 +77,6 @@ def test_every_figure_in_the_decision_table_is_in_the_results() -> None:
 def test_the_page_includes_the_table_and_the_pictures() -> None:
     page = (plots.ROOT / "docs" / "benchmarks.md").read_text()
     top = page[: page.index("\n## ")]  # before the first section: what a reader sees first
-    assert '--8<-- "benchmarks/results/decision.md:table"' in top
+    assert '--8<-- "benchmarks/results/latest/decision.md:table"' in top
     assert "img/small_under_flood.svg" in top
     assert "img/api_cpu.svg" in top
