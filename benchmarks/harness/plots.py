@@ -9,7 +9,8 @@ committed results and checks it matches what is committed.
     python -m benchmarks plots                 # writes the files below
     python -m benchmarks plots --out DIR       # elsewhere (the test)
 
-Writes `decision.md` (the table, between snippet markers) into
+Writes `decision.md` (the table, between snippet markers) and `headlines.md`
+(a headline table per suite that has no compact one of its own) into
 benchmarks/results/latest/, and the pictures (`PICTURES`) into docs/img/.
 """
 
@@ -233,6 +234,69 @@ def decision_table(results: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- headline tables ---------------------------------------------------------
+
+PAIRED_HEADLINE = ("inline", "thread", "process", "async-renderer")
+PAIRED_METRICS = {
+    "cpu:loop": "loop-thread CPU / request",
+    "cpu:api": "API-server CPU / request",
+    "cpu:total": "total CPU / request",
+    "requests_per_s": "requests/s",
+    "ceiling": "projected ceiling of one API server",
+}
+MIXED_HEADLINE_ROWS = ("thread lanes", "process lanes")
+#: variant -> what its heavy request is
+MIXED_HEADLINE = {
+    "preprocess": "16 texts of 1500 words, truncated to 32 tokens",
+    "token-ids": "16 lists of 512 token ids",
+    "score": "`/score`, 32 documents of 750 words",
+    "engine": "16 texts of 150 words (the engine's work)",
+    "multimodal": "4 images of 1024 pixels",
+}
+
+
+def paired_headline(results: Path = RESULTS) -> str:
+    """`paired`'s answer: each strategy's ratios to vLLM's default, per round."""
+    summary = load("paired/paired.json", results)["summary"]
+    rows = [r for r in PAIRED_HEADLINE if r in summary]
+    lines = ["| ratio to vLLM's default (per round) | " + " | ".join(f"`{r}`" for r in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    lines += [f"| {label} | " + " | ".join(fmt(summary[r]["ratio"][m]) for r in rows) + " |"
+              for m, label in PAIRED_METRICS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def mixed_headline(results: Path = RESULTS) -> str:
+    """`mixed`'s answer per variant: a small request's p50 under the flood against its
+    time alone, and against vLLM's default; heavy requests/s against vLLM's default."""
+    lines = [
+        ("| heavy request | row | small p50 flooded / alone | small p50 flooded, vs vLLM default | "
+         "heavy requests/s, vs vLLM default |"),
+        "|---|---|---|---|---|",
+    ]
+    for variant, heavy in MIXED_HEADLINE.items():
+        default = mixed_value(variant, DEFAULT, "p50_ratio", results)
+        lines.append(f"| {heavy} | vLLM default | {fmt(default)} | | |")
+        lines.extend(
+            f"| | `{row.split()[0]}`, lanes | {fmt(mixed_value(variant, row, 'p50_ratio', results))} | "
+            f"{fmt(mixed_pair(variant, row, DEFAULT, 'flooded_p50_ms', results))} | "
+            f"{fmt(mixed_pair(variant, row, DEFAULT, 'heavy_per_s', results))} |"
+            for row in MIXED_HEADLINE_ROWS
+        )
+    return "\n".join(lines) + "\n"
+
+
+#: Section of `headlines.md` -> how it is made.
+HEADLINES: dict[str, Callable[[Path], str]] = {"paired": paired_headline, "mixed": mixed_headline}
+
+
+def headlines(results: Path = RESULTS) -> str:
+    return "".join(
+        f"<!-- --8<-- [start:{name}] -->\n{make(results)}<!-- --8<-- [end:{name}] -->\n"
+        for name, make in HEADLINES.items()
+    )
+
+
 # ---- pictures -----------------------------------------------------------------
 
 MIXED_ROWS = ("vLLM default", "thread fifo", "thread lanes", "process fifo", "process lanes")
@@ -354,7 +418,8 @@ def write(out: Path, img: Path, results: Path = RESULTS) -> list[Path]:
     img.mkdir(parents=True, exist_ok=True)
     table = out / "decision.md"
     table.write_text(decision_table(results))
-    written = [table]
+    (out / "headlines.md").write_text(headlines(results))
+    written = [table, out / "headlines.md"]
     for name, draw in PICTURES.items():
         draw(img / name, results)
         written.append(img / name)

@@ -26,10 +26,11 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_decision_table_is_the_one_the_committed_results_give(regenerated: Path) -> None:
-    committed = (plots.RESULTS / "decision.md").read_text()
-    assert (regenerated / "decision.md").read_text() == committed, (
-        "benchmarks/results/latest/decision.md is stale: run `python -m benchmarks plots`"
+@pytest.mark.parametrize("name", ["decision.md", "headlines.md"])
+def test_the_tables_are_the_ones_the_committed_results_give(regenerated: Path, name: str) -> None:
+    committed = (plots.RESULTS / name).read_text()
+    assert (regenerated / name).read_text() == committed, (
+        f"benchmarks/results/latest/{name} is stale: run `python -m benchmarks plots`"
     )
 
 
@@ -64,11 +65,12 @@ def _intervals(node: Any) -> set[str]:
     return found
 
 
-def test_every_figure_in_the_decision_table_is_in_the_results() -> None:
+@pytest.mark.parametrize("name", ["decision.md", "headlines.md"])
+def test_every_figure_in_the_tables_is_in_the_results(name: str) -> None:
     known: set[str] = set()
     for path in plots.RESULTS.rglob("*.json"):
         known |= _intervals(json.loads(path.read_text()))
-    table = (plots.RESULTS / "decision.md").read_text()
+    table = (plots.RESULTS / name).read_text()
     figures = [m.group(0) for m in FIGURE.finditer(table)]
     assert len(figures) >= 10
     assert [f for f in figures if f not in known] == []
