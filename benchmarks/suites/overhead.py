@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -102,7 +103,7 @@ async def measure(smoke: bool) -> tuple[dict[str, dict[str, float]], dict[str, d
 def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) -> str:
     md = _common.header("Per-call overhead (one caller, asyncio)", info)
     md += ("Mean time per sequential call, median over rounds [interval]; ratio to bare `run_in_executor` "
-           "taken within each round, median [interval].\n\n")
+           f"taken within each round, median [interval]. Load average at the end: {info['loadavg']}.\n\n")
     md += "<!-- --8<-- [start:table] -->\n"
     for workload, by_name in rounds_s.items():
         base = by_name["run_in_executor"]
@@ -127,7 +128,7 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
 def main(argv: list[str] | None = None) -> int:
     args = _common.parser(__doc__ or "", "overhead").parse_args(argv)
     results, rounds_s = asyncio.run(measure(args.smoke))
-    info = _common.machine()
+    info = {**_common.machine(), "loadavg": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
     md = report(rounds_s, info)
     data = {"machine": info, "smoke": args.smoke, "seconds_per_call": results, "rounds_seconds_per_call": rounds_s}
     _common.write(args.out, "overhead", data, md)
