@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import IO, Any
 
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 from typing_extensions import Self
 
 #: Away from a terminal, the least seconds between two progress lines.
