@@ -81,3 +81,9 @@ def test_progress_away_from_a_terminal_writes_a_line_per_reported_step() -> None
     # The first and the last always; the middle one only LINE_EVERY_S after the first.
     assert [line.split(":")[0] for line in lines] == ["[steps] 1/3", "[steps] 3/3"]
     assert lines[-1].endswith("about 00:00 left")
+
+
+def test_the_benchmarks_page_names_every_suite() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    table = page[page.index("## Run a suite"):page.index("## Headline results")]
+    assert [s.name for s in SUITES if f"`{s.name}`" not in table] == []
