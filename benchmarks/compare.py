@@ -13,7 +13,8 @@ ratio to vLLM's default within a round). For each it gives the latest
 committed result and this run as medians with distribution-free intervals
 (`harness/stats.py`), and calls a figure *moved* only where the two
 intervals do not overlap: on a noisy machine that is the most a few rounds
-can say. Absolute figures compare only on the machine that made
+can say. A latest result kept as medians only is a point, moved from where
+this run's interval leaves it out. Absolute figures compare only on the machine that made
 `results/latest` (the check says when the machine differs); the ratios carry
 better. Nothing is written unless `--out` names a file.
 """
@@ -66,25 +67,37 @@ def _interval(values: list[float]) -> stats.Interval:
     return stats.median_interval(values)
 
 
+def _point(value: float) -> stats.Interval:
+    """A result kept as a median only: an interval of one point."""
+    return stats.Interval(value, value, value, coverage=0.0, n=1)
+
+
 def overhead_figures(latest: dict[str, Any], now: dict[str, dict[str, list[float]]]) -> list[Figure]:
-    """`overhead`'s per-round seconds a call (`rounds_seconds_per_call`), latest against now."""
-    before = latest["rounds_seconds_per_call"]
+    """`overhead`'s seconds a call, latest against now: per round where the latest
+    result kept its rounds (`rounds_seconds_per_call`), else its medians as points."""
     figures = []
     for workload, contenders in now.items():
-        for name, rounds in contenders.items():
-            if name in before.get(workload, {}):
-                figures.append(Figure(f"overhead, {workload}: {name} (µs/call)",
-                                      _interval([s * 1e6 for s in before[workload][name]]),
-                                      _interval([s * 1e6 for s in rounds])))
-        figures.extend(
-            Figure(
-                f"overhead, {workload}: {name} / run_in_executor (per round)",
-                _interval(stats.paired_ratios(before[workload][name], before[workload]["run_in_executor"])),
-                _interval(stats.paired_ratios(contenders[name], contenders["run_in_executor"])),
-            )
-            for name in OVERHEAD_RATIOS
-            if name in contenders and name in before.get(workload, {})
-        )
+        rounds = latest.get("rounds_seconds_per_call", {}).get(workload)
+        medians = latest.get("seconds_per_call", {}).get(workload, {})
+        known = rounds or medians
+
+        def before(name: str, scale: float = 1.0, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
+            return _interval([s * scale for s in rounds[name]]) if rounds else _point(medians[name] * scale)
+
+        def before_ratio(name: str, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
+            if rounds:
+                return _interval(stats.paired_ratios(rounds[name], rounds["run_in_executor"]))
+            return _point(medians[name] / medians["run_in_executor"])
+
+        figures += [
+            Figure(f"overhead, {workload}: {name} (µs/call)", before(name, 1e6), _interval([s * 1e6 for s in values]))
+            for name, values in contenders.items() if name in known
+        ]
+        figures += [
+            Figure(f"overhead, {workload}: {name} / run_in_executor (per round)", before_ratio(name),
+                   _interval(stats.paired_ratios(contenders[name], contenders["run_in_executor"])))
+            for name in OVERHEAD_RATIOS if name in contenders and name in known
+        ]
     return figures
 
 
@@ -112,6 +125,8 @@ def paired_figures(latest: dict[str, Any], now: dict[str, Any]) -> list[Figure]:
 
 def _fmt(interval: stats.Interval) -> str:
     digits = 3 if interval.median < 10 else 1
+    if interval.n == 1:
+        return f"{interval.median:.{digits}f} (median only)"
     return f"{interval.median:.{digits}f} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
@@ -157,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     notes += _same_machine("overhead", f"{latest_overhead['machine']['cpus']} CPUs, {latest_overhead['machine']['platform']}",
                            f"{here['cpus']} CPUs, {here['platform']}")
     if not latest_overhead.get("rounds_seconds_per_call"):
-        print(f"{args.baseline / 'overhead'} has no per-round figures to compare with: "
-              "rerun `python -m benchmarks overhead` on the baseline tree first", file=sys.stderr)
-        return 2
+        notes.append("- overhead: results/latest kept its medians only (a run from before the rounds were "
+                     "kept), shown as a point: a figure moved where this run's interval leaves it out. "
+                     "`python -m benchmarks overhead` on a quiet machine makes a baseline with rounds.")
     _, rounds = asyncio.run(overhead.measure(args.smoke))
     figures += overhead_figures(latest_overhead, rounds)
+    notes.append(f"- load average now: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min); "
+                 f"when results/latest/overhead was made: {latest_overhead['machine'].get('loadavg', 'not recorded')}.")
 
     if not (args.smoke or args.skip_paired):
         latest_paired = json.loads((args.baseline / "paired" / "paired.json").read_text())

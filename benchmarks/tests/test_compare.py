@@ -70,9 +70,13 @@ def test_compare_smoke_run_against_a_baseline_made_here(tmp_path: Path, capsys: 
     assert (tmp_path / "compare.md").read_text() in out
 
 
-def test_compare_refuses_a_baseline_without_rounds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "overhead").mkdir()
-    (tmp_path / "overhead" / "overhead.json").write_text(json.dumps(
-        {"machine": common.machine(), "seconds_per_call": {"no-op": {"run_in_executor": 1e-4}}}))
-    assert compare.main(["--smoke", "--baseline", str(tmp_path)]) == 2
-    assert "rerun `python -m benchmarks overhead`" in capsys.readouterr().err
+def test_a_baseline_of_medians_only_is_a_point_outside_or_inside_this_runs_interval() -> None:
+    latest = {"seconds_per_call": {"no-op": {"offload thread": 50e-6, "run_in_executor": 80e-6}}}
+    now = {"no-op": {"offload thread": [52e-6, 55e-6, 60e-6, 58e-6, 61e-6], "run_in_executor": [80e-6] * 5}}
+    figures = {f.name: f for f in compare.overhead_figures(latest, now)}
+    assert figures["overhead, no-op: offload thread (µs/call)"].verdict == "**moved: higher** (worse)"
+    assert not figures["overhead, no-op: run_in_executor (µs/call)"].moved
+    assert "50.0 (median only)" in compare.report(list(figures.values()), [])
+    # The committed result (medians only, from before the rounds were kept) compares too.
+    committed = json.loads((common.RESULTS / "overhead" / "overhead.json").read_text())
+    assert compare.overhead_figures(committed, now)
