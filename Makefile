@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
+.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -34,10 +34,12 @@ help:
 	@echo "make demo    - run the loop-lag demo (inline vs thread vs process)"
 	@echo "make docs    - build the documentation site into site/"
 	@echo "make check-vllm-seams [VLLM_SPEC='vllm==0.33.0'] - look for the adapter's seams in a vLLM release's source, without installing it"
-	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 15 min on 2 cores) into benchmarks/results/"
+	@echo "make bench-list - every benchmark suite: its question, command, minutes on 2 cores, output (python -m benchmarks)"
+	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 10 min on 2 cores) into benchmarks/results/latest/"
+	@echo "make bench-compare - rerun the steady figures (per-call overhead, CPU per request) against benchmarks/results/latest (about 10 min)"
 	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
 	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
-	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 12 min) into benchmarks/results/"
+	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 10 min) into benchmarks/results/latest/"
 	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
 
 venv: $(STAMP)
@@ -71,9 +73,9 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 test: $(STAMP) lint typecheck docs
+	# tests/ and benchmarks/tests/ (pyproject's testpaths): every benchmark suite runs
+	# once at a tiny size, and pytest-benchmark files once, untimed, so none can rot.
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
-	# pytest-benchmark files run once, untimed, so they cannot rot.
-	$(BIN)/python -m pytest benchmarks -q --benchmark-disable
 	$(MAKE) test-ray
 
 serve: $(STAMP)
@@ -110,47 +112,57 @@ check-vllm-seams: $(STAMP)
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
 
-# Results, report and plots go to benchmarks/results/; the plots are copied to
-# docs/img/ for the benchmarks page, which includes the report's tables.
-# The paired run: every row's server side by side, short blocks in a random
-# order per round, CPU per request from /proc (about 15 min on 2 cores).
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_paired
-	$(BIN)/python -m benchmarks.plots
+# The benchmark suites, through their one entry point (`python -m benchmarks`
+# lists them). Each writes its current result into benchmarks/results/latest/SUITE/;
+# `python -m benchmarks plots` remakes the benchmarks page's decision table and
+# pictures (docs/img/) from those results.
+bench-list: $(STAMP)
+	$(BIN)/python -m benchmarks
 
-# Mixed traffic: small requests alone, then under a flood of heavy
-# ones, every row's server side by side; the preprocess variant (long inputs
-# truncated to 32 tokens), 5 rounds. Other variants: --variant engine|score|multimodal.
+# The paired run: every row's server side by side, short blocks in a random
+# order per round, CPU per request from /proc (about 10 min on 2 cores).
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks paired
+	$(BIN)/python -m benchmarks plots
+
+# The regression check: per-call overhead and CPU per request on this tree
+# against benchmarks/results/latest, on the same machine, with intervals.
+bench-compare: $(STAMP)
+	$(BIN)/python -m benchmarks compare
+
+# Mixed traffic: small requests alone, then under a flood of heavy ones, every
+# row's server side by side; the preprocess variant (long inputs truncated to
+# 32 tokens), 5 rounds. Other variants: --variant engine|score|token-ids|multimodal.
 bench-mixed: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_mixed
-	$(BIN)/python -m benchmarks.plots
+	$(BIN)/python -m benchmarks mixed
+	$(BIN)/python -m benchmarks plots
 
 # Fairness at library level (no vLLM): two backlogged lanes (4:1, 1:1) or flows,
-# fair scheduling against FIFO, served cost counted by declared costs in start
-# order; into benchmarks/results/fairness/.
+# fair scheduling against FIFO, served cost counted by declared costs in start order.
 bench-fairness: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_fairness
-	$(BIN)/python -m benchmarks.plots
+	$(BIN)/python -m benchmarks fairness
+	$(BIN)/python -m benchmarks plots
 
 # The concurrency sweep (1..128 clients) and the library-level image run.
+SWEEP := benchmarks/results/latest/sweep
 bench-sweep: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_e2e
-	$(BIN)/python -m benchmarks.bench_image
-	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+	$(BIN)/python -m benchmarks sweep
+	$(BIN)/python -m benchmarks image
+	mkdir -p docs/img && cp $(SWEEP)/e2e_tiny.png docs/img/
 
 bench-full: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_e2e --full
-	$(BIN)/python -m benchmarks.bench_image
-	mkdir -p docs/img && cp benchmarks/results/e2e_*.png docs/img/
+	$(BIN)/python -m benchmarks sweep --full
+	$(BIN)/python -m benchmarks image
+	mkdir -p docs/img && cp $(SWEEP)/e2e_tiny.png docs/img/
 
 # Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
 bench-multimodal: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_e2e --workloads clip --clients 1 16 64 --out benchmarks/results/multimodal
-	mkdir -p docs/img && cp benchmarks/results/multimodal/e2e_clip.png docs/img/
+	$(BIN)/python -m benchmarks sweep --workloads clip --clients 1 16 64 --out $(SWEEP)/multimodal
+	mkdir -p docs/img && cp $(SWEEP)/multimodal/e2e_clip.png docs/img/
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_gpu
+	$(BIN)/python -m benchmarks gpu
 
 demo: $(STAMP)
 	$(BIN)/python docs/examples/loop_lag_demo.py

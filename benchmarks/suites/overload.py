@@ -1,0 +1,215 @@
+"""Overload benchmark: a vLLM pooling server at 128 clients, with and without a queue bound.
+
+Two servers (same strategy and workers; one with `OFFLOAD_VLLM_MAX_QUEUE`) run
+side by side; levels alternate between them (A B, B A, ...) so that the
+machine's drift falls on both rows alike. For each level: accepted-request
+latency (200s only), 503s, requests/s, and `/health` latency probed from
+another process (`benchmarks.harness.load.HealthProber`).
+
+A client refused with 503 waits the `Retry-After` it got, times
+`--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
+more pressure on), and sends its next request.
+
+    python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
+    python -m benchmarks overload --smoke --out DIR
+
+Writes overload.json and overload.md into --out (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import common as _common
+from benchmarks.harness import load, models, progress, workloads
+from benchmarks.harness.server import ServerConfig, running_servers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Starting two real servers is most of the smoke run; the smoke test allows this much.
+SMOKE_TIMEOUT_S = 900
+
+CLIENTS = 128
+STRATEGY = "thread"
+WORKERS = 2
+#: 2 workers + 30: at most 32 requests in flight in the server (a quarter of the
+#: 128 clients), enough for the engine to batch, few enough not to queue long.
+MAX_QUEUE = 30
+
+
+async def _level(
+    url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+) -> dict[str, Any]:
+    import aiohttp
+
+    accepted: list[float] = []
+    statuses: dict[int, int] = {}
+    connector = aiohttp.TCPConnector(limit=clients)
+    timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        stop = start + seconds
+        issued = 0
+
+        async def client() -> None:
+            nonlocal issued
+            while time.perf_counter() < stop:
+                payload = make_payload(issued)
+                issued += 1
+                t0 = time.perf_counter()
+                async with session.post(url, json=payload) as resp:
+                    await resp.read()
+                    status = resp.status
+                    retry_after = float(resp.headers.get("Retry-After", "0") or 0)
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 200:
+                    accepted.append(time.perf_counter() - t0)
+                elif status == 503:
+                    await asyncio.sleep(retry_after * retry_fraction)
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    stats = load.summarize_ms(accepted)
+    return {
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "accepted_per_s": len(accepted) / wall,
+        "accepted_p50_ms": stats["p50_ms"],
+        "accepted_p99_ms": stats["p99_ms"],
+        "duration_s": wall,
+    }
+
+
+def run_level(
+    base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+) -> dict[str, Any]:
+    with load.HealthProber(base_url) as prober:
+        result = asyncio.run(
+            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction)
+        )
+    result["health"] = prober.summary()
+    return result
+
+
+def _interval(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.2f}" if values else "-"
+    # The median of the per-pair ratios, and their range: with 5 pairs the
+    # range covers the median with 94% (order statistics), no normality assumed.
+    return f"{statistics.median(values):.2f} (median of {len(values)} pairs; range {min(values):.2f}-{max(values):.2f})"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    lines = [
+        "<!-- --8<-- [start:meta] -->",
+        (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
+        f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
+        f"{CLIENTS} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
+        f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
+        "<!-- --8<-- [end:meta] -->",
+        "",
+        "<!-- --8<-- [start:tables] -->",
+        "| row | accepted/s | accepted p50 ms | accepted p99 ms | 503s | /health p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, levels in rows.items():
+        lines.append(
+            f"| {name} | {statistics.mean(x['accepted_per_s'] for x in levels):.1f} "
+            f"| {statistics.mean(x['accepted_p50_ms'] for x in levels):.0f} "
+            f"| {statistics.mean(x['accepted_p99_ms'] for x in levels):.0f} "
+            f"| {sum(x['statuses'].get('503', 0) for x in levels)} "
+            f"| {statistics.mean(x['health']['p99_ms'] for x in levels):.1f} |"
+        )
+    ratios = result["ratios"]
+    lines += [
+        "",
+        (f"Per pair, bounded / unbounded: accepted p99 {_interval(ratios['accepted_p99'])}; "
+        f"/health p99 {_interval(ratios['health_p99'])}."),
+        "<!-- --8<-- [end:tables] -->",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="one pair of 3 s levels at 16 clients")
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument(
+        "--retry-fraction", type=float, default=1.0,
+        help="a refused client waits Retry-After times this before its next request",
+    )
+    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
+    args = p.parse_args(argv)
+    clients = 16 if args.smoke else CLIENTS
+    pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
+    configs = {
+        "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
+        f"max_queue={MAX_QUEUE}": ServerConfig(
+            f"max_queue={MAX_QUEUE}", STRATEGY,
+            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
+        ),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
+        urls = {
+            name: url
+            for name, (url, _) in stack.enter_context(
+                running_servers(
+                    {name: config.eager() if args.smoke else config for name, config in configs.items()},
+                    model,
+                    {name: args.out / "logs" / f"overload-{name}.log" for name in configs},
+                )
+            ).items()
+        }
+        make_payload = workloads.long_text_factory(str(model))
+        for url in urls.values():  # warm-up, not measured: first requests allocate
+            asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+        names = list(configs)
+        with progress.Progress(pairs * len(names), "overload levels") as bar:
+            for pair in range(pairs):
+                order = names if pair % 2 == 0 else names[::-1]
+                for name in order:
+                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction)
+                    rows[name].append(level)
+                    bar.step(f"pair {pair + 1} {name}")
+                    bar.note(f"pair {pair + 1} {name}: {json.dumps(level)}")
+    bounded, unbounded = rows[names[1]], rows[names[0]]
+    ratios = {
+        "accepted_p99": [b["accepted_p99_ms"] / u["accepted_p99_ms"] for b, u in zip(bounded, unbounded, strict=True) if u["accepted_p99_ms"]],
+        "health_p99": [b["health"]["p99_ms"] / u["health"]["p99_ms"] for b, u in zip(bounded, unbounded, strict=True) if u["health"]["p99_ms"]],
+    }
+    result = {
+        "argv": argv, "machine": f"{platform.machine()} {load_cpus()} CPUs", "started": started,
+        "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
+        "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
+    }
+    (args.out / "overload.json").write_text(json.dumps(result, indent=2))
+    (args.out / "overload.md").write_text(markdown(result))
+    print(f"wrote the results into {args.out}")
+    return 0
+
+
+def load_cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

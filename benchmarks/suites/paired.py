@@ -1,0 +1,397 @@
+"""Paired, interleaved end-to-end benchmark: CPU per request of a vLLM pooling
+server under each offload strategy, against vLLM's default, with intervals.
+
+All rows' servers run side by side (tiny BERT, 160-word inputs); the load
+visits them in short blocks, in a fresh random order every round, so that the
+machine's drift and its neighbours' noise fall on every row alike. Only the
+row being measured gets traffic. For every block and row:
+
+- completed requests/s, latency p50/p99, `/health` p99 (probed from another process);
+- CPU seconds from `/proc`, per completed request, of: the API server's
+  event-loop thread, the whole API-server process, offload's worker processes,
+  and the engine (engine core + model worker), and their total;
+- the projected ceiling of one API server: 1 / (loop-thread CPU per request),
+  requests/s one API server could take before its loop is saturated; unlike
+  throughput on this 2-core machine, it carries to a host with free cores.
+
+Each strategy's figures are compared with vLLM's default *per round* (the
+blocks of one round ran minutes apart at most); the report gives the median
+ratio with a distribution-free 95% interval (order statistics) and a verdict.
+
+    python -m benchmarks paired                 # make bench: 5 rows, 6 rounds, 8 s blocks
+    python -m benchmarks paired --workload batch --rows process thread
+    python -m benchmarks paired --workload batch --rows process "process nice 0" \
+        thread "thread switch 1ms" "thread 1 worker"       # what keeps the loop waiting
+    python -m benchmarks paired --smoke --out DIR
+
+Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
+texts of 24 words per request: what a request's several prompts cost) and
+`truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
+what tokenizing only the kept part saves; rows `thread`, `thread no prefix`).
+Writes paired.json and paired.md (paired-batch.* for `batch`) into --out
+(default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import common as _common
+from benchmarks.harness import load, models, procstat, progress, stats, workloads
+from benchmarks.harness.server import ServerConfig, running_servers, switch_interval_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Starting the smoke run's two servers is most of it.
+SMOKE_TIMEOUT_S = 900
+
+DEFAULT = "vLLM default"
+#: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
+#: They measure, one step at a time, what keeps the event loop waiting
+#: beside the workers (the loop-first targets): the process workers' niceness (10
+#: by default), the GIL's switch interval (5 ms by default), the thread pool's size.
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "process nice 0": ("process", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_WORKER_NICE": "0"}),
+    "thread switch 1ms": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", **switch_interval_env(0.001)}),
+    "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
+    # What prefix tokenization and cross-request batches add (the truncated workload).
+    "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
+}
+ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
+#: Two workers where the strategy has a pool: as many as this machine has cores.
+WORKERS = {"thread": "2", "process": "2"}
+#: Each server reserves this share of RAM for its KV cache (five run at once).
+MEMORY_FRACTION = "0.04"
+#: name -> (what the report says, payload factory of the model path)
+WORKLOADS: dict[str, tuple[str, Any]] = {
+    "tiny": ("160-word inputs, one per request", lambda model: workloads.long_text_factory(model)),
+    "batch": (
+        "32 inputs of 24 words per request",
+        lambda model: workloads.many_texts_factory(model, per_request=32, words=24),
+    ),
+    "truncated": (
+        "16 inputs of 1500 words per request, kept to 32 tokens",
+        lambda model: workloads.truncated_texts_factory(model, per_request=16, words=1500, keep=32),
+    ),
+}
+PART_NAMES = {
+    "loop": "loop thread",
+    "loop_kernel": "of which in the kernel",
+    "api": "API-server process",
+    "workers": "offload workers",
+    "engine": "engine + model worker",
+    "total": "total",
+}
+
+SWITCH_NAMES = {
+    "sleeps": "went to sleep (voluntary)",
+    "preempted": "preempted (involuntary)",
+}
+
+
+def config(row: str) -> ServerConfig:
+    args = ("--gpu-memory-utilization", MEMORY_FRACTION)
+    if row == DEFAULT:
+        # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
+        return ServerConfig(row, extra_args=(*args, "--renderer-num-workers", "1"))
+    if row in VARIANTS:
+        strategy, env = VARIANTS[row]
+        return ServerConfig(f"offload {row}", strategy=strategy, extra_args=args, env=env)
+    env = {"OFFLOAD_VLLM_WORKERS": WORKERS[row]} if row in WORKERS else {}
+    return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
+
+
+def measure_block(url: str, pid: int, clients: int, make_payload: Any, seconds: float) -> dict[str, Any]:
+    before = procstat.snapshot(pid)
+    level = load.run_level(url, "/v1/embeddings", clients, make_payload, seconds, max_requests=10**9)
+    after = procstat.snapshot(pid)
+    used = procstat.cpu_used(before, after)
+    done = max(level.requests, 1)
+    return {
+        "requests": level.requests,
+        "errors": level.errors,
+        "first_error": level.first_error,
+        "requests_per_s": level.requests_per_s,
+        "p50_ms": level.p50_ms,
+        "p99_ms": level.p99_ms,
+        "health_p99_ms": level.health.get("p99_ms", 0.0),
+        "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
+        "loop_switches_per_request": {
+            kind: count / done for kind, count in procstat.loop_switches(before, after).items()
+        },
+        "new_workers": procstat.new_workers(before, after),
+    }
+
+
+def _metric(block: dict[str, Any], name: str) -> float:
+    if name.startswith("cpu:"):
+        return float(block["cpu_ms_per_request"][name[4:]])
+    if name.startswith("switches:"):
+        # Older results have no switch counts.
+        return float(block.get("loop_switches_per_request", {}).get(name[9:], 0.0))
+    if name == "ceiling":
+        loop_ms = block["cpu_ms_per_request"]["loop"]
+        return 1e3 / loop_ms if loop_ms > 0 else 0.0
+    return float(block[name])
+
+
+def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    metrics = [
+        "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
+        *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
+    ]
+    summary: dict[str, Any] = {}
+    for row, row_blocks in blocks.items():
+        summary[row] = {"values": {}, "ratio": {}}
+        for metric in metrics:
+            values = [_metric(b, metric) for b in row_blocks]
+            summary[row]["values"][metric] = stats.median_interval(values).__dict__
+            if row != DEFAULT and DEFAULT in blocks:
+                base = [_metric(b, metric) for b in blocks[DEFAULT]]
+                ratios = stats.paired_ratios(values, base)
+                if ratios:
+                    summary[row]["ratio"][metric] = stats.median_interval(ratios).__dict__
+    return summary
+
+
+def _fmt(interval: dict[str, float], digits: int = 2) -> str:
+    return f"{interval['median']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) -> str:
+    ratio = row["ratio"].get(metric)
+    if ratio is None:
+        return "–"
+    interval = stats.Interval(**ratio)
+    return f"{_fmt(ratio)}x, {stats.verdict(interval, higher=higher, lower=lower)}"
+
+
+def targets(summary: dict[str, Any]) -> list[str]:
+    """The CPU-per-request targets, read from this run."""
+    lines = []
+
+    def check(row: str, metric: str, bound: float, what: str, *, at_least: bool = False) -> None:
+        ratio = summary.get(row, {}).get("ratio", {}).get(metric)
+        if ratio is None:
+            return
+        median = ratio["median"]
+        met = median >= bound if at_least else median <= bound
+        sign = ">=" if at_least else "<="
+        lines.append(
+            f"- {what} {sign} {bound}x default: {median:.2f}x "
+            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — **{'met' if met else 'missed'}** (median)"
+        )
+
+    check("process", "cpu:loop", 0.6, "`process` loop-thread CPU/request")
+    check("process", "cpu:api", 0.7, "`process` whole-API-server CPU/request")
+    check("process", "cpu:total", 1.3, "`process` total CPU/request")
+    check("thread", "cpu:api", 1.0, "`thread` whole-API-server CPU/request")
+    check("process", "ceiling", 1.6, "`process` projected ceiling of one API server", at_least=True)
+    for row in ROWS[2:]:
+        ratio = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
+        if ratio is not None:
+            slower = ratio["high"] < 1
+            lines.append(
+                f"- `{row}` throughput vs default: {_fmt(ratio)}x — "
+                f"{'**slower beyond its interval (missed)**' if slower else 'not slower beyond its interval (met)'}"
+            )
+    process = summary.get("process", {}).get("values", {}).get("health_p99_ms")
+    if process is not None:
+        lines.append(
+            f"- `process` `/health` p99 <= 20 ms: {_fmt(process, 1)} ms — "
+            f"**{'met' if process['median'] <= 20 else 'missed'}** (median)"
+        )
+    return lines
+
+
+def loop_targets(summary: dict[str, Any]) -> list[str]:
+    """The loop-first targets for the batch workload: `/health` no worse than default's."""
+    lines = []
+    for row, bound in (("process", 0.5), ("thread", 1.0)):
+        health = summary.get(row, {}).get("ratio", {}).get("health_p99_ms")
+        rate = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
+        if health is None or rate is None:
+            continue
+        met = health["median"] <= bound
+        lines.append(
+            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — **{'met' if met else 'missed'}** "
+            f"(median); requests/s {_fmt(rate)}x — "
+            f"{'**lower beyond its interval (missed)**' if rate['high'] < 1 else 'not lower beyond its interval (met)'}"
+        )
+    return lines
+
+
+def truncated_targets(summary: dict[str, Any]) -> list[str]:
+    """The truncated workload's target: `thread` (prefix tokenization on) serves
+    at least 4x the requests/s of vLLM's default."""
+    ratio = summary.get("thread", {}).get("ratio", {}).get("requests_per_s")
+    if ratio is None:
+        return []
+    met = ratio["median"] >= 4
+    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — **{'met' if met else 'missed'}** (median)"]
+
+
+def _targets(result: dict[str, Any]) -> list[str]:
+    workload = result.get("workload", "tiny")
+    if workload == "tiny":
+        return targets(result["summary"])
+    if workload == "truncated":
+        return truncated_targets(result["summary"])
+    return loop_targets(result["summary"])
+
+
+def markdown(result: dict[str, Any]) -> str:
+    summary = result["summary"]
+    rows = list(summary)
+    lines = [
+        "<!-- --8<-- [start:meta] -->",
+        (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
+        f"{result['started']}: tiny BERT embedding (random weights), {WORKLOADS[result.get('workload', 'tiny')][0]}, "
+        f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
+        "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
+        f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
+        f"with {result['rounds']} rounds)."),
+        "<!-- --8<-- [end:meta] -->",
+        "",
+        "<!-- --8<-- [start:tables] -->",
+        "| row | requests/s | latency p99 ms | /health p99 ms | requests/s vs default | /health p99 vs default |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        v = summary[row]["values"]
+        lines.append(
+            f"| {row} | {_fmt(v['requests_per_s'], 1)} | {_fmt(v['p99_ms'], 0)} | {_fmt(v['health_p99_ms'], 1)} | "
+            f"{_ratio_cell(summary[row], 'requests_per_s', higher='faster', lower='slower')} | "
+            f"{_ratio_cell(summary[row], 'health_p99_ms', higher='slower', lower='faster')} |"
+        )
+    lines += [
+        "",
+        "CPU per completed request (ms), from `/proc`:",
+        "",
+        "| row | " + " | ".join(PART_NAMES.values()) + " | projected ceiling of one API server (req/s) |",
+        "|---|" + "---|" * (len(PART_NAMES) + 1),
+    ]
+    for row in rows:
+        v = summary[row]["values"]
+        cells = [_fmt(v[f"cpu:{p}"]) for p in PART_NAMES]
+        lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['ceiling'], 0)} |")
+    lines += [
+        "",
+        "Paired ratios to vLLM default (per round; < 1 is less CPU):",
+        "",
+        "| row | " + " | ".join(PART_NAMES.values()) + " | projected ceiling |",
+        "|---|" + "---|" * (len(PART_NAMES) + 1),
+    ]
+    for row in rows:
+        if row == DEFAULT:
+            continue
+        cells = [_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES]
+        cells.append(_ratio_cell(summary[row], "ceiling", higher="higher", lower="lower"))
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        (
+            "The loop thread's context switches per completed request, from `/proc` (the loop "
+            "sleeps when it waits for I/O or for the GIL; it is preempted when more threads "
+            "want to run than there are cores):"
+        ),
+        "",
+        "| row | " + " | ".join(SWITCH_NAMES.values()) + " |",
+        "|---|" + "---|" * len(SWITCH_NAMES),
+    ]
+    for row in rows:
+        v = summary[row]["values"]
+        cells = [_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
+    errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
+    lines += [
+        "",
+        (f"Worker processes spawned during measured blocks: {spawned}. Failed requests: {errors}. "
+        f"Server start-up (all rows at once): {result['startup_s']:.0f} s."),
+        "<!-- --8<-- [end:tables] -->",
+        "",
+        "<!-- --8<-- [start:targets] -->",
+        *_targets(result),
+        "<!-- --8<-- [end:targets] -->",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="2 rows, 2 rounds of 2 s blocks at 8 clients")
+    p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=_common.RESULTS / "paired")
+    args = p.parse_args(argv)
+    if args.smoke:
+        rows, rounds, seconds, clients = [DEFAULT, "process"], 2, 2.0, 8
+    else:
+        rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
+    if DEFAULT not in rows:
+        rows = [DEFAULT, *rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    shuffle = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
+        began = time.perf_counter()
+        # Started together; all stay up.
+        with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
+            servers = stack.enter_context(
+                running_servers(
+                    {row: config(row).eager() if args.smoke else config(row) for row in rows},
+                    model,
+                    {row: args.out / "logs" / f"paired-{row.replace(' ', '-')}.log" for row in rows},
+                )
+            )
+        startup_s = time.perf_counter() - began
+        make_payload = WORKLOADS[args.workload][1](str(model))
+        with progress.phase("warming up every server"):
+            for url, pid in servers.values():  # not measured
+                measure_block(url, pid, min(clients, 8), make_payload, 2.0)
+        blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
+        with progress.Progress(rounds * len(rows), "paired blocks") as bar:
+            for round_number in range(rounds):
+                order = list(rows)
+                shuffle.shuffle(order)
+                for row in order:
+                    url, pid = servers[row]
+                    block = measure_block(url, pid, clients, make_payload, seconds)
+                    blocks[row].append(block)
+                    bar.step(f"round {round_number + 1} {row}")
+                    bar.note(
+                        f"round {round_number + 1} {row}: {block['requests_per_s']:.1f} requests/s, loop thread "
+                        f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors"
+                    )
+    result = {
+        "argv": argv, "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs",
+        "started": started, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
+        "startup_s": startup_s, "blocks": blocks, "summary": summarize(blocks),
+    }
+    stem = "paired" if args.workload == "tiny" else f"paired-{args.workload}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.md").write_text(markdown(result))
+    print(f"wrote {args.out / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

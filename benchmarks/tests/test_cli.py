@@ -1,0 +1,89 @@
+"""`python -m benchmarks`: the listing, a suite's run with its progress and its answer."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cli
+from benchmarks.harness import progress
+from benchmarks.registry import SUITES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_listing_names_every_suite_with_its_question_command_minutes_and_output() -> None:
+    text = cli.listing()
+    for suite in SUITES:
+        assert suite.question in text
+        assert f"python -m benchmarks {suite.name}  (~{suite.minutes:g} min on {suite.measured_on}" in text
+        assert f"writes {suite.output}" in text
+
+
+def test_every_suite_module_exists_and_has_a_main() -> None:
+    for suite in SUITES:
+        path = ROOT / (suite.module.replace(".", "/") + ".py")
+        assert "\ndef main(" in path.read_text(), suite.name
+
+
+def test_an_unknown_suite_is_refused_with_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no suite 'nope'" in err
+    assert "paired" in err
+    assert "compare" in err
+
+
+def test_the_answer_is_the_targets_then_the_tables() -> None:
+    report = ("# title\n\n<!-- --8<-- [start:meta] -->\nmeta\n<!-- --8<-- [end:meta] -->\n"
+              "<!-- --8<-- [start:tables] -->\n| a |\n<!-- --8<-- [end:tables] -->\n"
+              "<!-- --8<-- [start:targets] -->\n- met\n<!-- --8<-- [end:targets] -->\n")
+    assert cli.answer(report) == "- met\n\n| a |"
+
+
+def test_a_suite_run_prints_progress_then_its_answer_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under pytest stderr is no terminal: progress comes as plain lines with the time left."""
+    assert cli.main(["overhead", "--smoke", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"\[overhead rounds\] 1/\d+ .*elapsed, about \d\d:\d\d left", err), err
+    assert "\r" not in err
+    answer = out[out.index("== overhead: answer"):]
+    assert answer.index("| contender | µs / call") < answer.index("Whole report:")
+
+
+def test_progress_draws_a_bar_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    with progress.Progress(2, "steps", stream=stream) as bar:
+        bar.step("one")
+        bar.note("a line of output")
+        bar.step("two")
+    text = stream.getvalue()
+    assert "\r" in text
+    assert "2/2" in text
+    assert "a line of output" in text
+
+
+def test_progress_away_from_a_terminal_writes_a_line_per_reported_step() -> None:
+    stream = io.StringIO()
+    with progress.Progress(3, "steps", stream=stream) as bar:
+        for _ in range(3):
+            bar.step()
+    lines = stream.getvalue().splitlines()
+    # The first and the last always; the middle one only LINE_EVERY_S after the first.
+    assert [line.split(":")[0] for line in lines] == ["[steps] 1/3", "[steps] 3/3"]
+    assert lines[-1].endswith("about 00:00 left")
+
+
+def test_the_benchmarks_page_names_every_suite() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    table = page[page.index("## Run a suite"):page.index("## Headline results")]
+    assert [s.name for s in SUITES if f"`{s.name}`" not in table] == []

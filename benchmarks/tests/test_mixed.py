@@ -1,0 +1,620 @@
+"""The mixed-traffic benchmark's parts that need no vLLM: which rows today's adapter
+can run, the request tally (lost and unsent requests included), the small requests'
+Poisson schedule, pausing the idle servers, and verdicts from made-up rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import unittest.mock
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.harness import idle_servers, load, mixed
+from benchmarks.harness.server import ServerFailed
+from benchmarks.suites import mixed as bench_mixed
+
+TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
+LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C] [--offload-express-cost C] [--offload-validation-shortcut 1|0]"
+
+
+def test_rows_that_need_new_flags_wait_for_them() -> None:
+    config, notes = bench_mixed.plan(bench_mixed.ROWS["thread fifo"], TODAY)
+    assert config is not None
+    assert "--offload-scheduling" not in config.extra_args  # FIFO is all today's adapter does
+    assert notes
+    assert bench_mixed.plan(bench_mixed.ROWS["thread lanes"], TODAY)[0] is None
+    config, notes = bench_mixed.plan(bench_mixed.ROWS["process lanes + priority"], TODAY)
+    assert config is None
+    assert "--offload-engine-priority" in notes[0]
+    # An adapter with lanes but no inline cost cannot run the inline-0 rows.
+    config, notes = bench_mixed.plan(bench_mixed.ROWS["thread lanes inline 0"], TODAY + " [--offload-scheduling S]")
+    assert config is None
+    assert "--offload-inline-cost" in notes[0]
+    # Nor one without the express worker the express rows.
+    config, notes = bench_mixed.plan(
+        bench_mixed.ROWS["process lanes express 0"], TODAY + " [--offload-scheduling S] [--offload-inline-cost C]"
+    )
+    assert config is None
+    assert "--offload-express-cost" in notes[0]
+    for row in bench_mixed.ROWS.values():
+        config, notes = bench_mixed.plan(row, LATER)
+        assert config == row.config
+        assert notes == []
+
+
+def test_the_report_names_a_rows_environment() -> None:
+    # Rows that differ only in their environment must not print the same command.
+    switch = bench_mixed._server_command(bench_mixed.ROWS["thread lanes switch 1ms"].config, ())
+    plain = bench_mixed._server_command(bench_mixed.ROWS["thread lanes"].config, ())
+    assert switch == "OFFLOAD_BENCH_SWITCH_INTERVAL=0.001 PYTHONPATH=benchmarks/harness/switch_interval " + plain
+    assert plain.startswith("python -m offload_vllm serve MODEL --offload-strategy thread")
+
+
+def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float | None = None) -> dict[str, Any]:
+    """One round of a row; `health_ms`: /health p99 until the answer arrived
+    (None: a result from before that was measured)."""
+    def phase(p50: float, per_s: float) -> dict[str, Any]:
+        return {"sent": 10, "statuses": {"200": 10}, "lost": 0, "ok": 10, "p50_ms": p50, "p99_ms": 2 * p50,
+                "max_ms": 2 * p50, "requests_per_s": per_s, "first_error": ""}
+
+    return {"alone": phase(alone_ms, 100.0), "flooded": phase(flooded_ms, 10.0),
+            "heavy": phase(500.0, heavy_per_s),
+            "health": {"p99_ms": 5.0, "failures": 0.0} if health_ms is None
+            else {"p99_ms": health_ms, "p99_arrived_ms": health_ms, "failures": 0.0}}
+
+
+def test_verdicts_come_from_the_rounds() -> None:
+    blocks = {
+        bench_mixed.DEFAULT: [block(10, 1000 + r, 20, health_ms=12 + r) for r in range(5)],
+        "thread fifo": [block(10, 600 + r, 20, health_ms=15 + r) for r in range(5)],
+        "thread lanes": [block(10, 20 + r, 18.6 + 0.1 * r, health_ms=9 + r) for r in range(5)],
+    }
+    evaluated = [bench_mixed.evaluate(t, blocks) for t in bench_mixed.targets(list(blocks))]
+    results = {(t["row"], t["metric"], t["baseline"]): t for t in evaluated}
+    assert results[(bench_mixed.DEFAULT, "p50_ratio", None)]["met"] is False
+    lanes = results[("thread lanes", "p50_ratio", None)]
+    assert lanes["met"] is True
+    assert lanes["interval"]["median"] == pytest.approx(2.2)
+    assert results[("thread lanes", "heavy_per_s", "thread fifo")]["met"] is False  # 0.94x < 0.95x
+    assert results[("thread lanes", "heavy_per_s", bench_mixed.DEFAULT)]["met"] is True  # 0.94x >= 0.9x
+    # /health: at most max(10 ms, the default's median, 14 ms), judged on the row's own values.
+    health = {row: results[(row, "health_p99_arrived_ms", None)] for row in ("thread fifo", "thread lanes")}
+    assert (health["thread fifo"]["bound"], health["thread fifo"]["met"]) == (14, False)  # 17 ms
+    assert (health["thread lanes"]["bound"], health["thread lanes"]["met"]) == (14, True)  # 11 ms
+    assert (bench_mixed.DEFAULT, "health_p99_arrived_ms", None) not in results  # not judged against itself
+    assert bench_mixed.verdict_line(health["thread lanes"]).endswith(
+        "<= 14 ms: 11.0 [9.0, 13.0] ms — **met** (median; the whole interval)"
+    )
+    # The floor holds where the default's own /health is faster.
+    quick = {**blocks, bench_mixed.DEFAULT: [block(10, 1000 + r, 20, health_ms=3) for r in range(5)]}
+    floor = bench_mixed.evaluate(next(t for t in bench_mixed.targets(list(quick))
+                                      if t.metric == "health_p99_arrived_ms" and t.row == "thread lanes"), quick)
+    assert (floor["bound"], floor["met"]) == (10, False)  # 11 ms > 10 ms
+    summary = bench_mixed.summarize(blocks)
+    assert {(p["row"], p["baseline"]) for p in summary["pairs"]} == {
+        ("thread fifo", bench_mixed.DEFAULT), ("thread lanes", bench_mixed.DEFAULT), ("thread lanes", "thread fifo"),
+    }
+    assert summary["rows"]["thread lanes"]["counts"]["heavy"] == {
+        "sent": 50, "statuses": {"200": 50}, "lost": 0, "unsent": 0,
+    }
+    assert summary["rows"]["thread lanes"]["small_sent"] == {"alone": [10] * 5, "flooded": [10] * 5}
+    line = bench_mixed.verdict_line(lanes)
+    assert "**met**" in line
+    assert "2.20" in line
+
+
+def _read_head(conn: socket.socket) -> bytes | None:
+    """Read up to the end of one request's head; None if the client closed first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+@contextlib.contextmanager
+def _loopback_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback server running `handle(conn)` on a thread per connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+@pytest.fixture
+def answering_server() -> Iterator[str]:
+    """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
+    /close 200 with `Connection: close` and closes, /chunked a chunked 200,
+    /busy 503, /drop closes the connection unanswered, /hang never answers."""
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while (data := _read_head(conn)) is not None:
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                path = head.split(b" ")[1]
+                if path == b"/drop":
+                    return
+                if path == b"/slow":
+                    time.sleep(0.5)
+                if path == b"/close":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+                    return
+                if path == b"/hang":  # never answers; returns once the client gives up
+                    conn.recv(1)
+                    return
+                if path == b"/chunked":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+                    continue
+                status = b"200 OK" if path in (b"/ok", b"/health", b"/slow") else b"503 Service Unavailable"
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}")
+
+    with _loopback_server(serve) as url:
+        yield url
+
+
+@pytest.mark.parametrize(("path", "status"), [("/ok", "200"), ("/busy", "503"), ("/drop", None)])
+def test_tally_counts_every_answer_and_every_lost_request(answering_server: str, path: str, status: str | None) -> None:
+    tally = mixed.Tally()
+    asyncio.run(mixed.closed_loop(answering_server + path, [b"{}"], 2, lambda: tally.sent < 6, tally))
+    assert tally.sent == 6
+    if status is None:
+        assert tally.lost == 6
+        assert tally.first_error
+    else:
+        assert tally.statuses == {status: 6}
+        assert tally.lost == 0
+    assert len(tally.latencies_s) == (6 if status == "200" else 0)
+    summary = tally.summary((0.0, float("inf")))
+    assert summary["lost"] == tally.lost
+
+
+@pytest.mark.parametrize(("path", "status"), [("/ok", "200"), ("/busy", "503"), ("/drop", None)])
+def test_the_timed_client_counts_every_answer_and_when_it_arrived(
+    answering_server: str, path: str, status: str | None
+) -> None:
+    """The plain-socket open loop tallies as aiohttp's does, and reads when each
+    200 reached its socket: no later than the client saw it, for nearly all."""
+    tally = mixed.run_open_timed(answering_server + path, [b"{}"], [0.01 * n for n in range(20)])
+    assert tally.sent == 20
+    assert tally.unsent == 0
+    if status is None:
+        assert tally.lost == 20
+        assert "ConnectionError" in tally.first_error
+    else:
+        assert tally.statuses == {status: 20}
+        assert tally.lost == 0
+    if status != "200":
+        assert tally.latencies_s == tally.arrivals_s == []
+        assert "p99_arrived_ms" not in tally.summary((0.0, float("inf")))
+        return
+    assert len(tally.arrivals_s) == len(tally.latencies_s) == len(tally.waits_s) == 20
+    timed = [(a, lat) for a, lat in zip(tally.arrivals_s, tally.latencies_s, strict=True) if a is not None]
+    assert len(timed) >= load.ARRIVALS_NEEDED * 20
+    assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in timed)
+    summary = tally.summary((0.0, float("inf")))
+    assert 0 < summary["p99_arrived_ms"] <= summary["p99_ms"] + 1.0
+    assert mixed.Tally.from_dict(tally.as_dict()).arrivals_s == tally.arrivals_s
+
+
+def test_the_timed_client_sends_no_more_than_max_in_flight(answering_server: str) -> None:
+    """Due while `max_in_flight` wait for their answers: counted unsent, not sent."""
+    tally = mixed.run_open_timed(answering_server + "/slow", [b"{}"], [0.0, 0.05, 0.1, 0.7], max_in_flight=1)
+    assert (tally.sent, tally.unsent) == (2, 2)
+    assert tally.statuses == {"200": 2}
+    # The first answer's arrival includes the server's 0.5 s.
+    assert all(a is None or a >= 0.5 for a in tally.arrivals_s)
+
+
+def test_the_timed_client_reuses_no_connection_the_server_closes(answering_server: str) -> None:
+    """An answer with `Connection: close` gives its connection up: the next
+    request opens another instead of failing on the closed one."""
+    tally = mixed.run_open_timed(answering_server + "/close", [b"{}"], [0.02 * n for n in range(10)])
+    assert tally.statuses == {"200": 10}
+    assert tally.lost == 0
+
+
+def test_the_timed_client_counts_a_body_it_cannot_read_as_lost(answering_server: str) -> None:
+    tally = mixed.run_open_timed(answering_server + "/chunked", [b"{}"], [0.0, 0.05])
+    assert tally.sent == tally.lost == 2
+    assert "ValueError" in tally.first_error
+    assert "chunked" in tally.first_error
+
+
+def test_the_timed_client_counts_a_request_past_its_timeout_as_lost(
+    answering_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that never answers: each request's socket times out for real
+    (the timeout shortened from 120 s), is counted lost with its error, and
+    the client returns instead of waiting on."""
+    monkeypatch.setattr(mixed, "REQUEST_TIMEOUT_S", 0.3)
+    began = time.monotonic()
+    tally = mixed.run_open_timed(answering_server + "/hang", [b"{}"], [0.0, 0.05, 0.1])
+    assert tally.sent == tally.lost == 3
+    assert tally.statuses == {}
+    assert "TimeoutError" in tally.first_error
+    assert time.monotonic() - began < 3  # within the 0.3 s timeouts, not 120 s
+
+
+def test_poisson_schedule_is_seeded_at_its_rate_with_exponential_gaps() -> None:
+    rate, seconds = 10.0, 2000.0
+    times = mixed.poisson_arrivals(rate, seconds, random.Random(7))
+    assert times == mixed.poisson_arrivals(rate, seconds, random.Random(7))
+    assert times != mixed.poisson_arrivals(rate, seconds, random.Random(8))
+    assert times == sorted(times)
+    assert 0 < times[0]
+    assert times[-1] < seconds
+    assert 0.9 * rate < len(times) / seconds < 1.1 * rate
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    mean = statistics.fmean(gaps)
+    # An exponential distribution's standard deviation is its mean, and e^-1 of it lies above the mean.
+    assert 0.8 < statistics.pstdev(gaps) / mean < 1.2
+    assert 0.3 < sum(g > mean for g in gaps) / len(gaps) < 0.45
+
+
+def test_every_row_gets_the_same_small_schedule_in_a_round() -> None:
+    traffic = bench_mixed.SmallTraffic("poisson", rate=10.0, seed=3)
+    alone = traffic.schedule(100.0, 0, "alone")
+    assert alone == bench_mixed.SmallTraffic("poisson", rate=10.0, seed=3).schedule(100.0, 0, "alone")
+    assert alone != traffic.schedule(100.0, 0, "flooded")
+    assert alone != traffic.schedule(100.0, 1, "alone")
+    assert alone != bench_mixed.SmallTraffic("poisson", rate=10.0, seed=4).schedule(100.0, 0, "alone")
+
+
+def test_requests_beyond_the_in_flight_bound_are_counted_unsent(answering_server: str) -> None:
+    tally = mixed.Tally()
+    # Ten due at once: none can be answered before the loop has looked at all ten.
+    # The last comes once the first three are answered (loopback: milliseconds).
+    arrivals = [0.0] * 10 + [1.0]
+    asyncio.run(mixed.open_loop(answering_server + "/ok", [b"{}"], arrivals, tally, max_in_flight=3))
+    assert (tally.sent, tally.unsent) == (4, 7)
+    assert tally.statuses == {"200": 4}
+    assert tally.lost == 0
+    assert tally.summary((0.0, float("inf")))["unsent"] == 7
+    assert mixed.run_open(answering_server + "/ok", [b"{}"], [0.0] * 10).sent == 10
+
+
+def test_open_loop_counts_lost_requests(answering_server: str) -> None:
+    tally = mixed.run_open(answering_server + "/drop", [b"{}"], [0.0, 0.0, 0.01])
+    assert (tally.sent, tally.lost, tally.unsent) == (3, 3, 0)
+    assert tally.first_error
+
+
+def test_an_open_loop_flood_sends_on_schedule_until_stopped(answering_server: str) -> None:
+    arrivals = [n * 0.05 for n in range(2000)]  # 20 a second for 100 s
+    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    with mixed.Flood(answering_server + "/ok", build, clients=1, arrivals=arrivals) as flood:
+        time.sleep(1.0)
+    tally = flood.tally
+    # About 20 were due in that second; a closed-loop client would have sent
+    # hundreds to a loopback server answering at once, and the whole schedule
+    # would take 100 s.
+    assert 5 <= tally.sent <= 60, tally.sent
+    assert tally.statuses == {"200": tally.sent}
+    assert (tally.lost, tally.unsent) == (0, 0)
+
+
+def test_every_row_gets_the_same_heavy_schedule_in_a_round() -> None:
+    assert bench_mixed.HeavyTraffic(clients=8).schedule(100.0, 0) is None  # closed loop
+    heavy = bench_mixed.HeavyTraffic(rate=20.0, seed=3)
+    times = heavy.schedule(100.0, 0)
+    assert times is not None
+    assert 0.9 * 20 < len(times) / 100 < 1.1 * 20
+    assert times == bench_mixed.HeavyTraffic(rate=20.0, seed=3).schedule(100.0, 0)
+    assert times != heavy.schedule(100.0, 1)
+    assert times != bench_mixed.SmallTraffic("poisson", rate=20.0, seed=3).schedule(100.0, 0, "flooded")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_state(pid: int, stopped: bool) -> bool:
+    deadline = time.monotonic() + 10  # signals arrive within milliseconds; this bounds a hang
+    while (_state(pid) == "T") != stopped:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def two_groups() -> Iterator[list[int]]:
+    """Two processes, each leading its own process group (as the servers do)."""
+    code = "import time\nwhile True: time.sleep(0.01)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(2)]
+    yield [proc.pid for proc in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _fail_while_paused(servers: dict[str, tuple[str, int]]) -> None:
+    """Serve `a` then `b` with the others paused, checking who is stopped; fail while serving `b`."""
+    (_, a), (_, b) = servers["a"], servers["b"]
+    with idle_servers.IdleServers(servers, "paused") as idle:
+        assert _wait_state(a, stopped=True)
+        assert _wait_state(b, stopped=True)
+        with idle.serving("a"):
+            assert _wait_state(a, stopped=False)
+            assert _state(b) == "T"
+            before = idle.others_cpu("a")
+            time.sleep(0.2)
+            assert idle.others_cpu("a") == before  # a stopped process uses no CPU
+        assert _wait_state(a, stopped=True)
+        with idle.serving("b"):
+            raise RuntimeError("the run failed")
+
+
+def test_idle_servers_stay_stopped_and_are_all_resumed(answering_server: str, two_groups: list[int]) -> None:
+    a, b = two_groups
+    servers = {"a": (answering_server, a), "b": (answering_server, b)}
+    with pytest.raises(RuntimeError, match="the run failed"):
+        _fail_while_paused(servers)
+    assert _wait_state(a, stopped=False)
+    assert _wait_state(b, stopped=False)
+    with idle_servers.IdleServers(servers, "running") as idle, idle.serving("a"):
+        assert _state(a) != "T"
+        assert _state(b) != "T"
+
+
+def test_a_resumed_server_that_does_not_answer_fails_the_run(two_groups: list[int]) -> None:
+    # Nothing listens on the port: the server "resumed" never answers /health.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    a, b = two_groups
+    servers = {"a": (dead, a), "b": (dead, b)}
+    with (
+        pytest.raises(ServerFailed, match="did not answer"),
+        unittest.mock.patch.object(idle_servers, "RESUME_TIMEOUT_S", 0.5),
+        idle_servers.IdleServers(servers, "paused") as idle,
+        idle.serving("a"),
+    ):
+        pytest.fail("the block ran although the server did not answer")
+    assert _wait_state(a, stopped=False)  # resumed all the same
+    assert _wait_state(b, stopped=False)
+
+
+def _result(blocks: dict[str, list[dict[str, Any]]], **method: Any) -> dict[str, Any]:
+    machine = {"cpus": 2, "platform": "Linux", "date": "today", "commit": "abc", "versions": {"vllm": "0"}}
+    return {
+        "variant": "preprocess", "command": "python -m benchmarks mixed", "machine": machine, "dirty": False,
+        "loadavg_before": "0", "loadavg_after": "0", "rounds": 5, "seconds": 5.0, "ramp_s": 1.0,
+        "small_clients": 2, "heavy_clients": 8, "wall_s": 1.0, "startup_s": 1.0, "blocks": blocks,
+        "summary": bench_mixed.summarize(blocks), "targets": [], "notes": {},
+        "servers": {row: {"command": "python -m vllm"} for row in blocks}, **method,
+    }
+
+
+def test_the_report_says_how_small_requests_were_sent_and_what_idle_servers_cost() -> None:
+    old = {bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(old))
+    assert "Small requests: 2 closed-loop clients, alone" in report
+    assert "with 8 closed-loop heavy clients (after a 1 s ramp)" in report
+    assert "every row's server running throughout" in report
+    assert "not recorded" in report
+    new = {
+        bench_mixed.DEFAULT: [
+            {**block(10, 1000, 20), "idle_cpu_per_s": {"alone": 0.001 * r, "flooded": 0.0}} for r in range(5)
+        ]
+    }
+    traffic = bench_mixed.SmallTraffic()
+    report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), idle_servers="paused"))
+    assert "Small requests: open-loop, Poisson arrivals at 10/s" in report
+    heavy = dataclasses.asdict(bench_mixed.HeavyTraffic(rate=15.0))
+    report = bench_mixed.markdown(_result(new, small=dataclasses.asdict(traffic), heavy=heavy, idle_servers="paused"))
+    assert "with heavy requests open-loop, Poisson arrivals at 15/s" in report
+    assert "event-loop thread" not in report  # not sampled in these rounds
+    assert "stopped (SIGSTOP)" in report
+    assert "idle servers paused" in report
+    assert "0.004 at most" in report
+    assert "| 10 10 10 10 10; 10 10 10 10 10 |" in report
+
+
+def test_the_report_gives_what_the_loop_thread_spent_the_flood_on() -> None:
+    loop = {"running": 0.5, "lock": 0.25, "idle": 0.2, "other": 0.05, "samples": 2500,
+            "cpu_s_per_s": 0.45, "runqueue_s_per_s": 0.05}
+    sampled = {bench_mixed.DEFAULT: [{**block(10, 1000, 20), "loop": loop} for _ in range(5)],
+               "thread lanes": [{**block(10, 100, 80), "loop": {"error": "FileNotFoundError"}} for _ in range(5)]}
+    report = bench_mixed.markdown(_result(sampled))
+    assert "waiting for a lock (futex: mostly the GIL)" in report
+    assert "| vLLM default | 0.50 [0.50, 0.50] | 0.25 [0.25, 0.25] | 0.20 [0.20, 0.20] | 0.05 [0.05, 0.05] |" in report
+    assert "| thread lanes | – | – |" in report  # rounds whose sampling failed count for nothing
+
+
+def test_the_report_gives_what_cpu_the_measured_servers_parts_used() -> None:
+    used = {"api": 0.9, "workers": 0.0, "engine": 1.0}
+    sampled = {bench_mixed.DEFAULT: [{**block(10, 1000, 20), "server_cpu_per_s": used} for _ in range(5)],
+               "thread lanes": [block(10, 100, 80) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(sampled))
+    assert "vLLM's engine processes (engine core, model worker)" in report
+    assert "| vLLM default | 0.90 [0.90, 0.90] | 0.00 [0.00, 0.00] | 1.00 [1.00, 1.00] |" in report
+    assert "| thread lanes | – | – | – |" in report  # rounds that did not read it count for nothing
+
+
+def test_the_flooded_phase_reads_the_cpu_of_the_servers_parts(answering_server: str) -> None:
+    """With `loop_pid`, `measure` reads the CPU of that process's parts during the
+    flooded phase. Here that is this test's own process, whose children (the
+    flood, the prober, the sampler) stand where a server's engine would."""
+    traffic = bench_mixed.SmallTraffic(arrivals="closed", clients=1)
+    heavy = bench_mixed.HeavyTraffic(clients=1)
+    url = answering_server + "/ok"
+    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    result = bench_mixed.measure(url, [b"{}"], build, traffic, heavy, 0.5, 0.1, loop_pid=os.getpid())
+    used = result["server_cpu_per_s"]
+    assert set(used) == set(bench_mixed.SERVER_PARTS)
+    assert used["api"] > 0  # this process ran the small client's thread meanwhile
+    assert used["engine"] > 0  # the flood process sent requests all phase long
+    assert used["workers"] == 0  # no child titled as offload's worker processes
+
+
+def test_latencies_less_the_clients_own_wait_for_a_cpu() -> None:
+    # 10 ms with no wait, 50 ms of which the client waited 45 ms: 10 and 5 ms are the server's.
+    less = load.less_wait_ms([0.010, 0.050], [0.0, 0.045])
+    assert less["max_less_wait_ms"] == pytest.approx(10.0)
+    assert less["p50_less_wait_ms"] <= 10.0
+    assert load.less_wait_ms([0.010, 0.050], []) == {}  # not measured: nothing is claimed
+
+
+def test_tally_and_prober_record_their_own_wait_with_each_answer(answering_server: str) -> None:
+    tally = mixed.Tally()
+    asyncio.run(mixed.closed_loop(answering_server + "/ok", [b"{}"], 2, lambda: tally.sent < 20, tally))
+    assert len(tally.waits_s) == len(tally.latencies_s) == 20
+    assert mixed.Tally.from_dict(tally.as_dict()).waits_s == tally.waits_s
+    summary = tally.summary((0.0, float("inf")))
+    assert 0 < summary["p99_less_wait_ms"] <= summary["p99_ms"]
+
+
+def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> None:
+    with load.HealthProber(answering_server) as prober:
+        time.sleep(0.3)
+    health = prober.summary()
+    assert health["failures"] == 0
+    assert len(prober.arrivals) == len(prober.latencies) > 5
+    timed = [(a, lat) for a, lat in zip(prober.arrivals, prober.latencies, strict=True) if a is not None]
+    assert len(timed) >= load.ARRIVALS_NEEDED * len(prober.latencies)
+    assert health["without_arrival"] == len(prober.latencies) - len(timed)
+    # The kernel's wall clock against the prober's monotonic one: equal within a millisecond.
+    assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in timed)
+    assert 0 < health["p99_arrived_ms"] <= health["p99_ms"] + 1.0
+
+
+@pytest.fixture
+def hanging_up_server() -> Iterator[str]:
+    """A loopback server that answers one `/health` per connection, then closes it."""
+
+    def answer_once(conn: socket.socket) -> None:
+        with conn:
+            if _read_head(conn) is not None:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    with _loopback_server(answer_once) as url:
+        yield url
+
+
+def test_the_prober_counts_a_dropped_connection_and_probes_on(hanging_up_server: str) -> None:
+    with load.HealthProber(hanging_up_server) as prober:
+        time.sleep(0.3)
+    # Every second probe finds its connection closed: a failure, then a fresh connection answers.
+    assert prober.failures >= 3
+    assert len(prober.latencies) >= 3
+    assert len(prober.arrivals) == len(prober.latencies)
+
+
+def test_the_report_gives_the_figures_without_the_clients_own_scheduling() -> None:
+    def waited(b: dict[str, Any], alone: float, flooded: float, health: float) -> dict[str, Any]:
+        # Until the answer arrived: half the latency less the wait, in both phases.
+        return {**b, "alone": {**b["alone"], "p50_less_wait_ms": alone, "p99_less_wait_ms": alone,
+                               "p50_arrived_ms": alone / 2, "p99_arrived_ms": alone},
+                "flooded": {**b["flooded"], "p50_less_wait_ms": flooded, "p99_less_wait_ms": flooded,
+                            "p50_arrived_ms": flooded / 2, "p99_arrived_ms": flooded * 3},
+                "health": {**b["health"], "p99_arrived_ms": health}}
+
+    blocks = {bench_mixed.DEFAULT: [waited(block(10, 1000, 20), 8, 800, 4.0) for _ in range(5)],
+              "thread lanes": [waited(block(10, 100, 80), 8, 16, 3.0) for _ in range(5)]}
+    report = bench_mixed.markdown(_result(blocks))
+    assert "Without the clients' own scheduling" in report
+    assert ("| thread lanes | 2.00 [2.00, 2.00] | 6.00 [6.00, 6.00] | 2.00 [2.00, 2.00] | 2.00 [2.00, 2.00] "
+            "| 3.0 [3.0, 3.0] |") in report
+    summary = bench_mixed.summarize(blocks)
+    pair = next(p for p in summary["pairs"] if p["row"] == "thread lanes")
+    assert pair["ratios"]["health_p99_arrived_ms"]["median"] == pytest.approx(0.75)
+    # A lower bound judges nothing: the targets stay on the latencies as measured,
+    # and on the times until the answer arrived, which are the server's and the network's.
+    judged = {t.metric for t in bench_mixed.targets(list(blocks))}
+    assert judged >= {"p50_ratio", "p99_ratio", "p50_ratio_arrived", "p99_ratio_arrived"}
+    verdicts = {(t.row, t.metric): bench_mixed.evaluate(t, blocks) for t in bench_mixed.targets(list(blocks))}
+    assert verdicts[("thread lanes", "p50_ratio_arrived")]["met"] is True  # 2x <= 3x
+    assert verdicts[("thread lanes", "p99_ratio_arrived")]["met"] is False  # 6x > 5x
+    assert not {t.metric for t in bench_mixed.targets(list(blocks))} & set(bench_mixed.LOWER_BOUNDS)
+    old = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [block(10, 1000, 20) for _ in range(5)]}))
+    assert "Without the clients' own scheduling" not in old  # results from before it was measured
+
+
+# A benchmark that starts one server (a small HTTP server answering /health, and
+# a child of its own in its process group), prints the server's pid, and waits.
+BENCHMARK_WITH_A_SERVER = """
+import dataclasses, sys, time
+from pathlib import Path
+from benchmarks.harness import server
+
+SERVE = '''
+import http.server, subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+'''
+
+class Fake(server.ServerConfig):
+    def command(self, model, port):
+        return [sys.executable, "-c", SERVE, str(port)]
+
+log = Path(sys.argv[1])
+with server.running_servers({"fake": Fake("fake")}, Path("."), {"fake": log}) as running:
+    print(running["fake"][1], flush=True)
+    time.sleep(600)
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_its_servers(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, "-c", BENCHMARK_WITH_A_SERVER, str(tmp_path / "server.log")],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert bench.stdout is not None
+        pid = int(bench.stdout.readline())
+        assert _group_alive(pid)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_alive(pid)  # the server and its child, not just the benchmark
+    finally:
+        bench.kill()
+        bench.wait(10)
+        if bench.stdout is not None:
+            bench.stdout.close()
