@@ -296,3 +296,194 @@ def test_at_every_safe_cut_the_stable_tokens_are_the_whole_texts(name: str, text
             else:
                 stable = [i for i, w in zip(ids, content_words, strict=True) if w > min(content_words)]
                 assert whole[len(whole) - len(stable) :] == stable, (c, piece)
+
+
+# ---- the work it does: at most twice whole-text tokenization, never past its price ----
+
+#: Blocks hostile texts are made of: runs of whitespace, of combining marks,
+#: of control characters, one huge word, words, CJK (a pre-token per
+#: character), characters no safe cut is next to.
+BLOCKS = ["word ", "a b ", " ", "\t", "\n", "x", "\u0301", "e\u0301", "\x00", "漢", "a_", "\u3000", "1,"]
+hostile_texts = st.lists(
+    st.tuples(st.sampled_from(BLOCKS), st.integers(1, 2500)), min_size=1, max_size=4
+).map(lambda blocks: "".join(block * times for block, times in blocks))
+
+
+class Counted:
+    """`tokenizer`, counting the characters and calls it is handed."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.characters = 0
+        self.calls = 0
+        original = type(tokenizer).__call__
+        counted = self
+
+        class Counting(type(tokenizer)):  # type: ignore[misc]
+            def __call__(self, text: Any, *args: Any, **kwargs: Any) -> Any:
+                counted.calls += 1
+                counted.characters += sum(len(t) for t in ([text] if isinstance(text, str) else text))
+                return original(self, text, *args, **kwargs)
+
+        self.tokenizer = Counting.__new__(Counting)
+        self.tokenizer.__dict__.update(tokenizer.__dict__)
+
+
+def renderer_of(tokenizer: Any) -> Any:
+    """What the renderer seam reads of a vLLM renderer: its tokenizer."""
+    import types
+
+    return types.SimpleNamespace(get_tokenizer=lambda: tokenizer)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@PROPERTY
+@given(
+    text=hostile_texts,
+    limit=st.integers(1, 300),
+    side=st.sampled_from(["left", "right"]),
+    guess=GUESSES,
+)
+def test_work_is_at_most_twice_the_whole_texts_and_never_past_its_price(
+    name: str, text: str, limit: int, side: str, guess: tuple[int, int]
+) -> None:
+    """Characters handed to the tokenizer for one truncated text (through the
+    renderer seam, as vLLM's renderer calls it): at most twice the text's
+    length, in a few calls, and at most what pricing charged for it
+    (`_cost.characters` with `truncated_cap`); the ids are vLLM's."""
+    from offload_vllm._cost import characters, truncated_cap
+    from vllm.renderers.params import TokenizeParams
+
+    counted = Counted(family(name))
+    counted.tokenizer.truncation_side = "right"
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side)
+    with first_guess(*guess):
+        price = characters(text, truncated_cap(limit))
+        got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
+    assert got is not None
+    read, calls = counted.characters, counted.calls
+    whole = vllm_result(counted.tokenizer, params, counted.tokenizer(text, **params.get_encode_kwargs())["input_ids"])
+    assert vllm_result(counted.tokenizer, params, got[0]) == whole
+    assert read <= 2 * len(text), (read, len(text))
+    assert read <= price, (read, price)
+    assert calls <= 8
+
+
+@pytest.mark.parametrize("name", ["wordpiece", "byte-level-bpe"])
+def test_the_shapes_that_cost_many_times_the_whole_text(name: str) -> None:
+    """A far first safe cut that every doubling of a guess lands on again
+    (one huge word after the first), megabytes of whitespace or of combining
+    marks, on either side: at most twice the text, and priced at least that."""
+    from offload_vllm._cost import characters, truncated_cap
+    from vllm.renderers.params import TokenizeParams
+
+    shapes = [
+        "w " + "x" * 200_000 + " y" * 100,
+        "y " * 100 + "x" * 200_000 + " w",
+        "a" * 100 + " " + "b" * 200_000 + " " + "c" * 100,
+        "word " + " " * 200_000 + " word",
+        "word " + "\u0301" * 200_000 + " word",
+    ]
+    for text in shapes:
+        for side in ("left", "right"):
+            counted = Counted(family(name))
+            params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=1, truncation_side=side)
+            got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
+            assert got is not None
+            assert counted.characters <= min(2 * len(text), characters(text, truncated_cap(1))), (side, text[:8])
+
+
+# ---- added tokens matched on the normalized text -------------------------------------
+
+
+def _with(normalizer: Any, added: str) -> Any:
+    base = family("wordpiece")
+    backend = tokenizers.Tokenizer.from_str(base.backend_tokenizer.to_str())
+    backend.normalizer = normalizer
+    backend.add_tokens([tokenizers.AddedToken(added, normalized=True)])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>"
+    )
+
+
+def _nfkc() -> tuple[Any, str]:
+    # NFKC makes "¨" a space and a combining mark: the token matches "x-y-a \u0308".
+    return _with(tokenizers.normalizers.NFKC(), "x-y-a\u00a8"), "x-y-a \u0308"
+
+
+def _underscore_to_space() -> tuple[Any, str]:
+    return _with(tokenizers.normalizers.Replace("_", " "), "x-y-a_z"), "x-y-a z"
+
+
+def _spaces_removed() -> tuple[Any, str]:
+    return _with(tokenizers.normalizers.Replace(" ", ""), "x-y-az"), "x-y-a z"
+
+
+@pytest.mark.parametrize("build", [_nfkc, _underscore_to_space, _spaces_removed])
+def test_an_added_token_that_may_match_across_a_cut_falls_back(build: Callable[[], tuple[Any, str]]) -> None:
+    """A non-special added token is matched on the normalized text by its
+    normalized form, which may hold what a cut's whitespace becomes (or the
+    normalizer may remove that whitespace): such a tokenizer is tokenized
+    whole, and gives vLLM's ids where a prefix cut before the whitespace would not."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer, start = build()
+    text = start + " and then some more words" * 4
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=1, add_special_tokens=False)
+    kwargs = params.get_encode_kwargs()
+    whole = vllm_result(tokenizer, params, tokenizer(text, **kwargs)["input_ids"])
+    with first_guess(1, 1):
+        got = _prefix.encode_truncated(tokenizer, [text], kwargs, 1, "right")
+    # None: the renderer tokenizes the whole text, as vLLM does.
+    assert got is None or vllm_result(tokenizer, params, got[0]) == whole
+    assert _prefix.unsound_because(tokenizer) is not None
+
+
+def test_added_tokens_without_whitespace_in_any_form_keep_prefix_tokenization() -> None:
+    tokenizer, _ = _with(tokenizers.normalizers.NFKC(), "x-y-a"), None
+    assert _prefix.unsound_because(tokenizer) is None
+
+
+def test_a_model_that_may_drop_a_word_falls_back() -> None:
+    """A BPE with no unknown token and no byte fallback drops characters it
+    has no token for: a word may give no token, and the pieces tried have no
+    bound (the price would not be one)."""
+    base = family("sentencepiece-bpe")
+    backend = tokenizers.Tokenizer.from_str(base.backend_tokenizer.to_str())
+    spec = __import__("json").loads(backend.to_str())
+    spec["model"]["unk_token"] = None
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(__import__("json").dumps(spec))
+    )
+    assert "no token" in str(_prefix.unsound_because(tokenizer))
+
+
+def test_a_text_the_tokenizer_refuses_is_refused_as_whole_text_tokenization_refuses_it() -> None:
+    """A lone surrogate (a JSON `\\ud800`) past the first prefix: the tokenizer
+    refuses the whole text, so vLLM answers 400; prefix tokenization must not
+    tokenize the prefix before it and answer."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer = family("wordpiece")
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=2)
+    kwargs = params.get_encode_kwargs()
+    for text in ("word " * 200 + "\ud800", "\udfff" + " word" * 200):
+        with pytest.raises(TypeError) as whole:
+            tokenizer(text, **kwargs)
+        for side in ("left", "right"):
+            with pytest.raises(TypeError) as prefix:
+                _prefix.encode_truncated(tokenizer, [text], kwargs, 2, side)
+            assert str(prefix.value) == str(whole.value)
+
+
+def test_a_served_tokenizer_it_is_not_sound_for_is_priced_whole() -> None:
+    """Pricing counts a truncated text by what prefix tokenization reads only
+    where it is sound for the served tokenizer (checked when the server
+    builds its pooling processors): elsewhere the text is tokenized whole."""
+    from unittest import mock
+
+    with mock.patch.object(renderer_seam, "_served_unsound", False):
+        renderer_seam.plan_served(renderer_of(family("wordpiece")))
+        assert not renderer_seam._served_unsound
+        renderer_seam.plan_served(renderer_of(_split_tokenizer()))
+        assert renderer_seam._served_unsound
+        assert not renderer_seam.prefix_installed()

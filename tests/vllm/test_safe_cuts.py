@@ -1,9 +1,9 @@
 """The safe-cut rule of prefix tokenization, against its plain definition.
 
 `_prefix` writes the rule once, as two regular expressions, and finds
-cuts with them: `_cut_right` and `_cut_left` for prefix tokenization, and
-`first_pieces_within`, which prices a truncated text on the event loop.
-These properties hold all three to the rule as `_prefix`'s docstring states
+cuts with them: `_cut_right` and `_cut_left`, and `_pieces`, the cuts
+prefix tokenization tries, which `read_bound` prices a truncated text by on
+the event loop. These properties hold them to the rule as `_prefix`'s docstring states
 it, walked character by character here:
 a prefix may end at `i` where `text[i]` is ASCII whitespace and `text[i - 1]`
 a letter or digit (`str.isalnum`); a suffix may start at `i` where
@@ -12,6 +12,7 @@ a letter or digit (`str.isalnum`); a suffix may start at `i` where
 
 from __future__ import annotations
 
+import itertools
 from unittest import mock
 
 from hypothesis import given, settings
@@ -59,19 +60,34 @@ def test_cut_left_is_the_last_suffix_start_in_range(text: str, data: st.DataObje
 
 
 @settings(max_examples=500)
-@given(texts, st.data())
-def test_the_cap_check_finds_the_cuts_prefix_tokenization_makes(text: str, data: st.DataObject) -> None:
-    """`first_pieces_within`, which prices a truncated text, agrees with the
-    first prefix and suffix `encode_truncated` cuts: each within `limit`
-    (narrow ranges too, where one cut at either end decides)."""
-    span = data.draw(st.integers(1, max(1, len(text))))
-    limit = span + data.draw(st.integers(0, 3) | st.integers(0, len(text)))
+@given(texts, st.integers(0, 60), st.sampled_from(["right", "left"]), st.sampled_from([(1, 1), (2, 8), (6, 64)]))
+def test_pieces_end_at_safe_cuts_and_at_least_double(text: str, count: int, side: str, guess: tuple[int, int]) -> None:
+    """The pieces `encode_truncated` may try, and what `read_bound` (which
+    prices a truncated text) makes of them: each ends at a safe cut (a suffix
+    starts at one), at least twice as long as the one before but the sure
+    piece, none past a third of the text; priced at least their sum, and
+    the whole text unless the last is the sure piece; never more than twice
+    the text."""
     n = len(text)
-    expected = n <= limit or (
-        any(span <= i <= limit for i in prefix_ends(text))
-        and any(n - limit <= i <= n - span for i in suffix_starts(text))
-    )
-    assert _prefix.first_pieces_within(text, span, limit) == expected
+    ends = prefix_ends(text) if side == "right" else [n - i for i in suffix_starts(text)]
+    with mock.patch.multiple(_prefix, _CHARS_PER_TOKEN=guess[0], _MIN_CHARS=guess[1]):
+        reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
+        lengths = list(_prefix._pieces(reach, count))
+        sure = _prefix._sure_piece(reach, count)
+        bound = _prefix.read_bound(text, count)
+    first = max(guess[1], (count + 1) * guess[0])
+    limit = min(n // 3, _prefix._WINDOW * first)
+    within = [e for e in ends if e <= limit]
+    assert sure == (within[count + 1] if len(within) > count + 1 else None)
+    assert all(e in ends and e <= limit for e in lengths)
+    if lengths:
+        assert lengths[0] == min(e for e in within if e >= first)
+    for shorter, longer in itertools.pairwise(lengths):
+        assert longer >= 2 * shorter or longer == sure
+    ended_sure = bool(lengths) and sure is not None and lengths[-1] >= sure
+    assert bound >= sum(lengths) + (0 if ended_sure else n)
+    assert sum(lengths) <= n
+    assert bound <= 2 * n
 
 
 def test_a_long_text_is_cut_where_the_walk_would() -> None:
