@@ -487,3 +487,52 @@ def test_a_served_tokenizer_it_is_not_sound_for_is_priced_whole() -> None:
         renderer_seam.plan_served(renderer_of(_split_tokenizer()))
         assert renderer_seam._served_unsound
         assert not renderer_seam.prefix_installed()
+
+
+def test_another_tokenizer_backend_is_left_alone() -> None:
+    """vLLM's `VLLM_USE_FASTOKENS=1` replaces the Rust tokenizer inside every
+    Hugging Face fast tokenizer with fastokens' shim (not installed here: a
+    stand-in object of another class takes its place): prefix tokenization
+    is off for it, and vLLM tokenizes whole texts with the shim as it would."""
+    import copy
+
+    class Shim:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    tokenizer = copy.deepcopy(family("wordpiece"))
+    tokenizer._tokenizer = Shim(tokenizer._tokenizer)
+    assert tokenizer.is_fast
+    assert "not the tokenizers library's" in str(_prefix.unsound_because(tokenizer))
+
+
+@pytest.mark.parametrize("name", ["wordpiece", "byte-level-bpe"])
+@PROPERTY
+@given(
+    text=text_strategy,
+    limit=st.sampled_from([None, -1]) | st.integers(1, 100),
+    side=st.sampled_from([None, "left", "right"]),
+    output=st.integers(0, 32),
+)
+def test_a_generate_models_completion_prompt_is_truncated_as_vllm_does(
+    name: str, text: str, limit: int | None, side: str | None, output: int
+) -> None:
+    """The patch replaces `BaseRenderer._tokenize_prompt` for every renderer of
+    the process: on a server of a generate model it tokenizes completion
+    prompts too, whose parameters leave room for `max_tokens` of output
+    (`max_output_tokens`). vLLM's ids, or vLLM's refusal, all the same."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer = family(name)
+    tokenizer.truncation_side = "right"
+    params = TokenizeParams(
+        max_total_tokens=128, max_output_tokens=output, truncate_prompt_tokens=limit, truncation_side=side
+    )
+    kwargs = params.get_encode_kwargs()
+    whole = tokenizer(text, **kwargs)["input_ids"]
+    got = renderer_seam._prefix_ids(renderer_of(tokenizer), [text], params)
+    ids = whole if got is None else got[0]
+    assert vllm_result_or_error(tokenizer, params, ids) == vllm_result_or_error(tokenizer, params, whole)

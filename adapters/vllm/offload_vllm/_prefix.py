@@ -124,6 +124,12 @@ def unsound_because(tokenizer: Any) -> str | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not getattr(tokenizer, "is_fast", False):
         return "not a fast (Rust) tokenizer"
+    import tokenizers
+
+    if not isinstance(backend, tokenizers.Tokenizer):
+        # vLLM's `VLLM_USE_FASTOKENS=1` swaps in fastokens' shim: its word
+        # indices and normalization are not the ones argued for here.
+        return f"its backend is {type(backend).__module__}.{type(backend).__name__}, not the tokenizers library's"
     try:
         spec = json.loads(backend.to_str())
     except Exception as exc:  # an unexpected backend: whole-text tokenization
