@@ -93,10 +93,42 @@ def family(name: str) -> Any:
         su = impl.SentencePieceUnigramTokenizer()
         su.train_from_iterator(text, vocab_size=400, special_tokens=SPECIALS, unk_token="<unk>")
         return _fast(su, bos="<s>", eos="</s>", unk="<unk>", pad="<pad>")
+    if name == "xlmr-nmt-nfkc":
+        return _xlmr_nmt_nfkc(text)
     raise AssertionError(name)
 
 
-FAMILIES = ["minilm-wordpiece", "wordpiece", "byte-level-bpe", "sentencepiece-bpe", "sentencepiece-unigram"]
+def _xlmr_nmt_nfkc(text: list[str]) -> Any:
+    """A SentencePiece Unigram model trained here with the `nmt_nfkc` rule,
+    converted as `transformers` converts XLM-R's (a `Precompiled` character
+    map, `Metaspace`)."""
+    import tempfile
+    import types
+
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_file = f"{tmp}/corpus.txt"
+        with open(corpus_file, "w", encoding="utf-8") as corpus_out:
+            corpus_out.write("\n".join(text))
+        sentencepiece.SentencePieceTrainer.train(
+            input=corpus_file, model_prefix=f"{tmp}/m", vocab_size=300, model_type="unigram",
+            normalization_rule_name="nmt_nfkc", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        )
+        model = f"{tmp}/m.model"
+        processor = sentencepiece.SentencePieceProcessor(model_file=model)
+        # What the converter reads of a slow tokenizer: its model file and its special tokens' ids.
+        slow = types.SimpleNamespace(vocab_file=model, handle_byte_fallback=False, convert_tokens_to_ids=processor.piece_to_id)
+        backend = XLMRobertaConverter(slow).converted()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+FAMILIES = [
+    "minilm-wordpiece", "wordpiece", "byte-level-bpe", "sentencepiece-bpe", "sentencepiece-unigram", "xlmr-nmt-nfkc",
+]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -536,3 +568,68 @@ def test_a_generate_models_completion_prompt_is_truncated_as_vllm_does(
     got = renderer_seam._prefix_ids(renderer_of(tokenizer), [text], params)
     ids = whole if got is None else got[0]
     assert vllm_result_or_error(tokenizer, params, ids) == vllm_result_or_error(tokenizer, params, whole)
+
+
+# ---- SentencePiece's character map (`Precompiled`, nmt_nfkc) ---------------------------
+
+#: What an nmt_nfkc map rewrites: full-width forms, compatibility characters,
+#: ligatures, odd spaces, control characters, combining marks, halfwidth
+#: katakana and its sound marks, Thai's sara am (letters that join the
+#: cluster before them), Hangul jamo.
+REWRITTEN = [
+    "ｆｕｌｌ", "ＡＢＣ１２３", "①", "㍿", "x²", "Ⅻ", "ﬁ", "ﬀl", "\u00a0", "\u2002", "\u2009", "\u3000", "\ufeff",
+    "\x00", "\x07", "\x1f", "\x7f", "\u0085", "\u200b", "e\u0301", "\u0301", "ｶﾞ", "\uff9e", "\uff9f", "ﾊﾟ",
+    "กำ", "\u0e33", "ᄀ\u1161", "ﾠ", "™", "㈱", "…", "‐", "ﹰ", "\u00ad", "\u2028",
+]
+rewritten_texts = st.lists(
+    st.tuples(st.sampled_from(REWRITTEN) | st.sampled_from(WORDS) | st.text(max_size=2), st.sampled_from(SEPARATORS)),
+    max_size=80,
+).map(lambda parts: "".join(word + sep for word, sep in parts))
+
+
+@PROPERTY
+@given(
+    text=rewritten_texts,
+    limit=st.integers(1, 200),
+    side=st.sampled_from(["left", "right"]),
+    add_special_tokens=st.booleans(),
+    guess=GUESSES,
+)
+def test_a_precompiled_character_map_is_cut_exactly(
+    text: str, limit: int, side: str, add_special_tokens: bool, guess: tuple[int, int]
+) -> None:
+    """An XLM-R-style tokenizer (SentencePiece Unigram, `nmt_nfkc` map) keeps
+    prefix tokenization (no fallback), gives vLLM's ids on texts of what its
+    map rewrites, from either side, at limits from 1 to past the text, and
+    reads at most twice the text and its price."""
+    from offload_vllm._cost import characters, truncated_cap
+    from vllm.renderers.params import TokenizeParams
+
+    assert _prefix.unsound_because(family("xlmr-nmt-nfkc")) is None
+    counted = Counted(family("xlmr-nmt-nfkc"))
+    params = TokenizeParams(
+        max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side, add_special_tokens=add_special_tokens
+    )
+    with first_guess(*guess):
+        price = characters(text, truncated_cap(limit))
+        got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
+    assert got is not None
+    read = counted.characters
+    whole = vllm_result(counted.tokenizer, params, counted.tokenizer(text, **params.get_encode_kwargs())["input_ids"])
+    assert vllm_result(counted.tokenizer, params, got[0]) == whole
+    assert read <= min(2 * len(text), price), (read, len(text), price)
+
+
+def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
+    """`GRAPHEME_JOINED` is every letter or digit whose grapheme break property
+    joins it to whitespace beside it (Prepend, Extend, SpacingMark, ZWJ), as
+    the `regex` module's Unicode data has it."""
+    import sys
+
+    regex = pytest.importorskip("regex")
+    joined = regex.compile(
+        r"[\p{Grapheme_Cluster_Break=Prepend}\p{Grapheme_Cluster_Break=Extend}"
+        r"\p{Grapheme_Cluster_Break=SpacingMark}\p{Grapheme_Cluster_Break=ZWJ}]"
+    )
+    found = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum() and joined.fullmatch(chr(c))}
+    assert found == set(_prefix.GRAPHEME_JOINED)

@@ -9,14 +9,18 @@ truncation is applied to both.
 **Why a prefix gives the same tokens.** A Hugging Face fast tokenizer
 normalizes the text, splits it into pre-tokens ("words"), tokenizes each
 pre-token on its own, then adds special tokens. The prefix is cut at a *safe
-cut*: between a letter or digit (`str.isalnum`) and an ASCII whitespace character
-(a suffix starts at such a point, after the whitespace). For the normalizers
-and pre-tokenizers in `_NORMALIZERS` and `_PRE_TOKENIZERS`:
+cut*: between a letter or digit (`str.isalnum`, but the few in
+`GRAPHEME_JOINED`) and an ASCII whitespace character (a suffix starts at such
+a point, after the whitespace): always a grapheme cluster boundary. For the
+normalizers and pre-tokenizers in `_NORMALIZERS` and `_PRE_TOKENIZERS`:
 
 - normalization is per character, or Unicode normalization, which an ASCII
   whitespace character (a starter that never composes) cannot join across, or a
   replacement of one character or of a run of spaces, which a letter or digit
-  ends: so the prefix normalizes to the start of what the whole text does;
+  ends, or SentencePiece's character map (`Precompiled`, XLM-R's), which
+  rewrites each grapheme cluster on its own (the tokenizers library's
+  `Precompiled::normalize`): so the prefix normalizes to the start of what
+  the whole text does, up to its last pre-token;
 - pre-tokenization splits on whitespace, on punctuation, on digits or by the
   GPT-2 pattern (whose matches end where a class of characters does, or one
   whitespace character before a non-whitespace one): every pre-token of the
@@ -46,9 +50,10 @@ A text the tokenizer refuses (a lone surrogate) is tokenized whole, so that
 it is refused as vLLM refuses it.
 
 **Where it is not used** (whole-text tokenization, as vLLM does): a slow
-(Python) tokenizer; a normalizer, pre-tokenizer or model not known above (such
-as SentencePiece's `Precompiled` character map, a `Split` pattern, BPE
-dropout); a model that may give a word no token (no unknown token, no byte
+(Python) tokenizer, or one whose backend is not the tokenizers library's; a
+normalizer, pre-tokenizer or model not known above (such as a `Split`
+pattern, BPE dropout), or a character map that makes a letter or digit
+whitespace or nothing; a model that may give a word no token (no unknown token, no byte
 fallback); an added token containing whitespace, or matched on the
 normalized text by a form that holds what a cut's whitespace normalizes to
 (or with a normalizer that removes that whitespace); special tokens anywhere
@@ -62,6 +67,7 @@ import itertools
 import json
 import logging
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -82,6 +88,9 @@ _NORMALIZERS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "Nmt": lambda n: True,
     "Strip": lambda n: True,
     "Prepend": lambda n: True,
+    # SentencePiece's character map: it rewrites each grapheme cluster on its
+    # own, and a cut is a cluster boundary (`GRAPHEME_JOINED`).
+    "Precompiled": lambda n: True,
     # One character for another (SentencePiece's " " -> "▁"), or a run of spaces
     # for one (SentencePiece's collapsing of spaces).
     "Replace": lambda n: n.get("pattern") in ({"String": " "}, {"Regex": " {2,}"})
@@ -145,6 +154,9 @@ def unsound_because(tokenizer: Any) -> str | None:
     if not _every_word_gives_a_token(spec.get("model") or {}, spec.get("pre_tokenizer")):
         return "a word may give no token (no unknown token, no byte fallback)"
     normalizer = getattr(backend, "normalizer", None)
+    described = json.dumps(spec.get("normalizer"))
+    if "Precompiled" in described and (gone := _letters_removed(described, normalizer)):
+        return f"the normalizer makes {gone!r} no letter or digit: a word may give no token"
     # What a cut's whitespace becomes, between two letters: what an added
     # token matched on the normalized text must not hold, or it could match
     # across the cut.
@@ -161,6 +173,22 @@ def unsound_because(tokenizer: Any) -> str | None:
         if any(mark == "" for mark in marks.values()):
             return f"the normalizer removes whitespace, across which added token {content!r} may match"
     return None
+
+
+#: `_letters_removed` by normalizer description: once per map, not per tokenizer copy.
+_removed: dict[str, str] = {}
+
+
+def _letters_removed(description: str, normalizer: Any) -> str:
+    """The letters and digits (up to 5) that `normalizer` (described by
+    `description`) makes whitespace or nothing, which could leave a word
+    with no token (a character map may). ~0.6 s: Unicode's 133,000 letters
+    and digits, each alone."""
+    if description not in _removed:
+        letters = (chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum())
+        gone = (ch for ch in letters if not normalizer.normalize_str(ch).strip())
+        _removed[description] = "".join(itertools.islice(gone, 5))
+    return _removed[description]
 
 
 def _between_letters(normalizer: Any, whitespace: str) -> str:
@@ -249,11 +277,20 @@ _MIN_CHARS = 64
 #: whole. It bounds what pricing scans of a text on the event loop.
 _WINDOW = 4
 
-# The safe-cut rule, in one place: a letter or digit next to ASCII
-# whitespace. `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore).
+#: The letters and digits that join a grapheme cluster with the whitespace
+#: beside them (Unicode's grapheme break property Prepend, Extend, SpacingMark:
+#: Thai ำ, halfwidth katakana's sound marks, ...): no cut is made next to them,
+#: so that every cut is a cluster boundary, which a normalizer that rewrites
+#: clusters (`Precompiled`) cannot rewrite across.
+GRAPHEME_JOINED = "\u0d4e\u0e33\u0eb3\uff9e\uff9f\U000111c2\U000111c3\U0001193f\U00011941" + "".join(
+    chr(c) for c in (0x11A84, 0x11A85, 0x11A86, 0x11A87, 0x11A88, 0x11A89, 0x11D46)
+)
+
+# The safe-cut rule, in one place: a letter or digit (but those above) next to
+# ASCII whitespace. `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore).
 #: A letter or digit, then the whitespace a prefix ends before (read
 #: backwards: the whitespace a suffix starts after, then its first letter or digit).
-_SAFE_CUT = re.compile(r"[^\W_][ \t\n\r]")
+_SAFE_CUT = re.compile(r"[^\W_" + GRAPHEME_JOINED + r"][ \t\n\r]")
 
 #: An ASCII character's class for `_sure_piece`: `a` a letter or digit, a
 #: space ASCII whitespace, `.` anything else (a safe cut reads `a `).
