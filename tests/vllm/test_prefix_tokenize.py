@@ -382,19 +382,27 @@ def test_work_is_at_most_twice_the_whole_texts_and_never_past_its_price(
     renderer seam, as vLLM's renderer calls it): at most twice the text's
     length, in a few calls, and at most what pricing charged for it
     (`_cost.characters` with `truncated_cap`); the ids are vLLM's."""
-    from offload_vllm._cost import characters, truncated_cap
     from vllm.renderers.params import TokenizeParams
 
-    counted = Counted(family(name))
-    counted.tokenizer.truncation_side = "right"
+    tokenizer = family(name)
+    tokenizer.truncation_side = "right"
     params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side)
+    assert_exact_within_price(tokenizer, params, text, guess)
+
+
+def assert_exact_within_price(tokenizer: Any, params: Any, text: str, guess: tuple[int, int]) -> None:
+    """Through the renderer seam: vLLM's ids, having handed the tokenizer at
+    most twice the text and at most its price, in a few calls."""
+    from offload_vllm._cost import characters, truncated_cap
+
+    counted = Counted(tokenizer)
     with first_guess(*guess):
-        price = characters(text, truncated_cap(limit))
+        price = characters(text, truncated_cap(params.truncate_prompt_tokens))
         got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
     assert got is not None
     read, calls = counted.characters, counted.calls
-    whole = vllm_result(counted.tokenizer, params, counted.tokenizer(text, **params.get_encode_kwargs())["input_ids"])
-    assert vllm_result(counted.tokenizer, params, got[0]) == whole
+    whole = vllm_result(tokenizer, params, tokenizer(text, **params.get_encode_kwargs())["input_ids"])
+    assert vllm_result(tokenizer, params, got[0]) == whole
     assert read <= 2 * len(text), (read, len(text))
     assert read <= price, (read, price)
     assert calls <= 8
@@ -602,22 +610,13 @@ def test_a_precompiled_character_map_is_cut_exactly(
     prefix tokenization (no fallback), gives vLLM's ids on texts of what its
     map rewrites, from either side, at limits from 1 to past the text, and
     reads at most twice the text and its price."""
-    from offload_vllm._cost import characters, truncated_cap
     from vllm.renderers.params import TokenizeParams
 
     assert _prefix.unsound_because(family("xlmr-nmt-nfkc")) is None
-    counted = Counted(family("xlmr-nmt-nfkc"))
     params = TokenizeParams(
         max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side, add_special_tokens=add_special_tokens
     )
-    with first_guess(*guess):
-        price = characters(text, truncated_cap(limit))
-        got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
-    assert got is not None
-    read = counted.characters
-    whole = vllm_result(counted.tokenizer, params, counted.tokenizer(text, **params.get_encode_kwargs())["input_ids"])
-    assert vllm_result(counted.tokenizer, params, got[0]) == whole
-    assert read <= min(2 * len(text), price), (read, len(text), price)
+    assert_exact_within_price(family("xlmr-nmt-nfkc"), params, text, guess)
 
 
 def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
