@@ -302,8 +302,9 @@ def test_unknown_normalizers_and_pre_tokenizers_fall_back_to_the_whole_text(buil
 
 def safe_cuts(text: str, side: str) -> list[int]:
     """Every cut `_prefix` may make in `text` (prefix ends, or suffix starts)."""
-    cut = _prefix._cut_right if side == "right" else _prefix._cut_left
-    return sorted({c for at in range(len(text) + 1) if 0 < (c := cut(text, at)) < len(text)})
+    if side == "right":
+        return [m.start() + 1 for m in _prefix._SAFE_CUT.finditer(text)]
+    return sorted(len(text) - m.start() - 1 for m in _prefix._SAFE_CUT.finditer(text[::-1]))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

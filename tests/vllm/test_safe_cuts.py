@@ -1,8 +1,8 @@
 """The safe-cut rule of prefix tokenization, against its plain definition.
 
 `_prefix` writes the rule once, as two regular expressions, and finds
-cuts with them: `_cut_right` and `_cut_left`, and `_pieces`, the cuts
-prefix tokenization tries, which `read_bound` prices a truncated text by on
+cuts with them: `_piece_at_least`, and `_pieces`, the cuts prefix
+tokenization tries, which `read_bound` prices a truncated text by on
 the event loop. These properties hold them to the rule as `_prefix`'s docstring states
 it, walked character by character here:
 a prefix may end at `i` where `text[i]` is ASCII whitespace and `text[i - 1]`
@@ -43,24 +43,19 @@ def suffix_starts(text: str) -> list[int]:
     return [i for i in range(1, len(text)) if text[i - 1] in WHITESPACE and cuttable(text[i])]
 
 
-@given(texts, st.data())
-def test_cut_right_is_the_first_prefix_end_in_range(text: str, data: st.DataObject) -> None:
-    at = position(data, text)
-    last = data.draw(st.none() | st.integers(-2, len(text) + 2))
-    within = [i for i in prefix_ends(text) if i >= at and (last is None or i <= last)]
-    assert _prefix._cut_right(text, at, last) == (within[0] if within else len(text))
+def piece_ends(text: str, side: str) -> list[int]:
+    """The lengths of every piece `_prefix` may cut from `side`, shortest first."""
+    n = len(text)
+    return prefix_ends(text) if side == "right" else sorted(n - i for i in suffix_starts(text))
 
 
-@given(texts, st.data(), st.sampled_from([2, 3, 7, _prefix._BACK_WINDOW]))
-def test_cut_left_is_the_last_suffix_start_in_range(text: str, data: st.DataObject, window: int) -> None:
-    """Also with backward windows far shorter than the text: a start found
-    across two windows, or only after several doublings."""
-    at, first = position(data, text), position(data, text)
-    within = [i for i in suffix_starts(text) if first <= i <= at]
-    with mock.patch.object(_prefix, "_BACK_WINDOW", window):
-        assert _prefix._cut_left(text, at, first) == (within[-1] if within else 0)
-        if first <= 1:
-            assert _prefix._cut_left(text, at) == (within[-1] if within else 0)
+@given(texts, st.data(), st.sampled_from(["right", "left"]))
+def test_the_next_piece_is_the_shortest_safe_cut_in_range(text: str, data: st.DataObject, side: str) -> None:
+    count = data.draw(st.integers(0, 40))
+    reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
+    at = data.draw(st.integers(-2, len(text) + 2))
+    within = [e for e in piece_ends(text, side) if at <= e <= reach.limit]
+    assert _prefix._piece_at_least(reach, at) == (within[0] if within else None)
 
 
 @settings(max_examples=500)
@@ -73,7 +68,7 @@ def test_pieces_end_at_safe_cuts_and_at_least_double(text: str, count: int, side
     the whole text unless the last is the sure piece; never more than twice
     the text."""
     n = len(text)
-    ends = prefix_ends(text) if side == "right" else sorted(n - i for i in suffix_starts(text))
+    ends = piece_ends(text, side)
     with mock.patch.multiple(_prefix, _CHARS_PER_TOKEN=guess[0], _MIN_CHARS=guess[1]):
         reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
         lengths = list(_prefix._pieces(reach, count))
@@ -94,14 +89,18 @@ def test_pieces_end_at_safe_cuts_and_at_least_double(text: str, count: int, side
     assert bound <= 2 * n
 
 
-def test_a_long_text_is_cut_where_the_walk_would() -> None:
-    """A suffix start 10,000 characters back, found after several doublings;
-    and none in a text with no whitespace at all."""
-    text = "word " + "x" * 10_000 + " tail"
-    assert _prefix._cut_left(text, len(text) - 6) == 5
-    assert _prefix._cut_right(text, 5) == len("word " + "x" * 10_000)
-    assert _prefix._cut_left("x" * 50_000, 49_000) == 0
-    assert _prefix._cut_right("x" * 50_000, 10) == 50_000
+def test_a_cut_past_the_window_is_never_taken() -> None:
+    """After one 10,000-character word no piece is cut (from either end):
+    the text is tokenized whole, never a piece past four first guesses; one
+    within them is; and none in a text with no whitespace at all."""
+    text = "word " + "x" * 10_000 + " tail " + "y" * 40_000
+    right, left = _prefix._reach(text, 0, "right"), _prefix._reach(text[::-1], 0, "left")
+    assert right.limit == left.limit == 4 * 64
+    assert _prefix._piece_at_least(right, 5) is None
+    assert _prefix._piece_at_least(left, 5) is None
+    assert _prefix._piece_at_least(_prefix._reach("x" * 50_000, 0, "left"), 1) is None
+    near = "word " * 20 + "x" * 10_000
+    assert _prefix._piece_at_least(_prefix._reach(near, 0, "right"), 64) == 64
 
 
 def test_no_cut_splits_a_grapheme_cluster() -> None:
@@ -109,5 +108,7 @@ def test_no_cut_splits_a_grapheme_cluster() -> None:
     starting at it would be normalized by a character map as a cluster of
     its own, where the whole text's cluster holds the space (an nmt_nfkc map
     then drops the combining mark after it in the suffix alone)."""
-    text = "word a \u0e33\u0301 b"
-    assert _prefix._cut_left(text, len(text) - 3) == text.index("a ")
+    text = "word a \u0e33\u0301 b " + "x" * 20
+    assert suffix_starts(text) == [text.index("a "), text.index("b "), text.index("x")]
+    pieces = {_prefix._piece_at_least(_prefix._reach(text, 0, "left"), at) for at in range(len(text))}
+    assert len(text) - text.index("\u0e33") not in pieces

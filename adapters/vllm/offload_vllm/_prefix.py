@@ -298,37 +298,6 @@ _ASCII_CLASSES = bytes(
     ord("a") if chr(b).isalnum() else ord(" ") if chr(b) in " \t\n\r" else ord(".") for b in range(256)
 )
 
-#: How far back `_cut_left` first looks; the window doubles while it finds nothing.
-_BACK_WINDOW = 32
-
-
-def _cut_right(text: str, at: int, last: int | None = None) -> int:
-    """The first safe cut `i` (a prefix `text[:i]`) with `at <= i` and, unless
-    `last` is None, `i <= last`; `len(text)` when there is none."""
-    end = len(text) if last is None else min(len(text), last + 1)
-    found = _SAFE_CUT.search(text, max(at, 1) - 1, end)
-    return len(text) if found is None else found.start() + 1
-
-
-def _cut_left(text: str, at: int, first: int = 1) -> int:
-    """The last safe start `i` (a suffix `text[i:]`) with `first <= i <= at`,
-    or 0 when there is none."""
-    # `re` searches forwards only: search a window back from `at`, reversed
-    # (where a safe start reads as a safe cut), and widen it (doubling) while
-    # nothing is found, each window ending a character into the one before it
-    # (a match is two long).
-    floor = max(first, 1) - 1
-    end = min(at, len(text) - 1) + 1
-    width = _BACK_WINDOW
-    while end - floor >= 2:
-        start = max(floor, end - width)
-        found = _SAFE_CUT.search(text[start:end][::-1])
-        if found is not None:
-            return end - 1 - found.start()
-        end, width = start + 1, 2 * width
-    return 0
-
-
 @dataclass(frozen=True)
 class _Reach:
     """Where the pieces of one text, from one side, may end."""
