@@ -3,9 +3,9 @@
 The vLLM adapter prices every pooling request on the API server's event loop
 before anything is rendered (`offload_vllm/_seams/requests.py`,
 `request_cost`), so that admission and lanes can charge it. For a truncated
-text that walk also checks where prefix tokenization will cut it
-(`_prefix.first_pieces_within`), reading up to about twice the cap of each
-text. This measures that price's own CPU time per request, in this process
+text that walk also finds where prefix tokenization may cut it
+(`_prefix.read_bound`), reading up to `2 * _WINDOW` first guesses of each
+text (and two thirds of it). This measures that price's own CPU time per request, in this process
 with prefix tokenization on as in a server's default settings, beside the
 work the loop does for the same body anyway: `json.loads` and vLLM's
 pydantic validation of an `EmbeddingRequest`, as FastAPI does before the

@@ -181,13 +181,14 @@ def test_a_truncated_text_tokenized_whole_is_charged_whole(bounded: dict[str, Se
     place to cut and is tokenized whole, and is charged whole. So while 64 of
     them are queued, a small request is refused by a bound that the capped
     price (or the body's bytes) would leave room under."""
-    from offload_vllm._cost import body_floor, inputs_cost, truncated_cap
+    from offload_vllm._cost import body_floor, characters, inputs_cost, truncated_cap
 
     server = bounded["priced"]
     body = unbroken_heavy_body(server.model)
     texts = body["input"]
     assert isinstance(texts, list)
-    capped = sum(min(len(text), truncated_cap(16) or 0) + 128 for text in texts)
+    # What a text of words as long would be charged.
+    capped = sum(characters("word " * (len(text) // 5), truncated_cap(16)) + 128 for text in texts)
     floor = body_floor(len(json.dumps(body).encode()))
     # The premise: charged capped, the request would leave room for a small one.
     assert max(capped, floor) < PRICED_BOUND < inputs_cost(texts)

@@ -93,10 +93,42 @@ def family(name: str) -> Any:
         su = impl.SentencePieceUnigramTokenizer()
         su.train_from_iterator(text, vocab_size=400, special_tokens=SPECIALS, unk_token="<unk>")
         return _fast(su, bos="<s>", eos="</s>", unk="<unk>", pad="<pad>")
+    if name == "xlmr-nmt-nfkc":
+        return _xlmr_nmt_nfkc(text)
     raise AssertionError(name)
 
 
-FAMILIES = ["minilm-wordpiece", "wordpiece", "byte-level-bpe", "sentencepiece-bpe", "sentencepiece-unigram"]
+def _xlmr_nmt_nfkc(text: list[str]) -> Any:
+    """A SentencePiece Unigram model trained here with the `nmt_nfkc` rule,
+    converted as `transformers` converts XLM-R's (a `Precompiled` character
+    map, `Metaspace`)."""
+    import tempfile
+    import types
+
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_file = f"{tmp}/corpus.txt"
+        with open(corpus_file, "w", encoding="utf-8") as corpus_out:
+            corpus_out.write("\n".join(text))
+        sentencepiece.SentencePieceTrainer.train(
+            input=corpus_file, model_prefix=f"{tmp}/m", vocab_size=300, model_type="unigram",
+            normalization_rule_name="nmt_nfkc", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        )
+        model = f"{tmp}/m.model"
+        processor = sentencepiece.SentencePieceProcessor(model_file=model)
+        # What the converter reads of a slow tokenizer: its model file and its special tokens' ids.
+        slow = types.SimpleNamespace(vocab_file=model, handle_byte_fallback=False, convert_tokens_to_ids=processor.piece_to_id)
+        backend = XLMRobertaConverter(slow).converted()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+FAMILIES = [
+    "minilm-wordpiece", "wordpiece", "byte-level-bpe", "sentencepiece-bpe", "sentencepiece-unigram", "xlmr-nmt-nfkc",
+]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -270,8 +302,9 @@ def test_unknown_normalizers_and_pre_tokenizers_fall_back_to_the_whole_text(buil
 
 def safe_cuts(text: str, side: str) -> list[int]:
     """Every cut `_prefix` may make in `text` (prefix ends, or suffix starts)."""
-    cut = _prefix._cut_right if side == "right" else _prefix._cut_left
-    return sorted({c for at in range(len(text) + 1) if 0 < (c := cut(text, at)) < len(text)})
+    if side == "right":
+        return [m.start() + 1 for m in _prefix._SAFE_CUT.finditer(text)]
+    return sorted(len(text) - m.start() - 1 for m in _prefix._SAFE_CUT.finditer(text[::-1]))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -296,3 +329,307 @@ def test_at_every_safe_cut_the_stable_tokens_are_the_whole_texts(name: str, text
             else:
                 stable = [i for i, w in zip(ids, content_words, strict=True) if w > min(content_words)]
                 assert whole[len(whole) - len(stable) :] == stable, (c, piece)
+
+
+# ---- the work it does: at most twice whole-text tokenization, never past its price ----
+
+#: Blocks hostile texts are made of: runs of whitespace, of combining marks,
+#: of control characters, one huge word, words, CJK (a pre-token per
+#: character), characters no safe cut is next to.
+BLOCKS = ["word ", "a b ", " ", "\t", "\n", "x", "\u0301", "e\u0301", "\x00", "漢", "a_", "\u3000", "1,"]
+hostile_texts = st.lists(
+    st.tuples(st.sampled_from(BLOCKS), st.integers(1, 2500)), min_size=1, max_size=4
+).map(lambda blocks: "".join(block * times for block, times in blocks))
+
+
+class Counted:
+    """`tokenizer`, counting the characters and calls it is handed."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.characters = 0
+        self.calls = 0
+        original = type(tokenizer).__call__
+        counted = self
+
+        class Counting(type(tokenizer)):  # type: ignore[misc]
+            def __call__(self, text: Any, *args: Any, **kwargs: Any) -> Any:
+                counted.calls += 1
+                counted.characters += sum(len(t) for t in ([text] if isinstance(text, str) else text))
+                return original(self, text, *args, **kwargs)
+
+        self.tokenizer = Counting.__new__(Counting)
+        self.tokenizer.__dict__.update(tokenizer.__dict__)
+
+
+def renderer_of(tokenizer: Any) -> Any:
+    """What the renderer seam reads of a vLLM renderer: its tokenizer."""
+    import types
+
+    return types.SimpleNamespace(get_tokenizer=lambda: tokenizer)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@PROPERTY
+@given(
+    text=hostile_texts,
+    limit=st.integers(1, 300),
+    side=st.sampled_from(["left", "right"]),
+    guess=GUESSES,
+)
+def test_work_is_at_most_twice_the_whole_texts_and_never_past_its_price(
+    name: str, text: str, limit: int, side: str, guess: tuple[int, int]
+) -> None:
+    """Characters handed to the tokenizer for one truncated text (through the
+    renderer seam, as vLLM's renderer calls it): at most twice the text's
+    length, in a few calls, and at most what pricing charged for it
+    (`_cost.characters` with `truncated_cap`); the ids are vLLM's."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer = family(name)
+    tokenizer.truncation_side = "right"
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side)
+    assert_exact_within_price(tokenizer, params, text, guess)
+
+
+def assert_exact_within_price(tokenizer: Any, params: Any, text: str, guess: tuple[int, int]) -> None:
+    """Through the renderer seam: vLLM's ids, having handed the tokenizer at
+    most twice the text and at most its price, in a few calls."""
+    from offload_vllm._cost import characters, truncated_cap
+
+    counted = Counted(tokenizer)
+    with first_guess(*guess):
+        price = characters(text, truncated_cap(params.truncate_prompt_tokens))
+        got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
+    assert got is not None
+    read, calls = counted.characters, counted.calls
+    whole = vllm_result(tokenizer, params, tokenizer(text, **params.get_encode_kwargs())["input_ids"])
+    assert vllm_result(tokenizer, params, got[0]) == whole
+    assert read <= 2 * len(text), (read, len(text))
+    assert read <= price, (read, price)
+    assert calls <= 8
+
+
+@pytest.mark.parametrize("name", ["wordpiece", "byte-level-bpe"])
+def test_the_shapes_that_cost_many_times_the_whole_text(name: str) -> None:
+    """A far first safe cut that every doubling of a guess lands on again
+    (one huge word after the first), megabytes of whitespace or of combining
+    marks, on either side: at most twice the text, and priced at least that."""
+    from offload_vllm._cost import characters, truncated_cap
+    from vllm.renderers.params import TokenizeParams
+
+    shapes = [
+        "w " + "x" * 200_000 + " y" * 100,
+        "y " * 100 + "x" * 200_000 + " w",
+        "a" * 100 + " " + "b" * 200_000 + " " + "c" * 100,
+        "word " + " " * 200_000 + " word",
+        "word " + "\u0301" * 200_000 + " word",
+    ]
+    for text in shapes:
+        for side in ("left", "right"):
+            counted = Counted(family(name))
+            params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=1, truncation_side=side)
+            got = renderer_seam._prefix_ids(renderer_of(counted.tokenizer), [text], params)
+            assert got is not None
+            assert counted.characters <= min(2 * len(text), characters(text, truncated_cap(1))), (side, text[:8])
+
+
+# ---- added tokens matched on the normalized text -------------------------------------
+
+
+def _with(normalizer: Any, added: str) -> Any:
+    base = family("wordpiece")
+    backend = tokenizers.Tokenizer.from_str(base.backend_tokenizer.to_str())
+    backend.normalizer = normalizer
+    backend.add_tokens([tokenizers.AddedToken(added, normalized=True)])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>"
+    )
+
+
+def _nfkc() -> tuple[Any, str]:
+    # NFKC makes "¨" a space and a combining mark: the token matches "x-y-a \u0308".
+    return _with(tokenizers.normalizers.NFKC(), "x-y-a\u00a8"), "x-y-a \u0308"
+
+
+def _underscore_to_space() -> tuple[Any, str]:
+    return _with(tokenizers.normalizers.Replace("_", " "), "x-y-a_z"), "x-y-a z"
+
+
+def _spaces_removed() -> tuple[Any, str]:
+    return _with(tokenizers.normalizers.Replace(" ", ""), "x-y-az"), "x-y-a z"
+
+
+@pytest.mark.parametrize("build", [_nfkc, _underscore_to_space, _spaces_removed])
+def test_an_added_token_that_may_match_across_a_cut_falls_back(build: Callable[[], tuple[Any, str]]) -> None:
+    """A non-special added token is matched on the normalized text by its
+    normalized form, which may hold what a cut's whitespace becomes (or the
+    normalizer may remove that whitespace): such a tokenizer is tokenized
+    whole, and gives vLLM's ids where a prefix cut before the whitespace would not."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer, start = build()
+    text = start + " and then some more words" * 4
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=1, add_special_tokens=False)
+    kwargs = params.get_encode_kwargs()
+    whole = vllm_result(tokenizer, params, tokenizer(text, **kwargs)["input_ids"])
+    with first_guess(1, 1):
+        got = _prefix.encode_truncated(tokenizer, [text], kwargs, 1, "right")
+    # None: the renderer tokenizes the whole text, as vLLM does.
+    assert got is None or vllm_result(tokenizer, params, got[0]) == whole
+    assert _prefix.unsound_because(tokenizer) is not None
+
+
+def test_added_tokens_without_whitespace_in_any_form_keep_prefix_tokenization() -> None:
+    tokenizer, _ = _with(tokenizers.normalizers.NFKC(), "x-y-a"), None
+    assert _prefix.unsound_because(tokenizer) is None
+
+
+def test_a_model_that_may_drop_a_word_falls_back() -> None:
+    """A BPE with no unknown token and no byte fallback drops characters it
+    has no token for: a word may give no token, and the pieces tried have no
+    bound (the price would not be one)."""
+    base = family("sentencepiece-bpe")
+    backend = tokenizers.Tokenizer.from_str(base.backend_tokenizer.to_str())
+    spec = __import__("json").loads(backend.to_str())
+    spec["model"]["unk_token"] = None
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(__import__("json").dumps(spec))
+    )
+    assert "no token" in str(_prefix.unsound_because(tokenizer))
+
+
+def test_a_text_the_tokenizer_refuses_is_refused_as_whole_text_tokenization_refuses_it() -> None:
+    """A lone surrogate (a JSON `\\ud800`) past the first prefix: the tokenizer
+    refuses the whole text, so vLLM answers 400; prefix tokenization must not
+    tokenize the prefix before it and answer."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer = family("wordpiece")
+    params = TokenizeParams(max_total_tokens=None, truncate_prompt_tokens=2)
+    kwargs = params.get_encode_kwargs()
+    for text in ("word " * 200 + "\ud800", "\udfff" + " word" * 200):
+        with pytest.raises(TypeError) as whole:
+            tokenizer(text, **kwargs)
+        for side in ("left", "right"):
+            with pytest.raises(TypeError) as prefix:
+                _prefix.encode_truncated(tokenizer, [text], kwargs, 2, side)
+            assert str(prefix.value) == str(whole.value)
+
+
+def test_a_served_tokenizer_it_is_not_sound_for_is_priced_whole() -> None:
+    """Pricing counts a truncated text by what prefix tokenization reads only
+    where it is sound for the served tokenizer (checked when the server
+    builds its pooling processors): elsewhere the text is tokenized whole."""
+    from unittest import mock
+
+    with mock.patch.object(renderer_seam, "_served_unsound", False):
+        renderer_seam.plan_served(renderer_of(family("wordpiece")))
+        assert not renderer_seam._served_unsound
+        renderer_seam.plan_served(renderer_of(_split_tokenizer()))
+        assert renderer_seam._served_unsound
+        assert not renderer_seam.prefix_installed()
+
+
+def test_another_tokenizer_backend_is_left_alone() -> None:
+    """vLLM's `VLLM_USE_FASTOKENS=1` replaces the Rust tokenizer inside every
+    Hugging Face fast tokenizer with fastokens' shim (not installed here: a
+    stand-in object of another class takes its place): prefix tokenization
+    is off for it, and vLLM tokenizes whole texts with the shim as it would."""
+    import copy
+
+    class Shim:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    tokenizer = copy.deepcopy(family("wordpiece"))
+    tokenizer._tokenizer = Shim(tokenizer._tokenizer)
+    assert tokenizer.is_fast
+    assert "not the tokenizers library's" in str(_prefix.unsound_because(tokenizer))
+
+
+@pytest.mark.parametrize("name", ["wordpiece", "byte-level-bpe"])
+@PROPERTY
+@given(
+    text=text_strategy,
+    limit=st.sampled_from([None, -1]) | st.integers(1, 100),
+    side=st.sampled_from([None, "left", "right"]),
+    output=st.integers(0, 32),
+)
+def test_a_generate_models_completion_prompt_is_truncated_as_vllm_does(
+    name: str, text: str, limit: int | None, side: str | None, output: int
+) -> None:
+    """The patch replaces `BaseRenderer._tokenize_prompt` for every renderer of
+    the process: on a server of a generate model it tokenizes completion
+    prompts too, whose parameters leave room for `max_tokens` of output
+    (`max_output_tokens`). vLLM's ids, or vLLM's refusal, all the same."""
+    from vllm.renderers.params import TokenizeParams
+
+    tokenizer = family(name)
+    tokenizer.truncation_side = "right"
+    params = TokenizeParams(
+        max_total_tokens=128, max_output_tokens=output, truncate_prompt_tokens=limit, truncation_side=side
+    )
+    kwargs = params.get_encode_kwargs()
+    whole = tokenizer(text, **kwargs)["input_ids"]
+    got = renderer_seam._prefix_ids(renderer_of(tokenizer), [text], params)
+    ids = whole if got is None else got[0]
+    assert vllm_result_or_error(tokenizer, params, ids) == vllm_result_or_error(tokenizer, params, whole)
+
+
+# ---- SentencePiece's character map (`Precompiled`, nmt_nfkc) ---------------------------
+
+#: What an nmt_nfkc map rewrites: full-width forms, compatibility characters,
+#: ligatures, odd spaces, control characters, combining marks, halfwidth
+#: katakana and its sound marks, Thai's sara am (letters that join the
+#: cluster before them), Hangul jamo.
+REWRITTEN = [
+    "ｆｕｌｌ", "ＡＢＣ１２３", "①", "㍿", "x²", "Ⅻ", "ﬁ", "ﬀl", "\u00a0", "\u2002", "\u2009", "\u3000", "\ufeff",
+    "\x00", "\x07", "\x1f", "\x7f", "\u0085", "\u200b", "e\u0301", "\u0301", "ｶﾞ", "\uff9e", "\uff9f", "ﾊﾟ",
+    "กำ", "\u0e33", "ᄀ\u1161", "ﾠ", "™", "㈱", "…", "‐", "ﹰ", "\u00ad", "\u2028",
+]
+rewritten_texts = st.lists(
+    st.tuples(st.sampled_from(REWRITTEN) | st.sampled_from(WORDS) | st.text(max_size=2), st.sampled_from(SEPARATORS)),
+    max_size=80,
+).map(lambda parts: "".join(word + sep for word, sep in parts))
+
+
+@PROPERTY
+@given(
+    text=rewritten_texts,
+    limit=st.integers(1, 200),
+    side=st.sampled_from(["left", "right"]),
+    add_special_tokens=st.booleans(),
+    guess=GUESSES,
+)
+def test_a_precompiled_character_map_is_cut_exactly(
+    text: str, limit: int, side: str, add_special_tokens: bool, guess: tuple[int, int]
+) -> None:
+    """An XLM-R-style tokenizer (SentencePiece Unigram, `nmt_nfkc` map) keeps
+    prefix tokenization (no fallback), gives vLLM's ids on texts of what its
+    map rewrites, from either side, at limits from 1 to past the text, and
+    reads at most twice the text and its price."""
+    from vllm.renderers.params import TokenizeParams
+
+    assert _prefix.unsound_because(family("xlmr-nmt-nfkc")) is None
+    params = TokenizeParams(
+        max_total_tokens=None, truncate_prompt_tokens=limit, truncation_side=side, add_special_tokens=add_special_tokens
+    )
+    assert_exact_within_price(family("xlmr-nmt-nfkc"), params, text, guess)
+
+
+def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
+    """`GRAPHEME_JOINED` is every letter or digit whose grapheme break property
+    joins it to whitespace beside it (Prepend, Extend, SpacingMark, ZWJ), as
+    the `regex` module's Unicode data has it."""
+    import sys
+
+    regex = pytest.importorskip("regex")
+    joined = regex.compile(
+        r"[\p{Grapheme_Cluster_Break=Prepend}\p{Grapheme_Cluster_Break=Extend}"
+        r"\p{Grapheme_Cluster_Break=SpacingMark}\p{Grapheme_Cluster_Break=ZWJ}]"
+    )
+    found = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum() and joined.fullmatch(chr(c))}
+    assert found == set(_prefix.GRAPHEME_JOINED)

@@ -113,3 +113,27 @@ def test_concurrent_requests_share_tokenizer_batches(
     record_property("tokenizer_batch_mean", calls / batches)
     sys.stdout.write(f"\nasync-renderer: {calls:g} tokenization calls in {batches:g} batches (mean {calls / batches:.1f})\n")
     assert batches < calls, f"{batches:g} tokenizer batches for {calls:g} calls: none joined another request's"
+
+
+def test_a_text_vllm_refuses_is_refused_alike(servers: dict[tuple[str | None, str], Server], strategy: str) -> None:
+    """A JSON `\\ud800` escape (a lone surrogate) past the part of a truncated
+    text that prefix tokenization would read, or before it: vLLM's tokenizer
+    refuses the text, and so does the server with the adapter, with the same
+    status and message."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    ours_server, vllm_server = servers[(strategy, "embed")], servers[(None, "embed")]
+    words = "word " * 400
+    for text, side in ((words + "\\ud800", "right"), (words + "\\ud800", "left"), ("\\udfff " + words, "left")):
+        raw = '{"model": "%s", "input": ["%s"], "truncate_prompt_tokens": 4, "truncation_side": "%s"}'
+        answers = []
+        for server in (ours_server, vllm_server):
+            r = httpx.post(
+                f"{server.url}/v1/embeddings",
+                content=(raw % (server.model, text, side)).encode(),
+                headers={"content-type": "application/json"},
+                timeout=60,
+            )
+            answers.append((r.status_code, r.json().get("error", {}).get("message")))
+        assert answers[0] == answers[1], (side, text[:12], answers)
+        assert answers[1][0] == 400, answers

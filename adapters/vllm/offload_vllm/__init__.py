@@ -115,11 +115,18 @@ def register() -> None:
         admission.cover(type(serving_object))
         return runtime.postprocess(serving_object)
 
-    if settings.prefix_tokenize:
-        from ._seams import renderer as renderer_seam
+    from ._seams import renderer as renderer_seam
 
+    if settings.prefix_tokenize:
         renderer_seam.install_prefix_tokenization()
-    io_processor.install(runtime.render)
+
+    def make_render(io_processor_object: Any, vllm_config: Any) -> Any:
+        if settings.prefix_tokenize:
+            # Pricing reads whether prefix tokenization is sound for the served tokenizer.
+            renderer_seam.plan_served(io_processor_object.renderer)
+        return runtime.render(io_processor_object, vllm_config)
+
+    io_processor.install(make_render)
     serving.install(serving_built)
     serving.install_preprocessing()
     offline.install(runtime.offline_executor)

@@ -103,11 +103,12 @@ def characters(value: Any, cap: int | None = None) -> float:
     pixels of an image it holds as a data URL (`image_cost`); plus one per
     token id, plus `URL_IMAGE_COST` per image given by an http(s) URL (under
     an `image_url` key). Anything else (a number that is not a token id, a
-    tensor) counts 0. `cap`: a string counts at most this many characters (a
-    truncated text prompt, which prefix tokenization reads only the start of:
-    `truncated_cap`) when its first prefix and suffix end within the cap
-    (`_prefix.first_pieces_within`), and all of them otherwise; an image's
-    pixels are counted whatever the cap.
+    tensor) counts 0. `cap`: a string is a text prompt truncated to this many
+    tokens (`truncated_cap`), and counts the most characters prefix
+    tokenization hands the tokenizer for it (`_prefix.read_bound`): a few
+    first guesses of characters per token where it has the words to stop
+    there, else its length and the pieces tried (at most twice its length);
+    an image's pixels are counted whatever the cap.
 
     Walked with a stack, not recursion: any depth a parser gives is walked;
     deeper than `MAX_DEPTH` raises `TooDeep`."""
@@ -116,17 +117,14 @@ def characters(value: Any, cap: int | None = None) -> float:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            # Capped only where prefix tokenization stops near the cap: a text
-            # with no safe cut there is read far past it, or whole.
-            if cap is not None and _prefix.first_pieces_within(item, cap // 2, cap):
-                total += min(len(item), cap)
-            else:
-                total += len(item)
+            # What prefix tokenization may read of it: its pieces, and the whole
+            # text where they may not be enough.
+            total += len(item) if cap is None else _prefix.read_bound(item, cap)
             if item.startswith(DATA_URL):
                 total += image_cost(item)
             continue
         if isinstance(item, bytes):
-            total += len(item) if cap is None else min(len(item), cap)
+            total += len(item)  # never prefix-tokenized
             continue
         if isinstance(item, bool):
             continue
@@ -178,13 +176,13 @@ def image_cost(data_url: str) -> float:
 
 
 def truncated_cap(keep: Any) -> int | None:
-    """What a text prompt truncated to `keep` tokens costs at most, in characters,
-    when prefix tokenization is on: twice its first prefix (`_prefix.py`), which
-    covers one regrowth; `None` (its whole length) for any `keep` that is not a
-    positive count (no truncation, or the model's length: -1)."""
+    """The token count a text prompt truncated to `keep` tokens is priced by
+    when prefix tokenization is on (`characters`' `cap`): `keep`; `None` (its
+    whole length) for any `keep` that is not a positive count (no
+    truncation, or the model's length: -1)."""
     if type(keep) is not int or keep <= 0:
         return None
-    return 2 * max(_prefix._MIN_CHARS, (keep + 1) * _prefix._CHARS_PER_TOKEN)
+    return keep
 
 
 def prompts(value: Any) -> int:

@@ -2,21 +2,25 @@
 
 vLLM tokenizes a whole text and then keeps `truncate_prompt_tokens` of its tokens
 (or the model's length); this tokenizes a prefix of the text (a suffix when
-truncating on the left) long enough to hold them, growing it (doubling) when it
-is not, and gives exactly what whole-text tokenization gives once vLLM's
+truncating on the left) long enough to hold them, growing it (at least doubling)
+when it is not, and gives exactly what whole-text tokenization gives once vLLM's
 truncation is applied to both.
 
 **Why a prefix gives the same tokens.** A Hugging Face fast tokenizer
 normalizes the text, splits it into pre-tokens ("words"), tokenizes each
 pre-token on its own, then adds special tokens. The prefix is cut at a *safe
-cut*: between a letter or digit (`str.isalnum`) and an ASCII whitespace character
-(a suffix starts at such a point, after the whitespace). For the normalizers
-and pre-tokenizers in `_NORMALIZERS` and `_PRE_TOKENIZERS`:
+cut*: between a letter or digit (`str.isalnum`, but the few in
+`GRAPHEME_JOINED`) and an ASCII whitespace character (a suffix starts at such
+a point, after the whitespace): always a grapheme cluster boundary. For the
+normalizers and pre-tokenizers in `_NORMALIZERS` and `_PRE_TOKENIZERS`:
 
 - normalization is per character, or Unicode normalization, which an ASCII
   whitespace character (a starter that never composes) cannot join across, or a
   replacement of one character or of a run of spaces, which a letter or digit
-  ends: so the prefix normalizes to the start of what the whole text does;
+  ends, or SentencePiece's character map (`Precompiled`, XLM-R's), which
+  rewrites each grapheme cluster on its own (the tokenizers library's
+  `Precompiled::normalize`): so the prefix normalizes to the start of what
+  the whole text does, up to its last pre-token;
 - pre-tokenization splits on whitespace, on punctuation, on digits or by the
   GPT-2 pattern (whose matches end where a class of characters does, or one
   whitespace character before a non-whitespace one): every pre-token of the
@@ -30,22 +34,43 @@ suffix's first), and the prefix is grown until one more stable token than vLLM
 can keep exists, so that truncation of the prefix's tokens and of the text's
 takes the same branch and the same tokens.
 
+**What it costs, at most** (`_pieces`, `read_bound`). The pieces tried end
+at safe cuts, each at least twice as long as the one before, the first at
+a first guess of characters per token, none past a third of the text nor
+past `_WINDOW` first guesses; they stop at the *sure piece*, the one that
+ends past `keep + 2` letters or digits each followed by whitespace, which
+holds enough stable tokens because every pre-token gives a token
+(`_every_word_gives_a_token`). When the pieces run out, the whole text is
+tokenized. So the characters handed to the tokenizer are at most the
+text's length for the pieces plus the text once: **at most twice
+whole-text tokenization, whatever the text**, in a few calls; and exactly
+`read_bound` in the worst case, which a truncated text is priced by
+(`_cost.py`) and which the pieces, taken from the priced count, never pass.
+A text the tokenizer refuses (a lone surrogate) is tokenized whole, so that
+it is refused as vLLM refuses it.
+
 **Where it is not used** (whole-text tokenization, as vLLM does): a slow
-(Python) tokenizer; a normalizer, pre-tokenizer or model not known above (such
-as SentencePiece's `Precompiled` character map, a `Split` pattern, BPE
-dropout); an added token containing whitespace; special tokens anywhere but
-before and after the text; a text with no safe cut. Each tokenizer is checked
-once (`plan`); a text is checked as it is tokenized.
+(Python) tokenizer, or one whose backend is not the tokenizers library's; a
+normalizer, pre-tokenizer or model not known above (such as a `Split`
+pattern, BPE dropout), or a character map that makes a letter or digit
+whitespace or nothing; a model that may give a word no token (no unknown token, no byte
+fallback); an added token containing whitespace, or matched on the
+normalized text by a form that holds what a cut's whitespace normalizes to
+(or with a normalizer that removes that whitespace); special tokens anywhere
+but before and after the text; a text with no safe cut. Each tokenizer is
+checked once (`plan`); a text is checked as it is tokenized.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +88,9 @@ _NORMALIZERS: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "Nmt": lambda n: True,
     "Strip": lambda n: True,
     "Prepend": lambda n: True,
+    # SentencePiece's character map: it rewrites each grapheme cluster on its
+    # own, and a cut is a cluster boundary (`GRAPHEME_JOINED`).
+    "Precompiled": lambda n: True,
     # One character for another (SentencePiece's " " -> "▁"), or a run of spaces
     # for one (SentencePiece's collapsing of spaces).
     "Replace": lambda n: n.get("pattern") in ({"String": " "}, {"Regex": " {2,}"})
@@ -105,6 +133,12 @@ def unsound_because(tokenizer: Any) -> str | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not getattr(tokenizer, "is_fast", False):
         return "not a fast (Rust) tokenizer"
+    import tokenizers
+
+    if not isinstance(backend, tokenizers.Tokenizer):
+        # vLLM's `VLLM_USE_FASTOKENS=1` swaps in fastokens' shim: its word
+        # indices and normalization are not the ones argued for here.
+        return f"its backend is {type(backend).__module__}.{type(backend).__name__}, not the tokenizers library's"
     try:
         spec = json.loads(backend.to_str())
     except Exception as exc:  # an unexpected backend: whole-text tokenization
@@ -117,10 +151,82 @@ def unsound_because(tokenizer: Any) -> str | None:
         return f"pre-tokenizer {spec.get('pre_tokenizer')!r} is not one known to keep a cut"
     if not _components_known(spec.get("model"), _MODELS):
         return f"model {spec.get('model', {}).get('type')!r} with these settings is not known to tokenize per pre-token"
+    if not _every_word_gives_a_token(spec.get("model") or {}, spec.get("pre_tokenizer")):
+        return "a word may give no token (no unknown token, no byte fallback)"
+    normalizer = getattr(backend, "normalizer", None)
+    described = json.dumps(spec.get("normalizer"))
+    if "Precompiled" in described and (gone := _letters_removed(described, normalizer)):
+        return f"the normalizer makes {gone!r} no letter or digit: a word may give no token"
+    # What a cut's whitespace becomes, between two letters: what an added
+    # token matched on the normalized text must not hold, or it could match
+    # across the cut.
+    marks = {ch: _between_letters(normalizer, ch) for ch in " \t\n\r"}
     for added in spec.get("added_tokens") or ():
-        if any(ch.isspace() for ch in str(added.get("content", ""))):
-            return f"added token {added.get('content')!r} contains whitespace"
+        content = str(added.get("content", ""))
+        if any(ch.isspace() for ch in content):
+            return f"added token {content!r} contains whitespace"
+        if normalizer is None or not added.get("normalized"):
+            continue
+        form = normalizer.normalize_str(content)
+        if any(ch.isspace() or any(ch in mark for mark in marks.values()) for ch in form):
+            return f"added token {content!r} normalizes to {form!r}, which a cut's whitespace may be part of"
+        if any(mark == "" for mark in marks.values()):
+            return f"the normalizer removes whitespace, across which added token {content!r} may match"
     return None
+
+
+#: `_letters_removed` by normalizer description: once per map, not per tokenizer copy.
+_removed: dict[str, str] = {}
+
+
+def _letters_removed(description: str, normalizer: Any) -> str:
+    """The letters and digits (up to 5) that `normalizer` (described by
+    `description`) makes whitespace or nothing, which could leave a word
+    with no token (a character map may). ~0.6 s: Unicode's 133,000 letters
+    and digits, each alone."""
+    if description not in _removed:
+        letters = (chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum())
+        gone = (ch for ch in letters if not normalizer.normalize_str(ch).strip())
+        _removed[description] = "".join(itertools.islice(gone, 5))
+    return _removed[description]
+
+
+def _between_letters(normalizer: Any, whitespace: str) -> str:
+    """What `normalizer` makes of `whitespace` between two letters (`a`)."""
+    if normalizer is None:
+        return whitespace
+    head = str(normalizer.normalize_str("a"))
+    both = str(normalizer.normalize_str("a" + whitespace + "a"))
+    return both[len(head) : -1] if both.startswith(head) and both.endswith("a") else both
+
+
+def _every_word_gives_a_token(model: Mapping[str, Any], pre_tokenizer: Mapping[str, Any] | None) -> bool:
+    """Whether every pre-token gives at least one token: the model has an
+    unknown token (or byte fallback, or byte-level BPE's every byte), so
+    that no character is dropped. What bounds the pieces tried
+    (`_sure_piece`), and so the price of a truncated text."""
+    kind = model.get("type")
+    vocab = model.get("vocab")
+    if model.get("byte_fallback"):
+        return True
+    if kind == "Unigram":
+        return model.get("unk_id") is not None
+    unk = model.get("unk_token")
+    if isinstance(vocab, dict) and unk is not None and unk in vocab:
+        return True
+    if kind != "BPE" or not isinstance(vocab, dict) or not _byte_level(pre_tokenizer):
+        return False
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    return set(ByteLevel.alphabet()) <= vocab.keys()
+
+
+def _byte_level(part: Mapping[str, Any] | None) -> bool:
+    if part is None:
+        return False
+    if part.get("type") == "Sequence":
+        return any(_byte_level(item) for item in part.get("pretokenizers") or ())
+    return part.get("type") == "ByteLevel"
 
 
 @dataclass(frozen=True)
@@ -165,61 +271,130 @@ def plan(tokenizer: Any) -> Plan:
 #: First guess of characters per kept token; a wrong guess costs only a regrowth.
 _CHARS_PER_TOKEN = 6
 _MIN_CHARS = 64
+#: A piece ends within this many first guesses of its end of the text (and
+#: within a third of the text): 24 characters a kept token, four English
+#: words with their spaces. A text with no place to stop there is tokenized
+#: whole. It bounds what pricing scans of a text on the event loop.
+_WINDOW = 4
 
-# The safe-cut rule, in one place: a letter or digit next to ASCII
-# whitespace. `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore).
+#: The letters and digits that join a grapheme cluster with the whitespace
+#: beside them (Unicode's grapheme break property Prepend, Extend, SpacingMark:
+#: Thai ำ, halfwidth katakana's sound marks, ...): no cut is made next to them,
+#: so that every cut is a cluster boundary, which a normalizer that rewrites
+#: clusters (`Precompiled`) cannot rewrite across.
+GRAPHEME_JOINED = "\u0d4e\u0e33\u0eb3\uff9e\uff9f\U000111c2\U000111c3\U0001193f\U00011941" + "".join(
+    chr(c) for c in (0x11A84, 0x11A85, 0x11A86, 0x11A87, 0x11A88, 0x11A89, 0x11D46)
+)
+
+# The safe-cut rule, in one place: a letter or digit (but those above) next to
+# ASCII whitespace. `[^\W_]` is exactly `str.isalnum` (`\w` is it plus the underscore).
 #: A letter or digit, then the whitespace a prefix ends before (read
 #: backwards: the whitespace a suffix starts after, then its first letter or digit).
-_SAFE_CUT = re.compile(r"[^\W_][ \t\n\r]")
-#: Whitespace, then the letter or digit a suffix starts at.
-_SAFE_START = re.compile(r"[ \t\n\r][^\W_]")
+_SAFE_CUT = re.compile(r"[^\W_" + GRAPHEME_JOINED + r"][ \t\n\r]")
 
-#: How far back `_cut_left` first looks; the window doubles while it finds nothing.
-_BACK_WINDOW = 32
+#: An ASCII character's class for `_sure_piece`: `a` a letter or digit, a
+#: space ASCII whitespace, `.` anything else (a safe cut reads `a `).
+_ASCII_CLASSES = bytes(
+    ord("a") if chr(b).isalnum() else ord(" ") if chr(b) in " \t\n\r" else ord(".") for b in range(256)
+)
 
+@dataclass(frozen=True)
+class _Reach:
+    """Where the pieces of one text, from one side, may end."""
 
-def _cut_right(text: str, at: int, last: int | None = None) -> int:
-    """The first safe cut `i` (a prefix `text[:i]`) with `at <= i` and, unless
-    `last` is None, `i <= last`; `len(text)` when there is none."""
-    end = len(text) if last is None else min(len(text), last + 1)
-    found = _SAFE_CUT.search(text, max(at, 1) - 1, end)
-    return len(text) if found is None else found.start() + 1
-
-
-def _cut_left(text: str, at: int, first: int = 1) -> int:
-    """The last safe start `i` (a suffix `text[i:]`) with `first <= i <= at`,
-    or 0 when there is none."""
-    # `re` searches forwards only: search a window back from `at`, reversed
-    # (where a safe start reads as a safe cut), and widen it (doubling) while
-    # nothing is found, each window ending a character into the one before it
-    # (a match is two long).
-    floor = max(first, 1) - 1
-    end = min(at, len(text) - 1) + 1
-    width = _BACK_WINDOW
-    while end - floor >= 2:
-        start = max(floor, end - width)
-        found = _SAFE_CUT.search(text[start:end][::-1])
-        if found is not None:
-            return end - 1 - found.start()
-        end, width = start + 1, 2 * width
-    return 0
+    #: The side read from its end: the text (prefixes), or the last
+    #: `limit + 1` characters reversed (suffixes, where a safe start reads as
+    #: a safe cut). A piece of length `k` ends at a safe cut `view[k - 1: k + 1]`.
+    view: str
+    #: The longest piece: at most a third of the text, and `_WINDOW` first guesses.
+    limit: int
+    #: The first piece is at least this long: a first guess of characters per token.
+    first: int
 
 
-def first_pieces_within(text: str, span: int, limit: int) -> bool:
-    """Whether the first prefix and the first suffix `encode_truncated` cuts
-    from `text` when trying `span` characters are each at most `limit` long:
-    a safe cut in `[span, limit]` from the start, a safe start in
-    `[len - limit, len - span]` from the end. False for a text with no safe cut
-    there (one long word, no whitespace), which is read much further or whole.
-    Reads at most `2 * limit` characters."""
-    n = len(text)
-    if n <= limit:
-        return True
-    # As `_cut_right(text, span) <= limit` and `_cut_left(text, n - span) >= n - limit`
-    # say, but searching only those ranges: this runs on the event loop, per text.
-    if span < 1 or _SAFE_CUT.search(text, span - 1, limit + 1) is None:
-        return False
-    return _SAFE_START.search(text, n - limit - 1, n - span + 1) is not None
+def _reach(text: str, count: int, side: Side) -> _Reach:
+    """Pieces of `text` for keeping `count` tokens from `side`."""
+    first = max(_MIN_CHARS, (count + 1) * _CHARS_PER_TOKEN)
+    limit = min(len(text) // 3, _WINDOW * first)
+    view = text if side == "right" else text[len(text) - limit - 1 :][::-1]
+    return _Reach(view, limit, first)
+
+
+def _piece_at_least(reach: _Reach, length: int) -> int | None:
+    """The shortest piece at least `length` long, or None past the limit."""
+    start, end = max(length, 1) - 1, reach.limit + 1
+    # `str.find` passes a stretch with no whitespace (one long word) many
+    # times faster than `re`, which takes ~20 ns a character: this prices texts on the loop.
+    spaces = [at for at in (reach.view.find(space, start + 1, end) for space in " \t\n\r") if at >= 0]
+    if not spaces:
+        return None
+    found = _SAFE_CUT.search(reach.view, min(spaces) - 1, end)
+    return None if found is None else found.start() + 1
+
+
+def _sure_piece(reach: _Reach, count: int) -> int | None:
+    """The shortest piece ending past `count + 2` letters or digits each
+    followed by whitespace, or None past the limit. Each is the last
+    character of a pre-token of its own, which gives at least one token
+    (`_every_word_gives_a_token`), all but the last's stable: the piece
+    holds `count + 1` stable tokens, one more than can be kept."""
+    end = reach.limit + 1
+    if not reach.view.isascii():
+        found = next(itertools.islice(_SAFE_CUT.finditer(reach.view, 0, end), count + 1, None), None)
+        return None if found is None else found.start() + 1
+    # ASCII (`isascii` is O(1)): each character as its class, where a safe cut
+    # reads `a `; `bytes.split` finds them at memory speed, where `re` takes
+    # ~45 ns a character: this prices texts on the loop.
+    classes = reach.view[:end].encode("ascii").translate(_ASCII_CLASSES)
+    parts = classes.split(b"a ", count + 2)
+    if len(parts) < count + 3:
+        return None
+    # The rest follows the last of them, whose letter ends the piece.
+    return len(classes) - len(parts[-1]) - 1
+
+
+def _pieces(reach: _Reach, count: int) -> Generator[int, None, bool]:
+    """The lengths of the pieces to tokenize, in order, while none holds
+    enough stable tokens; when they run out, the text is tokenized whole.
+    Returns whether the last was the sure piece.
+
+    Each is a safe cut at least twice as long as the one before, the last
+    at most the sure piece (`_sure_piece`), none past the limit: together
+    they are at most three sure pieces, and at most the text's length."""
+    length = _piece_at_least(reach, reach.first)
+    sure: int | None = None
+    while length is not None:
+        yield length
+        if sure is None:  # found only when the first guess was too short: most texts never look
+            sure = _sure_piece(reach, count) or reach.limit + 1
+        if length >= sure:
+            return True
+        longer = _piece_at_least(reach, 2 * length)
+        length = sure if longer is None or longer > sure else longer
+        if length > reach.limit:
+            return False
+    return False
+
+
+def read_bound(text: str, count: int) -> int:
+    """The most characters `encode_truncated` hands the tokenizer for `text`
+    when vLLM keeps at most `count` tokens of it, from either side (what a
+    truncated text is priced by): every piece it may try, then the whole
+    text where the pieces may not be enough. At most twice the text's length.
+    Scans at most `2 * _WINDOW * max(_MIN_CHARS, 6 * (count + 1))` characters
+    (and two thirds of the text): this runs on the event loop, per text."""
+    bound = 0
+    sides: tuple[Side, ...] = ("right", "left")
+    for side in sides:
+        pieces = _pieces(_reach(text, count, side), count)
+        read = 0
+        try:
+            while True:
+                read += next(pieces)
+        except StopIteration as end:  # its value: whether the pieces end at the sure piece
+            read += 0 if end.value else len(text)
+        bound = max(bound, read)
+    return bound
 
 
 def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
@@ -242,12 +417,27 @@ def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
     return bool(content[-need] > first_word)
 
 
+
+
+def _encodable(text: str) -> bool:
+    """Whether the tokenizer takes `text` at all: no lone surrogate (a JSON
+    `\\ud800`), which it refuses (`TypeError`) wherever it is in the text."""
+    if text.isascii():  # O(1): CPython keeps it
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def encode_truncated(
     tokenizer: Any,
     texts: Sequence[str],
     encode_kwargs: Mapping[str, Any],
     keep: int,
     side: Side,
+    priced: int | None = None,
 ) -> list[list[int]] | None:
     """`tokenizer(texts, **encode_kwargs)["input_ids"]`, as vLLM's truncation to at
     most `keep` tokens from `side` leaves them: the ids to hand to vLLM, which
@@ -255,46 +445,55 @@ def encode_truncated(
 
     `encode_kwargs` are vLLM's (`TokenizeParams.get_encode_kwargs`); `keep` is the
     most tokens vLLM can keep: the least of its truncation length and the
-    tokenizer's `max_length`, when it truncates. `None` when `tokenizer` is not
-    one prefix tokenization is sound for (`plan`): tokenize the whole texts."""
+    tokenizer's `max_length`, when it truncates. `priced`: the token count the
+    texts were priced by (`read_bound`; at least `keep`), whose pieces are
+    tried, so that no text is read past its price. `None` when `tokenizer` is
+    not one prefix tokenization is sound for (`plan`): tokenize the whole texts.
+
+    Hands the tokenizer at most `read_bound(text, priced or keep)` characters
+    of each text: at most twice its length, in at most a few calls per text."""
     if plan(tokenizer).reason is not None or keep < 0:
         return None
+    count = keep if priced is None or priced < keep else priced
     # One more stable content token than can be kept: truncation takes the same branch.
     need = keep + 1
     plain = {k: v for k, v in encode_kwargs.items() if k not in ("truncation", "max_length")}
     results: list[list[int] | None] = [None] * len(texts)
-    # Per text: the characters tried so far (grows by doubling).
-    span = [max(_MIN_CHARS, need * _CHARS_PER_TOKEN)] * len(texts)
-    # A text shorter than twice the first prefix is tokenized whole at once: a
-    # prefix too short for it would be work thrown away.
-    todo = [i for i, text in enumerate(texts) if len(text) >= 2 * span[i]]
-    whole: list[int] = [i for i, text in enumerate(texts) if len(text) < 2 * span[i]]
-    while todo:
-        pieces: list[str] = []
-        for i in todo:
-            text = texts[i]
-            if side == "right":
-                pieces.append(text[: _cut_right(text, span[i])])
-            else:
-                pieces.append(text[_cut_left(text, len(text) - span[i]) :])
-        encoding = tokenizer(pieces, truncation=False, **plain)
-        retry: list[int] = []
-        for j, i in enumerate(todo):
-            if len(pieces[j]) == len(texts[i]):
+    whole: list[int] = []
+    # Per text being tokenized by pieces: the pieces left to try, and the one tried now.
+    schedules: dict[int, Generator[int, None, bool]] = {}
+    trying: dict[int, int] = {}
+    for i, text in enumerate(texts):
+        # A text the tokenizer refuses is refused whole, as vLLM refuses it.
+        if not _encodable(text):
+            whole.append(i)
+            continue
+        schedules[i] = _pieces(_reach(text, count, side), count)
+    while schedules:
+        for i in list(schedules):
+            length = next(schedules[i], None)
+            if length is None:
                 whole.append(i)
-                continue
+                del schedules[i]
+            else:
+                trying[i] = length
+        if not schedules:
+            break
+        todo = list(schedules)
+        pieces = [texts[i][: trying[i]] if side == "right" else texts[i][len(texts[i]) - trying[i] :] for i in todo]
+        encoding = tokenizer(pieces, truncation=False, **plain)
+        for j, i in enumerate(todo):
             stable = _stable(encoding, j, need, side)
             if stable is None:
                 whole.append(i)
             elif stable:
                 results[i] = _as_truncated(encoding, j, encode_kwargs, side)
             else:
-                span[i] *= 2
-                retry.append(i)
-        todo = retry
+                continue
+            del schedules[i]
     if whole:
-        ids = tokenizer([texts[i] for i in whole], **encode_kwargs)["input_ids"]
-        for i, one in zip(whole, ids, strict=True):
+        ids = tokenizer([texts[i] for i in sorted(whole)], **encode_kwargs)["input_ids"]
+        for i, one in zip(sorted(whole), ids, strict=True):
             results[i] = list(one)
     return [r if r is not None else [] for r in results]
 

@@ -107,17 +107,38 @@ def _prefix_ids(renderer: Any, texts: list[str], params: Any) -> list[list[int]]
     if truncation is None:
         return None
     keep, side = truncation
-    return _prefix.encode_truncated(tokenizer, texts, params.get_encode_kwargs(), keep, side)
+    # The count the texts were priced by (`_cost.truncated_cap`): its pieces are the ones tried.
+    limit = params.truncate_prompt_tokens
+    priced = limit if type(limit) is int and limit > 0 else None
+    return _prefix.encode_truncated(tokenizer, texts, params.get_encode_kwargs(), keep, side, priced)
 
 
 _WHOLE_TEXT = "_offload_vllm_whole_text_tokenize"
 
 
+#: Set once a served renderer's tokenizer is one prefix tokenization is not sound for.
+_served_unsound = False
+
+
+def plan_served(renderer: Any) -> None:
+    """Check the tokenizer of `renderer`, one the server renders with, once
+    (`_prefix.plan`), before any request: where prefix tokenization is not
+    sound for it, its truncated texts are tokenized whole, and priced so."""
+    global _served_unsound
+    try:
+        tokenizer = renderer.get_tokenizer()
+    except Exception:  # no tokenizer (`skip_tokenizer_init`): nothing is tokenized
+        return
+    if tokenizer is not None and _prefix.plan(tokenizer).reason is not None:
+        _served_unsound = True
+
+
 def prefix_installed() -> bool:
-    """Whether this process's renderers tokenize truncated prompts by prefix."""
+    """Whether this process's renderers tokenize truncated prompts by prefix
+    (installed, and sound for every served tokenizer checked: `plan_served`)."""
     # Not installed before vLLM's renderers are imported: no import here (costs read it).
     base = sys.modules.get("vllm.renderers.base")
-    return base is not None and hasattr(base.BaseRenderer, _WHOLE_TEXT)
+    return base is not None and hasattr(base.BaseRenderer, _WHOLE_TEXT) and not _served_unsound
 
 
 def install_prefix_tokenization() -> None:
