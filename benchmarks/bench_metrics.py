@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 
 from offload._admission import CallTracker  # noqa: E402
 from offload._call import Call  # noqa: E402
+from offload._lanes import Lanes  # noqa: E402
 
 
 def _identity(x: int) -> int:
@@ -31,10 +32,12 @@ def _identity(x: int) -> int:
 
 
 def per_call_us(metrics: bool, n: int) -> float:
-    tracker = CallTracker("thread", 2, None, None, metrics)
+    lanes = Lanes()
+    tracker = CallTracker("thread", 2, None, None, metrics, lanes)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})
+        call.lane = lanes.default
         tracker.admit(call)
         call.claim()
         call.set_result(i)

@@ -9,12 +9,11 @@ what the bounds do not admit (`Overloaded`) and tells the metrics
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any, final
 
 from ._call import Call
 from ._errors import ConfigError, Overloaded, WorkerCrashed
-from ._lanes import DEFAULT_LANE_NAME, Lane
+from ._lanes import Lane, Lanes
 from ._metrics import _Children, _Families, function_label
 
 
@@ -99,22 +98,27 @@ class CallTracker:
         max_queue: int | None,
         max_queued_cost: float | None,
         metrics: bool,
-        lanes: Mapping[str, float] | None = None,
+        lanes: Lanes,
     ) -> None:
         self._strategy = strategy
         self._limit = None if max_queue is None or capacity is None else capacity + max_queue
         self._max_queue = max_queue
         self._max_cost = max_queued_cost
         self._max_units = None if max_queued_cost is None else cost_units(max_queued_cost)
-        self._weights = dict(lanes or {DEFAULT_LANE_NAME: 1.0})
-        self._weights.setdefault(DEFAULT_LANE_NAME, 1.0)
-        self._total_weight = sum(self._weights.values())
         self._inflight = 0
         self._units = 0
         self._lock = threading.Lock()
         self._families = _Families.get() if metrics else None
         self._children: dict[str, _Children] = {}
-        self._lanes: dict[str, _LaneChildren] = {}
+        # By the executor's own `Lane` objects, each with its shares of the bounds.
+        self._lanes: dict[Lane, _LaneChildren] = {}
+        for lane in lanes.values():
+            counts = self._lanes[lane] = _LaneChildren(self._families, strategy, lane.name)
+            fraction = lane.weight / lanes.total_weight
+            if self._max_cost is not None:
+                counts.share_units = cost_units(self._max_cost * fraction)
+            if self._limit is not None:
+                counts.share_calls = self._limit * fraction
 
     @property
     def inflight(self) -> int:
@@ -124,9 +128,8 @@ class CallTracker:
     def queued_cost(self) -> float:
         return _from_units(self._units)
 
-    def lane_queued_cost(self, lane: str) -> float:
-        children = self._lanes.get(lane)
-        return 0.0 if children is None else _from_units(children.units)
+    def lane_queued_cost(self, lane: Lane) -> float:
+        return _from_units(self._lanes[lane].units)
 
     @property
     def full(self) -> bool:
@@ -146,22 +149,8 @@ class CallTracker:
         call.metrics = children
         return children
 
-    def _lane(self, lane: Lane | None) -> _LaneChildren:
-        if lane is None:
-            return self._lane_named(DEFAULT_LANE_NAME, self._weights[DEFAULT_LANE_NAME])
-        return self._lane_named(lane.name, lane.weight)
-
-    def _lane_named(self, name: str, weight: float) -> _LaneChildren:
-        children = self._lanes.get(name)
-        if children is None:
-            made = _LaneChildren(self._families, self._strategy, name)
-            fraction = weight / max(self._total_weight, weight)
-            if self._max_cost is not None:
-                made.share_units = cost_units(self._max_cost * fraction)
-            if self._limit is not None:
-                made.share_calls = self._limit * fraction
-            children = self._lanes.setdefault(name, made)
-        return children
+    def _lane(self, lane: Lane) -> _LaneChildren:
+        return self._lanes[lane]
 
     def _refuses_units(self, lane: _LaneChildren, units: int, *, whole: bool) -> str | None:
         """Why `units` of cost (and one place) in `lane` would be refused now
@@ -192,14 +181,10 @@ class CallTracker:
         share = lane.share_units
         return units if share is None else min(units, share)
 
-    def _refuses(self, cost: float, lane: Lane | str | None = None) -> str | None:
-        """Why a new unit of work of `cost` in `lane` (a `Lane` or its name;
-        default: the default lane) would be refused now: `"calls"`, `"cost"`,
-        or `None`. (`Executor.would_refuse` checks the lane's name first.)"""
-        if isinstance(lane, str):
-            children = self._lane_named(lane, self._weights.get(lane, 1.0))
-        else:
-            children = self._lane(lane)
+    def _refuses(self, cost: float, lane: Lane) -> str | None:
+        """Why a new unit of work of `cost` in `lane` would be refused now:
+        `"calls"`, `"cost"`, or `None`."""
+        children = self._lane(lane)
         with self._lock:
             return self._refuses_units(children, self._held_units(children, cost), whole=False)
 
@@ -230,7 +215,7 @@ class CallTracker:
                 self._add(lane, units)
         if why is not None:
             self._refused(function_label(call.fn), lane)
-            raise self.overloaded_error(why, lane, call.lane)
+            raise self._overloaded(why, call.lane)
         call.tracker = self
         children = self._labels(call)
         if children is not None:
@@ -250,7 +235,7 @@ class CallTracker:
                 self._add(children, units)
         if why is not None:
             self._refused(function, children)
-            raise self.overloaded_error(why, children, lane)
+            raise self._overloaded(why, lane)
         return Hold(units, lane, place=True)
 
     def unhold(self, hold: Hold) -> None:
@@ -261,9 +246,15 @@ class CallTracker:
                 self._inflight -= 1
                 lane.inflight -= 1
                 hold.place = False
-            if hold.units:
-                self._add(lane, -hold.units)
-                hold.units = 0
+            self._add(lane, -hold.units)
+            hold.units = 0
+
+    def unhold_cost(self, hold: Hold) -> None:
+        """Give back the cost `hold` still holds, keeping its place."""
+        lane = self._lane(hold.lane)
+        with self._lock:
+            self._add(lane, -hold.units)
+            hold.units = 0
 
     def _out(self, call: Call[Any], *, queued: bool) -> None:
         # With the lock held: `call` leaves the flight (and the queue, if `queued`).
@@ -282,13 +273,13 @@ class CallTracker:
         if children is not None:
             children.queued.dec()
 
-    def overloaded_error(
-        self, why: str = "calls", lane: _LaneChildren | None = None, named: Lane | None = None
-    ) -> Overloaded:
-        name = DEFAULT_LANE_NAME if named is None else named.name
+    def _overloaded(self, why: str, named: Lane) -> Overloaded:
+        """The error of a refusal for `why` (`"calls"`, `"cost"`) in lane `named`."""
+        lane = self._lane(named)
+        name = named.name
         if why == "cost":
             where = ""
-            if lane is not None and lane.share_units is not None:
+            if lane.share_units is not None:
                 where = (
                     f", lane {name!r} has {_from_units(lane.units):g} of its share "
                     f"{_from_units(lane.share_units):g}"
@@ -298,7 +289,7 @@ class CallTracker:
                 f"max_queued_cost={self._max_cost:g}{where}; try again later"
             )
         where = ""
-        if lane is not None and lane.share_calls is not None:
+        if lane.share_calls is not None:
             where = f", lane {name!r} has {lane.inflight} of its share {lane.share_calls:g}"
         return Overloaded(
             f"{self._strategy} executor is full: {self._inflight} calls in flight "
@@ -312,7 +303,7 @@ class CallTracker:
             if counter is not None:
                 counter.inc()
 
-    def rejected(self, function: str, reason: str, lane: Lane | None = None) -> None:
+    def rejected(self, function: str, reason: str, lane: Lane) -> None:
         """A call or unit of work was refused for `reason` (`overloaded`, `closed`)."""
         self._refused(function, self._lane(lane), reason)
 
