@@ -26,6 +26,16 @@ class Admission:
         #: The lane it was admitted to.
         self.lane = flow.lane.name
 
+    def release_cost(self) -> None:
+        """Give back the cost the unit still holds (what its calls have not
+        taken over), keeping its place in flight: its priced work is over,
+        wherever it ran (work done on the event loop makes no call that
+        would take the held cost over). Calls made later in the block are
+        counted as they are queued, like any call. Idempotent."""
+        hold = self._hold
+        if hold is not None and self._tracker is not None:
+            self._tracker.unhold_cost(hold)
+
     def release(self) -> None:
         """Give the place and the unspent cost back now (idempotent); calls
         made later in the block are still admitted, and still share its flow."""

@@ -121,7 +121,7 @@ def register() -> None:
         renderer_seam.install_prefix_tokenization()
     io_processor.install(runtime.render)
     serving.install(serving_built)
-    serving.install_preprocessing()
+    serving.install_preprocessing(admission.preprocessed)
     offline.install(runtime.offline_executor)
     _active = settings
     logger.info(
