@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from offload._admission import CallTracker  # noqa: E402
 from offload._call import Call  # noqa: E402
 from offload._lanes import Lanes  # noqa: E402
+from offload._tracker import CallTracker  # noqa: E402
 
 
 def _identity(x: int) -> int:
@@ -33,7 +33,7 @@ def _identity(x: int) -> int:
 
 def per_call_us(metrics: bool, n: int) -> float:
     lanes = Lanes()
-    tracker = CallTracker("thread", 2, None, None, metrics, lanes)
+    tracker = CallTracker("thread", lanes, 2, None, None, metrics=metrics)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})

@@ -59,10 +59,10 @@ class Dispatcher(Generic[S]):
     and no call ever sees it.
 
     `express_cost` above 0 adds the express slot (`_express.py`), beyond
-    `max_slots`: its thread starts with the first slot (or with
-    `start_all()`/`grow()`), at the priority of the thread that built the
-    dispatcher, and its worker with the first call it takes; `worker` must
-    be an `ExpressSlotWorker`. 0 (default): none.
+    `max_slots`: it starts with the first slot (or with
+    `start_all()`/`grow()`), its thread at the priority of the thread that
+    built the dispatcher; `worker` must be an `ExpressSlotWorker`. 0
+    (default): none.
 
     Thread-safe.
     """
@@ -166,7 +166,7 @@ class Dispatcher(Generic[S]):
                         with contextlib.suppress(RuntimeError):
                             self._start_slot(None, express=True)
                 except RuntimeError as exc:  # can't start new thread
-                    if self._slots:
+                    if self._regular_slots():
                         return  # a busy slot takes the call when it is free
                     # No slot at all: take the call back; it fails, and is never run.
                     self._calls.take_back(call)
@@ -242,12 +242,10 @@ class Dispatcher(Generic[S]):
         error: BaseException | None = None
         express_slot = self._express if express else None
         try:
-            # The express slot's worker starts with its first call, unless `start_all()` asks now.
-            if express_slot is None or startup is not None:
-                try:
-                    worker.start_worker(slot)
-                except BaseException as exc:
-                    error = exc
+            try:
+                worker.start_worker(slot)
+            except BaseException as exc:
+                error = exc
             if startup is not None:
                 startup.finished(error)
                 error = None  # start()'s caller has it: no call sees it

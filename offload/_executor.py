@@ -13,16 +13,17 @@ import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
-from . import _unit
-from ._admission import CallTracker, check_max_queue, check_max_queued_cost
+from . import _admission
+from ._admission import Admission
+from ._bounds import check_max_queue, check_max_queued_cost
 from ._call import Call
-from ._calling import CallOptions, check_timeout, run_call, submit_call
+from ._caller import CallOptions, check_timeout, run_call, submit_call
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
 from ._lanes import Flow, Lanes, check_cost
 from ._metrics import function_label, metrics_enabled
 from ._strategy import Strategy
-from ._unit import Admission
+from ._tracker import CallTracker
 from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
@@ -90,21 +91,12 @@ class Executor(concurrent.futures.Executor):
     flight) fails at once with `Overloaded`, before anything is done for it.
     With `max_queued_cost`, so does a call (or an `admission()` unit) that
     would bring the cost admitted and not started above it. Both bounds are
-    shared by the lanes by weight: a lane's *share* of a bound is the bound ×
-    its weight / the sum of the lanes' weights. A call of cost `c` in lane `L`
-    is admitted if the total stays within the bound (`total + c <= bound`: a
-    lane borrows what the others leave unused), or if `L` stays within its
-    share (`queued in L + min(c, share) <= share`), so a lane under its share
-    is never refused because others borrowed: the total may then exceed the
-    bound by what the others borrowed. A call costlier than its lane's
-    whole share is admitted when nothing of its lane is queued, and runs
-    rather than being refused forever. For `max_queue` the same rule counts
-    places in flight, each call (or unit) one: a lane is always allowed at
-    least one. An `admission()` unit is checked, and holds, `min(cost,
-    share)`: its calls take that over as they are queued and, once it is
-    spent, are counted as they are queued like any other, so a unit larger
-    than the bound holds the others off only until that much of it has been
-    queued, never for its whole run, and is never refused halfway.
+    shared by the lanes by weight, so that a lane that fills the queue cannot
+    lock the others out, and a call costlier than its lane's whole share runs
+    rather than being refused forever: the exact rule is on docs/lanes.md
+    ("Admission by cost") and on the method that applies it
+    (`offload._bounds.Bounds._refuses`). An `admission()` unit is checked
+    once and never refused halfway.
 
     **Deadlines.** `run_with_timeout(timeout, fn, ...)` (and
     `make_async(timeout=...)`) gives the call `timeout` seconds: when they
@@ -184,11 +176,11 @@ class Executor(concurrent.futures.Executor):
             return None  # nothing to count: the hot path stays bare
         return CallTracker(
             self.name,
+            self._lanes,
             self._strategy.capacity(),
             self._max_queue,
             self._max_queued_cost,
-            metrics,
-            self._lanes,
+            metrics=metrics,
         )
 
     # ---- what it is ------------------------------------------------------------
@@ -245,7 +237,7 @@ class Executor(concurrent.futures.Executor):
         hint for refusing work early, not a reservation: another caller may
         take the last place first."""
         tracker = self._tracker
-        return tracker is not None and tracker._refuses(1.0, self._lanes.default) is not None
+        return tracker is not None and tracker.bounds.refusal(1.0, self._lanes.default) is not None
 
     @property
     def in_flight(self) -> int:
@@ -253,7 +245,7 @@ class Executor(concurrent.futures.Executor):
         bounds, with capacity). Counted only where the executor counts
         (`max_queue` or `max_queued_cost` set, or metrics on); else 0."""
         tracker = self._tracker
-        return 0 if tracker is None else tracker.inflight
+        return 0 if tracker is None else tracker.bounds.inflight
 
     @property
     def queued_cost(self) -> float:
@@ -261,23 +253,23 @@ class Executor(concurrent.futures.Executor):
         `max_queued_cost` bounds): held by `admission()` units, of calls
         queued. Counted only where the executor counts (as `in_flight`); else 0."""
         tracker = self._tracker
-        return 0.0 if tracker is None else tracker.queued_cost
+        return 0.0 if tracker is None else tracker.bounds.queued_cost
 
     def lane_queued_cost(self, lane: str) -> float:
         """`queued_cost` of one lane (by name; `ConfigError` for an unknown one)."""
         chosen = self._lanes.lane(lane)
         tracker = self._tracker
-        return 0.0 if tracker is None else tracker.lane_queued_cost(chosen)
+        return 0.0 if tracker is None else tracker.bounds.lane_queued_cost(chosen)
 
     def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
         """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
-        now (by the per-lane rule of the class docstring's **Admission**).
+        now (by the per-lane rule: docs/lanes.md, "Admission by cost").
         Like `overloaded`, a hint that reserves nothing and counts no
         refusal. Raises `ConfigError` for a bad cost or an unknown lane."""
         cost = check_cost(cost)
         chosen = self._lanes.lane(lane)
         tracker = self._tracker
-        return tracker is not None and tracker._refuses(cost, chosen) is not None
+        return tracker is not None and tracker.bounds.refusal(cost, chosen) is not None
 
     # ---- admission ---------------------------------------------------------------
 
@@ -315,12 +307,12 @@ class Executor(concurrent.futures.Executor):
         chosen = self._lanes.lane(lane)
         tracker = self._tracker
         hold = None if tracker is None else tracker.hold(cost, chosen, function, refuse=refuse)
-        admission = Admission(self, tracker, hold, Flow(chosen))
-        token = _unit.enter(admission)
+        admission = Admission(self, None if tracker is None else tracker.bounds, hold, Flow(chosen))
+        token = _admission.enter(admission)
         try:
             yield admission
         finally:
-            _unit.leave(token)
+            _admission.leave(token)
             admission.release()
 
     # ---- calling -------------------------------------------------------------------
@@ -336,7 +328,7 @@ class Executor(concurrent.futures.Executor):
 
     def _start(self, call: Call[Any]) -> None:
         tracker = self._tracker
-        admission = _unit.current_admission(self)
+        admission = _admission.current_admission(self)
         if admission is not None:
             call.lane = admission.flow.lane
             call.flow = admission.flow
@@ -349,7 +341,7 @@ class Executor(concurrent.futures.Executor):
         if tracker is None:
             self._strategy.schedule(call)
             return
-        tracker.admit(call, None if admission is None else _unit.calls_hold(admission))
+        tracker.admit(call, None if admission is None else _admission.calls_hold(admission))
         try:
             self._strategy.schedule(call)
         except BaseException:

@@ -11,12 +11,11 @@ worker for the flood. It takes them in the queue's fair order, never out of
 their flow's order (`CallQueue.take`), and is woken by a token of its own,
 only for such calls.
 
-Its thread starts with its dispatcher's first slot (so that it is made by
+It starts with its dispatcher's first slot (so that its thread is made by
 the thread that makes the first call, the event loop's as a rule, not by a
-worker running at a lowered priority), and sets its niceness to that of the
-thread that built the dispatcher: the loop's priority, whatever the
-priority of the thread that started it. Its worker starts with the first
-call it takes (or with `start_all()`).
+worker running at a lowered priority), and its thread sets its niceness to
+that of the thread that built the dispatcher: the loop's priority, whatever
+the priority of the thread that started it.
 """
 
 from __future__ import annotations

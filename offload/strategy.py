@@ -32,7 +32,6 @@ Helpers, public for strategy authors:
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
-from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._config import check_initializer, check_max_workers, usable_cpu_count
 from ._dispatch import Dispatcher
@@ -44,6 +43,7 @@ from ._queue import CallQueue
 from ._slot_worker import ExpressSlotWorker, SlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
+from ._tracker import count_batch
 from ._worker_state import set_worker_state
 
 __all__ = [

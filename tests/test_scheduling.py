@@ -553,9 +553,14 @@ def test_a_withdrawn_head_does_not_advance_its_flows_finish() -> None:
     assert order.index(("mine", 1)) <= 1, order
 
 
-def test_a_lane_of_zero_cost_calls_does_not_get_strict_priority() -> None:
+# None: no call before; else one call that cheap first (it used to make zero cost free).
+@pytest.mark.parametrize("cheap_first", [None, 1e-300, 5e-324, 1e-9])
+def test_a_lane_of_zero_cost_calls_does_not_get_strict_priority(cheap_first: float | None) -> None:
     free, paid = Lane("free"), Lane("paid")
     queue = CallQueue()
+    if cheap_first is not None:
+        queue.push(make_call("cheap", cost=cheap_first))
+        assert queue.pop() is not None
     for i in range(10):
         queue.push(make_call(("paid", i), cost=1, lane=paid))
     served = []
@@ -564,8 +569,8 @@ def test_a_lane_of_zero_cost_calls_does_not_get_strict_priority() -> None:
         call = queue.pop()
         assert call is not None
         served.append(call.args[0][0])
-    # Equal weights: zero cost counts as the positive costs seen (1), so they alternate.
-    assert 8 <= served[:20].count("paid") <= 12, served
+    # Equal weights: zero cost counts about as the positive costs seen (1), so they alternate.
+    assert 7 <= served[:20].count("paid") <= 13, served
 
 
 def test_a_flow_of_zero_cost_calls_does_not_get_strict_priority() -> None:
@@ -582,24 +587,6 @@ def test_a_flow_of_zero_cost_calls_does_not_get_strict_priority() -> None:
         served.append(call.args[0][0])
     # Zero cost counts as the positive costs seen (2): they alternate.
     assert 8 <= served[:20].count("paid") <= 12, served
-
-
-@pytest.mark.parametrize("tiny", [1e-300, 5e-324, 1e-9])
-def test_one_very_cheap_call_does_not_make_zero_cost_calls_free(tiny: float) -> None:
-    free, paid = Lane("free"), Lane("paid")
-    queue = CallQueue()
-    queue.push(make_call("tiny", cost=tiny))
-    assert queue.pop() is not None
-    for i in range(10):
-        queue.push(make_call(("paid", i), cost=1, lane=paid))
-    served = []
-    for i in range(40):
-        queue.push(make_call(("free", i), cost=0, lane=free))
-        call = queue.pop()
-        assert call is not None
-        served.append(call.args[0][0])
-    # Equal weights, and zero cost still counts about as much as a paid call (1).
-    assert 7 <= served[:20].count("paid") <= 13, served
 
 
 def test_take_serves_the_lanes_by_weight_and_charges_them() -> None:
@@ -666,17 +653,17 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
     """The per-lane rule exactly: admitted when the total stays within the
     bound or the lane within its share; never refused otherwise; the queued
     cost returns to exactly 0 once every call has left."""
-    from offload._admission import CallTracker
+    from offload._tracker import CallTracker
 
     weights = {"default": 1.0, "query": 4.0, "bulk": 1.0}
     lanes = Lanes(weights)
-    tracker = CallTracker("thread", 1, None, 3.0, False, lanes)
+    tracker = CallTracker("thread", lanes, 1, None, 3.0, metrics=False)
     share = {name: 3.0 * weight / 6.0 for name, weight in weights.items()}
     queued: list[Call[Any]] = []
     for op, lane, cost in ops:
         if op == "admit":
             call = make_call(lane, cost, lane=lanes[lane])
-            total, mine = tracker.queued_cost, tracker.lane_queued_cost(lanes[lane])
+            total, mine = tracker.bounds.queued_cost, tracker.bounds.lane_queued_cost(lanes[lane])
             fits = total + cost <= 3.0 + 1e-9 or mine + min(cost, share[lane]) <= share[lane] + 1e-9
             fits_surely = total + cost <= 3.0 - 1e-9 or mine + min(cost, share[lane]) <= share[lane] - 1e-9
             try:
@@ -696,6 +683,6 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
                 tracker.withdrawn(call, "cancelled")
     for call in queued:
         tracker.withdrawn(call, "cancelled")
-    assert tracker.queued_cost == 0.0
-    assert all(tracker.lane_queued_cost(lane) == 0.0 for lane in lanes.values())
-    assert tracker.inflight == 0
+    assert tracker.bounds.queued_cost == 0.0
+    assert all(tracker.bounds.lane_queued_cost(lane) == 0.0 for lane in lanes.values())
+    assert tracker.bounds.inflight == 0
