@@ -3,11 +3,31 @@
 Run blocking pre- and post-processing under a strategy you choose
 (`inline`, `thread`, `process`, `async-renderer`), the same way on asyncio,
 uvloop and trio. Writing a strategy: `offload.strategy`.
+
+The map (one module each):
+
+- `_executor`: `Executor`, the front: lanes, admission, deadlines, shutdown.
+- `_registry`, `_decorator`: `get_executor(name)`, `make_async`.
+- `_lanes`: `Lane`, `Lanes`, `Flow`, costs. `_admission`: `Admission`, a
+  unit of work admitted once. `_bounds`: counting and refusing
+  (`max_queue`, `max_queued_cost`). `_metrics`: the Prometheus side.
+  `_tracker`: the two fed by each call's moves.
+- `_call`: `Call`, one call's state. `_caller`: its life as its caller sees
+  it (awaited, deadline, `Future`).
+- `_strategy`: the `Strategy` interface; `_strategies/`: one module per
+  strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
+  serving it; `_express`: the express slot.
+
+One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
+admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`
+→ a slot pops it, `Call.claim()`, runs it → `set_result` wakes the caller
+(`_caller.run_call`).
 """
 
 from . import strategy as strategy
+from ._admission import Admission as Admission
 from ._call import Call as Call
-from ._calling import CallOptions as CallOptions
+from ._caller import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
 from ._errors import ConfigError as ConfigError
@@ -21,7 +41,6 @@ from ._metrics import metrics_enabled as metrics_enabled
 from ._metrics import sample_loop_lag as sample_loop_lag
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
-from ._unit import Admission as Admission
 from ._worker_state import worker_state as worker_state
 
 __version__ = "0.1.0"
@@ -45,3 +64,11 @@ __all__ = [
     "shutdown_shared_executors",
     "worker_state",
 ]
+
+# Public names report the public module (`offload.Overloaded` in reprs and
+# tracebacks, as httpx does); pickling finds them there too.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) or callable(_value) and hasattr(_value, "__qualname__"):
+        _value.__module__ = "offload"
+del _name, _value

@@ -1,390 +1,77 @@
-"""Admission control: what an executor admits, holds and refuses.
-
-A `CallTracker` per executor counts the calls in flight (`max_queue`) and the
-cost queued (`max_queued_cost`), in total and by lane, exactly; it refuses
-what the bounds do not admit (`Overloaded`) and tells the metrics
-(`_metrics.py`) of every call's moves.
-"""
+"""`Admission`: a unit of work made of several calls (a server request),
+admitted once (`Executor.admission`), and the block of code it covers."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
-from typing import Any, final
+import contextvars
+from typing import final
 
-from ._call import Call
-from ._errors import ConfigError, Overloaded, WorkerCrashed
-from ._lanes import DEFAULT_LANE_NAME, Lane
-from ._metrics import _Children, _Families, function_label
-
-
-def cost_units(cost: float) -> int:
-    """`cost` (a finite float >= 0) as an exact integer number of 2**-1074, the
-    smallest float step: queued costs are summed in these, so they add and
-    subtract without rounding and return to exactly 0 when nothing is queued."""
-    numerator, denominator = cost.as_integer_ratio()
-    return numerator << (_UNIT_BITS + 1 - denominator.bit_length())
-
-
-_UNIT_BITS = 1074
-_UNIT = 1 << _UNIT_BITS
-
-
-def _from_units(units: int) -> float:
-    return units / _UNIT  # correctly rounded
-
-
-class _LaneChildren:
-    """One (strategy, lane)'s metric children, what it holds, and its shares."""
-
-    __slots__ = ("closed", "inflight", "overloaded", "queue_wait", "queued_cost", "share_calls", "share_units", "units")
-
-    def __init__(self, families: _Families | None, strategy: str, lane: str) -> None:
-        self.units = 0  # cost queued, in `cost_units`
-        self.inflight = 0  # calls and units of work in flight
-        # Its weighted shares of `max_queued_cost` and of the places in flight (set by the tracker).
-        self.share_units: int | None = None
-        self.share_calls: float | None = None
-        if families is None:
-            self.queued_cost = self.queue_wait = self.overloaded = self.closed = None
-            return
-        self.queued_cost = families.lane_queued_cost.labels(strategy, lane)
-        self.queue_wait = families.lane_queue_wait.labels(strategy, lane)
-        self.overloaded = families.lane_rejected.labels(strategy, lane, "overloaded")
-        self.closed = families.lane_rejected.labels(strategy, lane, "closed")
+from ._bounds import Bounds, Hold
+from ._lanes import Flow
 
 
 @final
-class Hold:
-    """What an admitted unit of work (`Executor.admission`) holds: one place
-    in flight, and the cost it was admitted with (at most its lane's share of
-    `max_queued_cost`), which its calls take over as they are queued (so the
-    same cost is never counted twice); once it is spent, its calls are
-    counted as they are queued, like any call."""
+class Admission:
+    """An admitted unit of work (`Executor.admission`): the place it holds,
+    its cost, and the flow its calls share."""
 
-    __slots__ = ("lane", "place", "units")
+    __slots__ = ("_bounds", "_hold", "_owner", "flow", "lane")
 
-    def __init__(self, units: int, lane: Lane, place: bool) -> None:
-        self.units = units
-        self.lane = lane
-        self.place = place
+    def __init__(self, owner: object, bounds: Bounds | None, hold: Hold | None, flow: Flow) -> None:
+        self._owner = owner
+        self._bounds = bounds
+        self._hold = hold
+        #: The flow the block's calls share (one fair share of `lane`).
+        self.flow = flow
+        #: The lane it was admitted to.
+        self.lane = flow.lane.name
+
+    def release_cost(self) -> None:
+        """Give back the cost the unit still holds (what its calls have not
+        taken over), keeping its place in flight: its priced work is over,
+        wherever it ran (work done on the event loop makes no call that
+        would take the held cost over). Calls made later in the block are
+        counted as they are queued, like any call. Idempotent."""
+        hold = self._hold
+        if hold is not None and self._bounds is not None:
+            self._bounds.unhold(hold, place=False)
+
+    def release(self) -> None:
+        """Give the place and the unspent cost back now (idempotent); calls
+        made later in the block are still admitted, and still share its flow."""
+        hold, self._hold = self._hold, None
+        if hold is not None and self._bounds is not None:
+            self._bounds.unhold(hold)
 
 
-@final
-class CallTracker:
-    """Per executor: counts calls in flight (for `max_queue`) and the cost
-    queued (for `max_queued_cost`), in total and by lane, and feeds the metrics.
+# The admission block the current task is in (`Executor.admission`).
+_current: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "offload_admitted", default=None
+)
 
-    A call is in flight from admission until it finishes or is withdrawn; a
-    running call whose caller went away still holds its worker, so it still
-    counts. Its cost is *queued* from admission until it starts (or is
-    withdrawn). Costs are summed exactly (`cost_units`).
 
-    Each bound is shared by the lanes by weight: a lane's *share* is the
-    bound × its weight / the sum of the executor's lanes' weights. A call of
-    cost `c` in lane `L` is admitted when the total stays within the bound
-    (`total + c <= bound`: a lane may borrow what the others leave unused) or
-    when `L` stays within its share (`L's + min(c, share) <= share`: a lane
-    under its share is never refused because others borrowed; a call
-    costlier than its lane's whole share is admitted when its lane holds
-    nothing). The same rule, with `c = 1`, applies to `max_queue`'s places
-    in flight. A unit of work (`hold`) is checked and held at
-    `min(c, share)`. Thread-safe: calls move on worker threads and the loop's.
-    """
+def enter(admission: Admission) -> contextvars.Token[Admission | None]:
+    """Make `admission` the current task's admission block (undo with `leave`)."""
+    return _current.set(admission)
 
-    def __init__(
-        self,
-        strategy: str,
-        capacity: int | None,
-        max_queue: int | None,
-        max_queued_cost: float | None,
-        metrics: bool,
-        lanes: Mapping[str, float] | None = None,
-    ) -> None:
-        self._strategy = strategy
-        self._limit = None if max_queue is None or capacity is None else capacity + max_queue
-        self._max_queue = max_queue
-        self._max_cost = max_queued_cost
-        self._max_units = None if max_queued_cost is None else cost_units(max_queued_cost)
-        self._weights = dict(lanes or {DEFAULT_LANE_NAME: 1.0})
-        self._weights.setdefault(DEFAULT_LANE_NAME, 1.0)
-        self._total_weight = sum(self._weights.values())
-        self._inflight = 0
-        self._units = 0
-        self._lock = threading.Lock()
-        self._families = _Families.get() if metrics else None
-        self._children: dict[str, _Children] = {}
-        self._lanes: dict[str, _LaneChildren] = {}
 
-    @property
-    def inflight(self) -> int:
-        return self._inflight
+def leave(token: contextvars.Token[Admission | None]) -> None:
+    _current.reset(token)
 
-    @property
-    def queued_cost(self) -> float:
-        return _from_units(self._units)
 
-    def lane_queued_cost(self, lane: str) -> float:
-        children = self._lanes.get(lane)
-        return 0.0 if children is None else _from_units(children.units)
-
-    @property
-    def full(self) -> bool:
-        return self._limit is not None and self._inflight >= self._limit
-
-    def _labels(self, call: Call[Any]) -> _Children | None:
-        children: _Children | None = call.metrics
-        if children is not None:
-            return children
-        families = self._families
-        if families is None:
-            return None
-        name = function_label(call.fn)
-        children = self._children.get(name)
-        if children is None:
-            children = self._children.setdefault(name, _Children(families, self._strategy, name))
-        call.metrics = children
-        return children
-
-    def _lane(self, lane: Lane | None) -> _LaneChildren:
-        if lane is None:
-            return self._lane_named(DEFAULT_LANE_NAME, self._weights[DEFAULT_LANE_NAME])
-        return self._lane_named(lane.name, lane.weight)
-
-    def _lane_named(self, name: str, weight: float) -> _LaneChildren:
-        children = self._lanes.get(name)
-        if children is None:
-            made = _LaneChildren(self._families, self._strategy, name)
-            fraction = weight / max(self._total_weight, weight)
-            if self._max_cost is not None:
-                made.share_units = cost_units(self._max_cost * fraction)
-            if self._limit is not None:
-                made.share_calls = self._limit * fraction
-            children = self._lanes.setdefault(name, made)
-        return children
-
-    def _refuses_units(self, lane: _LaneChildren, units: int, *, whole: bool) -> str | None:
-        """Why `units` of cost (and one place) in `lane` would be refused now
-        (with the lock held). `whole`: the cost is charged in full (a call);
-        else it is already at most the lane's share (a unit's hold)."""
-        limit = self._limit
-        share_calls = lane.share_calls
-        if (
-            limit is not None
-            and share_calls is not None
-            and self._inflight + 1 > limit
-            and lane.inflight + min(1.0, share_calls) > share_calls
-        ):
-            return "calls"
-        bound = self._max_units
-        share = lane.share_units
-        if (
-            bound is not None
-            and share is not None
-            and self._units + units > bound
-            and lane.units + (min(units, share) if whole else units) > share
-        ):
-            return "cost"
+def current_admission(owner: object) -> Admission | None:
+    """The admission block of `owner` (an executor) the current task is in;
+    `None` outside one."""
+    admission = _current.get()
+    if admission is None or admission._owner is not owner:
         return None
-
-    def _held_units(self, lane: _LaneChildren, cost: float) -> int:
-        units = cost_units(cost)
-        share = lane.share_units
-        return units if share is None else min(units, share)
-
-    def _refuses(self, cost: float, lane: Lane | str | None = None) -> str | None:
-        """Why a new unit of work of `cost` in `lane` (a `Lane` or its name;
-        default: the default lane) would be refused now: `"calls"`, `"cost"`,
-        or `None`. (`Executor.would_refuse` checks the lane's name first.)"""
-        if isinstance(lane, str):
-            children = self._lane_named(lane, self._weights.get(lane, 1.0))
-        else:
-            children = self._lane(lane)
-        with self._lock:
-            return self._refuses_units(children, self._held_units(children, cost), whole=False)
-
-    def _add(self, lane: _LaneChildren, units: int) -> None:
-        # With the lock held: `units` more (or fewer) cost queued in `lane`.
-        if units:
-            self._units += units
-            lane.units += units
-            if lane.queued_cost is not None:
-                lane.queued_cost.set(_from_units(lane.units))
-
-    def admit(self, call: Call[Any], hold: Hold | None = None) -> None:
-        """Count `call` in, or raise `Overloaded` before anything is done for
-        it (never when it belongs to an admitted unit of work, `hold`: the
-        unit was admitted as a whole, and its held cost pays for the call's
-        as far as it goes)."""
-        lane = self._lane(call.lane)
-        units = cost_units(call.cost)
-        with self._lock:
-            why = None if hold is not None else self._refuses_units(lane, units, whole=True)
-            if why is None:
-                self._inflight += 1
-                lane.inflight += 1
-                if hold is not None and hold.units:
-                    paid = min(hold.units, units)
-                    hold.units -= paid
-                    self._add(self._lane(hold.lane), -paid)
-                self._add(lane, units)
-        if why is not None:
-            self._refused(function_label(call.fn), lane)
-            raise self.overloaded_error(why, lane, call.lane)
-        call.tracker = self
-        children = self._labels(call)
-        if children is not None:
-            children.queued.inc()
-
-    def hold(self, cost: float, lane: Lane, function: str, *, refuse: bool = True) -> Hold:
-        """Admit a unit of work of `cost` in `lane` (one place in flight, its
-        cost queued, at most the lane's share of `max_queued_cost`), or raise
-        `Overloaded`, counting the refusal (never with `refuse=False`)."""
-        children = self._lane(lane)
-        units = self._held_units(children, cost)
-        with self._lock:
-            why = self._refuses_units(children, units, whole=False) if refuse else None
-            if why is None:
-                self._inflight += 1
-                children.inflight += 1
-                self._add(children, units)
-        if why is not None:
-            self._refused(function, children)
-            raise self.overloaded_error(why, children, lane)
-        return Hold(units, lane, place=True)
-
-    def unhold(self, hold: Hold) -> None:
-        """The unit of work is over: give back its place and the cost its calls did not take."""
-        lane = self._lane(hold.lane)
-        with self._lock:
-            if hold.place:
-                self._inflight -= 1
-                lane.inflight -= 1
-                hold.place = False
-            if hold.units:
-                self._add(lane, -hold.units)
-                hold.units = 0
-
-    def _out(self, call: Call[Any], *, queued: bool) -> None:
-        # With the lock held: `call` leaves the flight (and the queue, if `queued`).
-        lane = self._lane(call.lane)
-        self._inflight -= 1
-        lane.inflight -= 1
-        if queued:
-            self._add(lane, -cost_units(call.cost))
-
-    def unadmit(self, call: Call[Any]) -> None:
-        """`call` was admitted but the strategy refused it (shutdown began)."""
-        call.tracker = None
-        with self._lock:
-            self._out(call, queued=True)
-        children = self._labels(call)
-        if children is not None:
-            children.queued.dec()
-
-    def overloaded_error(
-        self, why: str = "calls", lane: _LaneChildren | None = None, named: Lane | None = None
-    ) -> Overloaded:
-        name = DEFAULT_LANE_NAME if named is None else named.name
-        if why == "cost":
-            where = ""
-            if lane is not None and lane.share_units is not None:
-                where = (
-                    f", lane {name!r} has {_from_units(lane.units):g} of its share "
-                    f"{_from_units(lane.share_units):g}"
-                )
-            return Overloaded(
-                f"{self._strategy} executor is full: {_from_units(self._units):g} cost queued, "
-                f"max_queued_cost={self._max_cost:g}{where}; try again later"
-            )
-        where = ""
-        if lane is not None and lane.share_calls is not None:
-            where = f", lane {name!r} has {lane.inflight} of its share {lane.share_calls:g}"
-        return Overloaded(
-            f"{self._strategy} executor is full: {self._inflight} calls in flight "
-            f"(its workers' capacity plus max_queue={self._max_queue}){where}; try again later"
-        )
-
-    def _refused(self, function: str, lane: _LaneChildren, reason: str = "overloaded") -> None:
-        if self._families is not None:
-            self._families.rejected.labels(self._strategy, function, reason).inc()
-            counter = lane.overloaded if reason == "overloaded" else lane.closed
-            if counter is not None:
-                counter.inc()
-
-    def rejected(self, function: str, reason: str, lane: Lane | None = None) -> None:
-        """A call or unit of work was refused for `reason` (`overloaded`, `closed`)."""
-        self._refused(function, self._lane(lane), reason)
-
-    def started(self, call: Call[Any]) -> None:
-        lane = self._lane(call.lane)
-        with self._lock:
-            self._add(lane, -cost_units(call.cost))
-        if lane.queue_wait is not None:
-            lane.queue_wait.observe(call.started_at - call.queued_at)
-        children = self._labels(call)
-        if children is not None:
-            children.queued.dec()
-            children.running.inc()
-            children.queue_wait.observe(call.started_at - call.queued_at)
-
-    def finished(self, call: Call[Any]) -> None:
-        started = bool(call.started_at)
-        with self._lock:
-            # Not started: it failed before it could (no worker); its cost was still queued.
-            self._out(call, queued=not started)
-        children = self._labels(call)
-        if children is not None:
-            if started:
-                children.running.dec()
-                children.run_time.observe(call.finished_at - call.started_at)
-            else:
-                children.queued.dec()
-            if call.stopped_by is not None:
-                # offload killed its worker on purpose: not a crash.
-                children.dropped[call.stopped_by].inc()
-            elif isinstance(call.error, WorkerCrashed):
-                children.crashed.inc()
-
-    def withdrawn(self, call: Call[Any], reason: str) -> None:
-        with self._lock:
-            self._out(call, queued=True)
-        children = self._labels(call)
-        if children is not None:
-            children.queued.dec()
-            children.dropped[reason].inc()
-
-    def batch(self, calls: list[Call[Any]]) -> None:
-        """A batching strategy ran `calls` as one batch."""
-        if calls:
-            children = self._labels(calls[0])
-            if children is not None:
-                children.batch_size.observe(len(calls))
+    return admission
 
 
-def check_max_queue(value: object) -> int | None:
-    """Validate `max_queue`: `None` (unbounded) or an `int` >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"max_queue must be None (unbounded) or an integer >= 0, got {value!r}")
-    return value
-
-
-def check_max_queued_cost(value: object) -> float | None:
-    """Validate `max_queued_cost`: `None` (unbounded) or a number > 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(
-            f"max_queued_cost must be None (unbounded) or a finite number > 0, got {value!r}"
-        )
-    return float(value)
-
-
-def count_batch(calls: list[Call[Any]]) -> None:
-    """For strategies: `calls` ran together as one batch (`offload_batch_size`)."""
-    if calls and calls[0].tracker is not None:
-        tracker = calls[0].tracker
-        if isinstance(tracker, CallTracker):
-            tracker.batch(calls)
+def calls_hold(admission: Admission) -> Hold:
+    """What the calls of `admission`'s block are paid from."""
+    hold = admission._hold
+    if hold is None:
+        # Released, or made with no tracker: its calls are still admitted.
+        hold = admission._hold = Hold(0, admission.flow.lane, place=False)
+    return hold

@@ -81,7 +81,10 @@ class Call(Generic[T]):
             `carries_context = False`) and sends `fn`, `args` and `kwargs` only.
         cost (float): what the call costs to run, in the unit its callers chose
             (1 unless given): queues serve flows fairly by cost, admission bounds it.
-        lane (Lane | None): the lane it is counted in (`None`: the default lane).
+        lane (Lane): the lane it is counted in: one of its executor's `Lane`
+            objects, stamped by the executor before the call reaches its
+            strategy (the executor's default lane when the caller named
+            none); never `None`. Unset until then.
         flow (Flow | None): the flow it shares a fair share with (`None`: its own).
         deadline (float | None): the `time.perf_counter()` after which it must not
             start (`claim` enforces it); `None`: no deadline.
@@ -92,6 +95,9 @@ class Call(Generic[T]):
         started_at (float): when `claim` succeeded (0 before).
         finished_at (float): when it ended (0 before).
     """
+
+    #: The lane the call is counted in (see the class docstring): set by its executor.
+    lane: Lane
 
     __slots__ = (
         "_exception",
@@ -145,8 +151,6 @@ class Call(Generic[T]):
         #: What the call costs to run, in the unit its executor's callers chose
         #: (1 unless given): queues serve flows fairly by cost, admission bounds it.
         self.cost: float = 1.0
-        #: The lane the call is counted in (`None`: the default lane).
-        self.lane: Lane | None = None
         #: The flow it shares a fair share with (`None`: a flow of its own).
         self.flow: Flow | None = None
         #: Set when offload itself stopped the worker running this call (its

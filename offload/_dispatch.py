@@ -15,15 +15,10 @@ its worker, tell whether it is ready, run one claimed call on it, stop it.
 The dispatcher does the rest: claiming, the busy slots, start-up reporting,
 retrying a worker that failed to start, shutdown and joining.
 
-**The express slot.** With `express_cost` above 0, one more slot takes only
-calls that are cheap beside the work in progress: priced at most
-`express_cost`, and at most 1/`EXPRESS_RATIO` of the costliest call running
-on the other slots. A cheap call then does not wait for a worker to finish a
-far longer call it already started, which lanes cannot prevent: calls are
-not interrupted. Calls of similar sizes (a flood of pieces of one size) never
-use it, so it does not become one more worker for the flood. It takes them
-in the queue's fair order, never out of their flow's order
-(`CallQueue.take`), and is woken by a token of its own, only for such calls.
+**The express slot** (`_express.py`): with `express_cost` above 0, one
+more slot that takes only calls that are cheap beside the work in progress.
+The dispatcher starts it, registers it and stops it as any slot; what it
+takes, and when it is woken, is its own (`ExpressSlot`).
 """
 
 from __future__ import annotations
@@ -34,57 +29,18 @@ import queue
 import threading
 import time
 from collections.abc import Generator
-from functools import partial
-from typing import Any, Generic, Protocol, TypeVar, cast, final
+from typing import Any, Generic, TypeVar, cast, final
 
 from ._call import Call
 from ._errors import OffloadError, executor_closed
+from ._express import EXPRESS_RATIO, ExpressSlot
 from ._queue import CallQueue
+from ._slot_worker import ExpressSlotWorker, SlotWorker
 from ._startup import Startup
 
 S = TypeVar("S")
 
-#: The express slot takes a call only while a call at least this many times
-#: its cost runs on another slot: what it spares a cheap call is a wait
-#: several times its own run, and calls of similar sizes share the others.
-EXPRESS_RATIO = 4.0
-
-
-def _costs_at_most(limit: float, call: Call[Any]) -> bool:
-    return call.cost <= limit
-
-
-class SlotWorker(Protocol[S]):
-    """The per-slot part of a strategy built on `Dispatcher` (`S`: whatever it
-    keeps per slot). Every method but `new_slot` runs on the slot's own thread."""
-
-    def new_slot(self, number: int) -> S:
-        """State for a new slot (nothing started yet)."""
-
-    def start_worker(self, slot: S) -> None:
-        """Start the slot's worker and wait until it is ready (its initializer
-        ran). Raise the error its calls should see if it cannot start (an
-        `OffloadError` naming the cause, say `initializer_failed(...)`)."""
-
-    def worker_ready(self, slot: S) -> bool:
-        """Whether the slot's worker can take a call now (False: started never,
-        failed to start, or died: `start_worker` is called first)."""
-
-    def run(self, slot: S, call: Call[Any]) -> None:
-        """Run a claimed call on the slot's worker; it must end the call."""
-
-    def stop_worker(self, slot: S) -> None:
-        """The slot is exiting (shutdown): stop its worker, if any."""
-
-
-class ExpressSlotWorker(SlotWorker[S], Protocol[S]):
-    """A `SlotWorker` that can also make the express slot (see `Dispatcher`'s
-    `express_cost`): a `Dispatcher` with an express slot needs one."""
-
-    def new_express_slot(self, number: int) -> S:
-        """State for the express slot, which runs only cheap calls: its worker
-        should run at the event loop's priority (the calls it runs are the
-        latency-sensitive ones), not lowered as the other workers are."""
+__all__ = ["EXPRESS_RATIO", "Dispatcher", "ExpressSlotWorker", "SlotWorker"]
 
 
 @final
@@ -102,10 +58,11 @@ class Dispatcher(Generic[S]):
     started by `start_all()`, the error goes to `start_all()`'s caller instead,
     and no call ever sees it.
 
-    `express_cost` above 0 adds the express slot (module docstring), beyond
-    `max_slots`: it starts with the first call it may take (or with
-    `start_all()`/`grow()`), and `worker` must be an `ExpressSlotWorker`.
-    0 (default): none.
+    `express_cost` above 0 adds the express slot (`_express.py`), beyond
+    `max_slots`: it starts with the first slot (or with
+    `start_all()`/`grow()`), its thread at the priority of the thread that
+    built the dispatcher; `worker` must be an `ExpressSlotWorker`. 0
+    (default): none.
 
     Thread-safe.
     """
@@ -137,14 +94,13 @@ class Dispatcher(Generic[S]):
         self._numbers = itertools.count()
         self._stopping = False
         self.lock = threading.Lock()
-        self._express_cost = express_cost
-        if express_cost > 0 and not callable(getattr(worker, "new_express_slot", None)):
-            raise OffloadError(f"{strategy}: its slots have no express slot (new_express_slot)")
-        self._express: S | None = None  # the express slot, once started
-        # Wakes the express slot for a cheap call (None: exit). It holds at
-        # most one True: one is put only while the slot waits with none.
-        self._express_tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
-        self._express_waiting = False
+        self._express: ExpressSlot[S] | None = None
+        if express_cost > 0:
+            if not callable(getattr(worker, "new_express_slot", None)):
+                raise OffloadError(f"{strategy}: its slots have no express slot (new_express_slot)")
+            self._express = ExpressSlot(
+                express_cost, cast("ExpressSlotWorker[S]", worker), self.lock, self._calls, self._running
+            )
 
     # ---- state -----------------------------------------------------------------
 
@@ -162,10 +118,10 @@ class Dispatcher(Generic[S]):
     def express_cost(self) -> float:
         """The express slot takes calls priced at most this, and at most
         1/`EXPRESS_RATIO` of the costliest call running (0: no express slot)."""
-        return self._express_cost
+        return 0.0 if self._express is None else self._express.cost
 
     def _regular_slots(self) -> int:
-        return len(self._slots) - (self._express is not None)
+        return len(self._slots) - (self._express is not None and self._express.slot is not None)
 
     def slots(self) -> list[S]:
         """The live slots (a snapshot)."""
@@ -198,14 +154,19 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            if 0 < self._express_cost and call.cost <= self._express_limit() and self._wake_express():
+            express = self._express
+            if express is not None and express.takes(call) and self._wake_express(express):
                 # The express slot takes it, unless a free slot gets there first.
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
+                    if express is not None and express.slot is None:
+                        # With the first slot, by the same thread: see `_express.py`.
+                        with contextlib.suppress(RuntimeError):
+                            self._start_slot(None, express=True)
                 except RuntimeError as exc:  # can't start new thread
-                    if self._slots:
+                    if self._regular_slots():
                         return  # a busy slot takes the call when it is free
                     # No slot at all: take the call back; it fails, and is never run.
                     self._calls.take_back(call)
@@ -213,27 +174,16 @@ class Dispatcher(Generic[S]):
                     self._queued -= 1
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
 
-    def _express_limit(self) -> float:
-        """With the lock held: the costliest call the express slot may take now."""
-        largest = max(
-            (call.cost for slot, call in self._running.items() if slot is not self._express), default=0.0
-        )
-        return min(self._express_cost, largest / EXPRESS_RATIO)
-
-    def _wake_express(self) -> bool:
-        """With the lock held, for a cheap call just queued: wake the express
-        slot if it waits (start it if it never did); whether it will look."""
-        if self._express is None:
+    def _wake_express(self, express: ExpressSlot[S]) -> bool:
+        """With the lock held, for a call the express slot may take, just
+        queued: wake it (start it if it is not running); whether it will look."""
+        if express.slot is None:
             try:
                 self._start_slot(None, express=True)
             except RuntimeError:
                 return False  # no thread left: the regular slots serve it
             return True
-        if self._express_waiting:
-            self._express_waiting = False
-            self._express_tokens.put(True)
-            return True
-        return False  # busy: it looks again when its call is done
+        return express.wake()
 
     def grow(self) -> None:
         """Start idle slots up to `max_slots` (and the express slot) now,
@@ -243,7 +193,7 @@ class Dispatcher(Generic[S]):
         with self.lock, contextlib.suppress(RuntimeError):
             while not self._stopping and self._regular_slots() < self._max_slots:
                 self._start_slot(None)
-            if not self._stopping and self._express_cost > 0 and self._express is None:
+            if not self._stopping and self._express is not None and self._express.slot is None:
                 self._start_slot(None, express=True)
 
     def start_all(self) -> None:
@@ -257,7 +207,7 @@ class Dispatcher(Generic[S]):
             # Slots already up started their workers (or will, at their next call).
             started = 0
             wanted = self._max_slots - self._regular_slots()
-            express = self._express_cost > 0 and self._express is None
+            express = self._express is not None and self._express.slot is None
             for number in range(wanted + express):
                 try:
                     self._start_slot(startup, express=number == wanted)
@@ -272,7 +222,8 @@ class Dispatcher(Generic[S]):
         # With the lock held. The slot is registered only once its thread runs.
         number = next(self._numbers)
         if express:
-            slot = cast("ExpressSlotWorker[S]", self._worker).new_express_slot(number)
+            assert self._express is not None
+            slot = self._express.new_slot(number)
             name = f"{self._thread_name}-express"
         else:
             slot = self._worker.new_slot(number)
@@ -281,13 +232,15 @@ class Dispatcher(Generic[S]):
         thread.start()
         self._slots[slot] = thread
         if express:
-            self._express = slot  # it looks at the queue as soon as its worker is up
+            assert self._express is not None
+            self._express.slot = slot  # it looks at the queue as soon as its thread runs
         else:
             self._waiting += 1  # for its first token
 
     def _main(self, slot: S, startup: Startup | None, express: bool) -> None:
         worker = self._worker
         error: BaseException | None = None
+        express_slot = self._express if express else None
         try:
             try:
                 worker.start_worker(slot)
@@ -296,7 +249,7 @@ class Dispatcher(Generic[S]):
             if startup is not None:
                 startup.finished(error)
                 error = None  # start()'s caller has it: no call sees it
-            for call in self._claimed_express(slot) if express else self._claimed(slot):
+            for call in self._claimed(slot) if express_slot is None else express_slot.claimed(slot):
                 if error is not None:
                     call.set_exception(error)
                     error = None
@@ -341,30 +294,6 @@ class Dispatcher(Generic[S]):
                 self._waiting += 1
             del call  # don't keep the last call's arguments alive while idle
 
-    def _claimed_express(self, slot: S) -> Generator[Call[Any], None, None]:
-        """The express slot's loop: the cheap calls it takes, in the queue's
-        fair order, until told to exit. It takes no token for a call: the
-        call's token stays queued and wakes a regular slot, which finds the
-        next call, or none (tokens never fall below the calls queued)."""
-        get = self._express_tokens.get
-        while True:
-            with self.lock:
-                taken = self._calls.take(partial(_costs_at_most, self._express_limit()), 1)
-                if taken:
-                    self._running[slot] = taken[0]
-                else:
-                    self._express_waiting = True
-            if not taken:
-                if get() is None:
-                    return
-                continue
-            call = taken[0]
-            if call.claim():
-                yield call
-            with self.lock:
-                self._running.pop(slot, None)
-            del call, taken  # don't keep the last call's arguments alive while idle
-
     def _discard(self, slot: S) -> None:
         """`slot` exited. If calls are still queued and no slot is left to take
         them, a fresh slot starts, even during shutdown (every queued call must
@@ -374,10 +303,8 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if slot is self._express:
-                # Only at shutdown, or after a bug: the regular slots serve
-                # what is queued, and a later cheap call starts a new one.
-                self._express, self._express_waiting = None, False
+            if self._express is not None and slot is self._express.slot:
+                self._express.exited()
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
@@ -438,7 +365,7 @@ class Dispatcher(Generic[S]):
                 for _ in range(self._regular_slots()):
                     self._tokens.put(None)
                 if self._express is not None:
-                    self._express_tokens.put(None)
+                    self._express.close()
         for call in dropped:
             call.drop()
 

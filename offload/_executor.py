@@ -13,16 +13,17 @@ import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
-from . import _unit
-from ._admission import CallTracker, check_max_queue, check_max_queued_cost
+from . import _admission
+from ._admission import Admission
+from ._bounds import check_max_queue, check_max_queued_cost
 from ._call import Call
-from ._calling import CallOptions, check_timeout, run_call, submit_call
+from ._caller import CallOptions, check_timeout, run_call, submit_call
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
-from ._lanes import DEFAULT_LANE_NAME, Flow, Lane, check_cost
+from ._lanes import Flow, Lanes, check_cost
 from ._metrics import function_label, metrics_enabled
 from ._strategy import Strategy
-from ._unit import Admission
+from ._tracker import CallTracker
 from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
@@ -90,21 +91,12 @@ class Executor(concurrent.futures.Executor):
     flight) fails at once with `Overloaded`, before anything is done for it.
     With `max_queued_cost`, so does a call (or an `admission()` unit) that
     would bring the cost admitted and not started above it. Both bounds are
-    shared by the lanes by weight: a lane's *share* of a bound is the bound ×
-    its weight / the sum of the lanes' weights. A call of cost `c` in lane `L`
-    is admitted if the total stays within the bound (`total + c <= bound`: a
-    lane borrows what the others leave unused), or if `L` stays within its
-    share (`queued in L + min(c, share) <= share`), so a lane under its share
-    is never refused because others borrowed: the total may then exceed the
-    bound by what the others borrowed. A call costlier than its lane's
-    whole share is admitted when nothing of its lane is queued, and runs
-    rather than being refused forever. For `max_queue` the same rule counts
-    places in flight, each call (or unit) one: a lane is always allowed at
-    least one. An `admission()` unit is checked, and holds, `min(cost,
-    share)`: its calls take that over as they are queued and, once it is
-    spent, are counted as they are queued like any other, so a unit larger
-    than the bound holds the others off only until that much of it has been
-    queued, never for its whole run, and is never refused halfway.
+    shared by the lanes by weight, so that a lane that fills the queue cannot
+    lock the others out, and a call costlier than its lane's whole share runs
+    rather than being refused forever: the exact rule is on docs/lanes.md
+    ("Admission by cost") and on the method that applies it
+    (`offload._bounds.Bounds._refuses`). An `admission()` unit is checked
+    once and never refused halfway.
 
     **Deadlines.** `run_with_timeout(timeout, fn, ...)` (and
     `make_async(timeout=...)`) gives the call `timeout` seconds: when they
@@ -165,18 +157,15 @@ class Executor(concurrent.futures.Executor):
                 )
         if scheduling not in SCHEDULING:
             raise ConfigError(f"scheduling must be one of {SCHEDULING}, got {scheduling!r}")
-        if lanes is not None and not isinstance(lanes, Mapping):
-            raise ConfigError(f"lanes must be a mapping of lane name to weight, got {lanes!r}")
-        weights = {DEFAULT_LANE_NAME: 1.0, **(lanes or {})}
-        self._lanes = {name: Lane(name, weight) for name, weight in weights.items()}
-        self._default_lane = self._lanes[DEFAULT_LANE_NAME]
+        # The one set of `Lane` objects its calls, queue and bounds share.
+        self._lanes = Lanes(lanes)
         self._strategy = strategy
         strategy._offload_executor = self  # type: ignore[attr-defined]
         self._max_queue = max_queue
         self._max_queued_cost = max_queued_cost
         self._scheduling = scheduling
         # FIFO: every call in one flow of the default lane.
-        self._fifo = Flow(self._default_lane) if scheduling == "fifo" else None
+        self._fifo = Flow(self._lanes.default) if scheduling == "fifo" else None
         self._closed = False
         self._tracker = self._make_tracker()
         forget_in_child(self)
@@ -187,11 +176,11 @@ class Executor(concurrent.futures.Executor):
             return None  # nothing to count: the hot path stays bare
         return CallTracker(
             self.name,
+            self._lanes,
             self._strategy.capacity(),
             self._max_queue,
             self._max_queued_cost,
-            metrics,
-            {name: lane.weight for name, lane in self._lanes.items()},
+            metrics=metrics,
         )
 
     # ---- what it is ------------------------------------------------------------
@@ -234,7 +223,7 @@ class Executor(concurrent.futures.Executor):
     @property
     def lanes(self) -> dict[str, float]:
         """The lanes and their weights."""
-        return {name: lane.weight for name, lane in self._lanes.items()}
+        return self._lanes.weights()
 
     @property
     def scheduling(self) -> str:
@@ -248,30 +237,41 @@ class Executor(concurrent.futures.Executor):
         hint for refusing work early, not a reservation: another caller may
         take the last place first."""
         tracker = self._tracker
-        return tracker is not None and tracker._refuses(1.0) is not None
+        return tracker is not None and tracker.bounds.refusal(1.0, self._lanes.default) is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls and `admission()` units in flight now (what `max_queue`
+        bounds, with capacity). Counted only where the executor counts
+        (`max_queue` or `max_queued_cost` set, or metrics on); else 0."""
+        tracker = self._tracker
+        return 0 if tracker is None else tracker.bounds.inflight
+
+    @property
+    def queued_cost(self) -> float:
+        """The cost admitted and not started now, in all lanes (what
+        `max_queued_cost` bounds): held by `admission()` units, of calls
+        queued. Counted only where the executor counts (as `in_flight`); else 0."""
+        tracker = self._tracker
+        return 0.0 if tracker is None else tracker.bounds.queued_cost
+
+    def lane_queued_cost(self, lane: str) -> float:
+        """`queued_cost` of one lane (by name; `ConfigError` for an unknown one)."""
+        chosen = self._lanes.lane(lane)
+        tracker = self._tracker
+        return 0.0 if tracker is None else tracker.bounds.lane_queued_cost(chosen)
 
     def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
         """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
-        now (by the per-lane rule of the class docstring's **Admission**).
+        now (by the per-lane rule: docs/lanes.md, "Admission by cost").
         Like `overloaded`, a hint that reserves nothing and counts no
         refusal. Raises `ConfigError` for a bad cost or an unknown lane."""
         cost = check_cost(cost)
-        chosen = self._lane(lane)
+        chosen = self._lanes.lane(lane)
         tracker = self._tracker
-        return tracker is not None and tracker._refuses(cost, chosen) is not None
+        return tracker is not None and tracker.bounds.refusal(cost, chosen) is not None
 
     # ---- admission ---------------------------------------------------------------
-
-    def _lane(self, lane: str | None) -> Lane:
-        if lane is None:
-            return self._default_lane
-        found = self._lanes.get(lane)
-        if found is None:
-            raise ConfigError(
-                f"unknown lane {lane!r}; this executor's lanes are: "
-                + ", ".join(repr(name) for name in self._lanes)
-            )
-        return found
 
     @contextlib.contextmanager
     def admission(
@@ -304,15 +304,15 @@ class Executor(concurrent.futures.Executor):
         Raises `ConfigError` for an unknown lane or a bad cost.
         """
         cost = check_cost(cost)
-        chosen = self._lane(lane)
+        chosen = self._lanes.lane(lane)
         tracker = self._tracker
         hold = None if tracker is None else tracker.hold(cost, chosen, function, refuse=refuse)
-        admission = Admission(self, tracker, hold, Flow(chosen))
-        token = _unit.enter(admission)
+        admission = Admission(self, None if tracker is None else tracker.bounds, hold, Flow(chosen))
+        token = _admission.enter(admission)
         try:
             yield admission
         finally:
-            _unit.leave(token)
+            _admission.leave(token)
             admission.release()
 
     # ---- calling -------------------------------------------------------------------
@@ -324,13 +324,11 @@ class Executor(concurrent.futures.Executor):
         Raises `ConfigError` at once for a bad cost or an unknown lane. Inside
         an `admission()` block the block's flow (and lane) wins over `lane`.
         """
-        return CallOptions(
-            self._start, self._strategy, check_cost(cost), None if lane is None else self._lane(lane)
-        )
+        return CallOptions(self._start, self._strategy, check_cost(cost), self._lanes.lane(lane))
 
     def _start(self, call: Call[Any]) -> None:
         tracker = self._tracker
-        admission = _unit.current_admission(self)
+        admission = _admission.current_admission(self)
         if admission is not None:
             call.lane = admission.flow.lane
             call.flow = admission.flow
@@ -343,7 +341,7 @@ class Executor(concurrent.futures.Executor):
         if tracker is None:
             self._strategy.schedule(call)
             return
-        tracker.admit(call, None if admission is None else _unit.calls_hold(admission))
+        tracker.admit(call, None if admission is None else _admission.calls_hold(admission))
         try:
             self._strategy.schedule(call)
         except BaseException:
@@ -380,8 +378,7 @@ class Executor(concurrent.futures.Executor):
         """
         # An already-cancelled caller must not start a call (as anyio.to_thread).
         await checkpoint_if_cancelled()
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        return await run_call(call, None, self._start, self._strategy)
+        return await run_call(self._call(fn, args, kwargs), None, self._start, self._strategy)
 
     # ASYNC109: not a plain `fail_after`: the deadline is stamped on the call, so a
     # worker that reaches it late skips it even when the loop is slow to notice.
@@ -405,8 +402,7 @@ class Executor(concurrent.futures.Executor):
         """
         check_timeout(timeout, allow_zero=True)
         await checkpoint_if_cancelled()
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        return await run_call(call, timeout, self._start, self._strategy)
+        return await run_call(self._call(fn, args, kwargs), timeout, self._start, self._strategy)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
         """Schedule `fn(*args, **kwargs)` and return a `concurrent.futures.Future`.
@@ -414,7 +410,13 @@ class Executor(concurrent.futures.Executor):
         Cancelling the future before the call starts withdraws the call: it
         never runs, and gives its place in the queue back at once.
         """
-        return submit_call(Call(fn, args, kwargs, contextvars.copy_context()), self._start)
+        return submit_call(self._call(fn, args, kwargs), self._start)
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call[T]:
+        # A call that names no lane is in the default one: a call's lane is never unset.
+        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
+        call.lane = self._lanes.default
+        return call
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the executor. See the class docstring. Idempotent."""

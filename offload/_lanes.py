@@ -1,14 +1,18 @@
-"""`Lane` and `Flow`: what a call is counted and scheduled in, and a call's cost.
+"""`Lane`, `Lanes` and `Flow`: what a call is counted and scheduled in, and a call's cost.
 
-Below both `Call` (whose `lane` and `flow` they are) and `CallQueue` (which
-schedules by them): this module imports neither.
+An executor's lanes are one `Lanes`, built (and validated) once from its
+`lanes=` option; every call carries one of its `Lane` objects (the executor
+stamps its default lane on a call that names none), and the queue and the
+admission bounds take those objects as they are. Below both `Call` (whose
+`lane` and `flow` they are) and `CallQueue` (which schedules by them): this
+module imports neither.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Any, final
+from collections.abc import Iterator, Mapping
+from typing import final
 
 from ._errors import ConfigError
 
@@ -61,24 +65,77 @@ class Lane:
 
 
 @final
+class Lanes(Mapping[str, Lane]):
+    """An executor's lanes by name: `"default"` (weight 1 unless `weights`
+    gives it one) and every lane `weights` names, each a `Lane` made once.
+
+    The one place lane names and weights are checked: a bad one raises
+    `ConfigError`, whose message starts with `setting` (the option or
+    setting they came from, `"lanes"` for `Executor(lanes=)`; an adapter
+    names its own). Immutable.
+    """
+
+    __slots__ = ("_by_name", "default", "total_weight")
+
+    def __init__(self, weights: Mapping[str, float] | None = None, *, setting: str = "lanes") -> None:
+        if weights is not None and not isinstance(weights, Mapping):
+            raise ConfigError(f"{setting} must be a mapping of lane name to weight, got {weights!r}")
+        try:
+            by_name = {
+                name: Lane(name, weight) for name, weight in {DEFAULT_LANE_NAME: 1.0, **(weights or {})}.items()
+            }
+        except ConfigError as exc:
+            raise ConfigError(f"{setting}: {exc}") from None
+        self._by_name = by_name
+        #: The lane of a call (or unit of work) that names none.
+        self.default = by_name[DEFAULT_LANE_NAME]
+        #: The sum of the weights: a lane's share of a bound is the bound × its weight / this.
+        self.total_weight = sum(lane.weight for lane in by_name.values())
+
+    def __getitem__(self, name: str) -> Lane:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def lane(self, name: str | None) -> Lane:
+        """The lane called `name` (`None`: the default lane); `ConfigError`,
+        listing the lanes, for a name that is not one of them."""
+        if name is None:
+            return self.default
+        found = self._by_name.get(name) if isinstance(name, str) else None
+        if found is None:
+            raise ConfigError(
+                f"unknown lane {name!r}; this executor's lanes are: "
+                + ", ".join(repr(known) for known in self._by_name)
+            )
+        return found
+
+    def weights(self) -> dict[str, float]:
+        """`{name: weight}` (a copy)."""
+        return {name: lane.weight for name, lane in self._by_name.items()}
+
+    def __repr__(self) -> str:
+        return f"<Lanes {self.weights()!r}>"
+
+
+@final
 class Flow:
     """Calls that share one fair share of their lane, served in their order.
 
     Made by `Executor.admission` for a unit of work (a server request); its
     calls are served one after another while other flows' calls interleave.
+    Its scheduling state lives in the queue that holds its calls
+    (`CallQueue`), not here. Compared by identity.
     """
 
-    __slots__ = ("_calls", "_finish", "_queue", "_start", "lane")
+    __slots__ = ("lane",)
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
-        # Scheduling state, valid for the queue that set it (a queue made after
-        # a fork must not inherit a finish tag from its parent's queue).
-        self._queue: object = None
-        self._finish = 0.0
-        self._start = 0.0  # its head call's start tag (its finish less its cost)
-        # Its queued `Call`s (typed loosely: this module stays below `_call`).
-        self._calls: deque[Any] = deque()
 
     def __repr__(self) -> str:
-        return f"<Flow lane={self.lane.name!r} queued={len(self._calls)}>"
+        return f"<Flow lane={self.lane.name!r}>"

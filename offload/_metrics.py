@@ -5,7 +5,9 @@ default registry, so the usual exposition (`prometheus_client.start_http_server`
 `make_asgi_app`, vLLM's own `/metrics`) shows them, multiprocess mode
 included. `prometheus_client` is optional (`pip install offload[metrics]`; vLLM
 depends on it): without it, or with `OFFLOAD_METRICS=0`, metrics are off and
-cost nothing, while admission control (`_admission.py`) works the same.
+cost nothing, while admission control (`_bounds.py`) works the same.
+`CallMetrics` holds one executor's metric children; `_tracker.CallTracker`
+feeds it each call's moves.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
-from ._call import CANCELLED, DEADLINE, SHUTDOWN
-from ._errors import ConfigError
+from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
+from ._errors import ConfigError, WorkerCrashed
+from ._lanes import Lane, Lanes
 
 if TYPE_CHECKING:
     from ._strategy import Strategy
@@ -208,6 +211,89 @@ class _Children:
             reason: families.dropped.labels(strategy, function, reason)
             for reason in (DEADLINE, CANCELLED, SHUTDOWN)
         }
+
+
+@final
+class _LaneChildren:
+    """One (strategy, lane)'s metric children."""
+
+    __slots__ = ("closed", "overloaded", "queue_wait", "queued_cost")
+
+    def __init__(self, families: _Families, strategy: str, lane: str) -> None:
+        self.queued_cost = families.lane_queued_cost.labels(strategy, lane)
+        self.queue_wait = families.lane_queue_wait.labels(strategy, lane)
+        self.overloaded = families.lane_rejected.labels(strategy, lane, "overloaded")
+        self.closed = families.lane_rejected.labels(strategy, lane, "closed")
+
+
+@final
+class CallMetrics:
+    """One executor's `offload_*` metric children, by function and by lane,
+    and what each move of a call shows in them. Thread-safe."""
+
+    def __init__(self, families: _Families, strategy: str, lanes: Lanes) -> None:
+        self._families = families
+        self._strategy = strategy
+        self._children: dict[str, _Children] = {}
+        self._lanes = {lane: _LaneChildren(families, strategy, lane.name) for lane in lanes.values()}
+
+    def _of(self, call: Call[Any]) -> _Children:
+        children: _Children | None = call.metrics
+        if children is None:
+            name = function_label(call.fn)
+            children = self._children.get(name)
+            if children is None:
+                children = self._children.setdefault(name, _Children(self._families, self._strategy, name))
+            call.metrics = children
+        return children
+
+    def lane_cost(self, lane: Lane, cost: float) -> None:
+        """`lane`'s queued cost is now `cost`."""
+        self._lanes[lane].queued_cost.set(cost)
+
+    def queued(self, call: Call[Any]) -> None:
+        """`call` was admitted."""
+        self._of(call).queued.inc()
+
+    def unqueued(self, call: Call[Any]) -> None:
+        """`call` was admitted, then not taken (the strategy refused it)."""
+        self._of(call).queued.dec()
+
+    def started(self, call: Call[Any]) -> None:
+        wait = call.started_at - call.queued_at
+        self._lanes[call.lane].queue_wait.observe(wait)
+        children = self._of(call)
+        children.queued.dec()
+        children.running.inc()
+        children.queue_wait.observe(wait)
+
+    def finished(self, call: Call[Any]) -> None:
+        children = self._of(call)
+        if call.started_at:
+            children.running.dec()
+            children.run_time.observe(call.finished_at - call.started_at)
+        else:
+            children.queued.dec()
+        if call.stopped_by is not None:
+            # offload killed its worker on purpose: not a crash.
+            children.dropped[call.stopped_by].inc()
+        elif isinstance(call.error, WorkerCrashed):
+            children.crashed.inc()
+
+    def withdrawn(self, call: Call[Any], reason: str) -> None:
+        children = self._of(call)
+        children.queued.dec()
+        children.dropped[reason].inc()
+
+    def refused(self, function: str, lane: Lane, reason: str) -> None:
+        """A call or unit of work of `function` in `lane` was refused for `reason`."""
+        self._families.rejected.labels(self._strategy, function, reason).inc()
+        children = self._lanes[lane]
+        (children.overloaded if reason == "overloaded" else children.closed).inc()
+
+    def batch(self, calls: list[Call[Any]]) -> None:
+        """A batching strategy ran `calls` as one batch."""
+        self._of(calls[0]).batch_size.observe(len(calls))
 
 
 def count_worker_restart(strategy: Strategy, reason: str) -> None:

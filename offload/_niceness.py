@@ -58,3 +58,32 @@ def lower_this_thread(increment: int) -> None:
         if not _warned:
             _warned = True
             logger.warning("offload: could not lower a worker thread's priority (nice +%d): %s", increment, exc)
+
+
+def this_thread_niceness() -> int:
+    """The calling thread's niceness (on Linux each thread has its own;
+    elsewhere the process's). 0 where the OS does not tell."""
+    try:
+        if THREADS_HAVE_NICENESS:
+            return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, AttributeError):
+        return 0
+
+
+def set_this_thread_niceness(niceness: int) -> None:
+    """Set the calling thread's niceness to `niceness` (Linux only, as
+    `lower_this_thread`). Raising it needs no privilege; lowering it does:
+    a thread that cannot is left as it is, and the first refusal is logged
+    as a warning."""
+    global _warned
+    if not THREADS_HAVE_NICENESS:
+        return
+    thread_id = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, thread_id) != niceness:
+            os.setpriority(os.PRIO_PROCESS, thread_id, niceness)
+    except OSError as exc:
+        if not _warned:
+            _warned = True
+            logger.warning("offload: could not set a worker thread's niceness to %d: %s", niceness, exc)

@@ -29,10 +29,12 @@ Every queuing strategy keeps its waiting calls in one of these (through
   (cancelled, dropped, deadline passed) moves no clock, neither its lane's
   nor its flow's: the flow's next call is stamped as if it had never been
   queued.
-- **Cost 0 is not free.** To order calls, a call of cost 0 counts as the
-  cheapest call of positive cost the queue has seen (1 before any), so a
-  stream of them moves the clocks like any other and cannot starve the
-  others. (Admission, `max_queued_cost`, counts costs as given.)
+- **Cost 0 is not free.** To order calls, a call of cost 0 counts as a
+  typical call: a moving average of the positive costs pushed (over about
+  the last `ZERO_COST_WINDOW` of them; 1 before any), so a stream of them
+  moves the clocks like any other and cannot starve the others, and no
+  single call, however cheap, makes them free. (Admission,
+  `max_queued_cost`, counts costs as given.)
 - **Batches are served in the same order.** `take` (a strategy that runs
   several calls together) removes matching calls one by one in the order
   `pop` would serve them, charging each lane and flow for what it got.
@@ -49,17 +51,38 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, final
 
 from ._call import PENDING, Call
-from ._lanes import DEFAULT_LANE_NAME, Flow, Lane
+from ._lanes import Flow, Lane
+
+#: What a call of cost 0 counts as follows the positive costs pushed, each
+#: with weight 1/16 (an average over about the last 16): a shift in the size
+#: of the calls shows within a few dozen, one outlier moves it by 1/16 of
+#: the difference, and no single call, however cheap, makes it near 0.
+ZERO_COST_WINDOW = 16
+
+
+@final
+class _FlowState:
+    """A flow's place in the queue while it has calls queued (the queue
+    forgets it once they are served: its last finish is then at most its
+    lane clock, where a new flow starts anyway)."""
+
+    __slots__ = ("calls", "finish", "flow", "start")
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+        self.calls: deque[Call[Any]] = deque()
+        self.finish = 0.0  # the finish tag of its call served last
+        self.start = 0.0  # its head call's start tag (its finish less its cost)
+
 
 # A lane's heap entry: (finish tag, arrival number, a call that is its own
 # flow or a flow whose head call carries that tag).
-_Entry = tuple[float, int, Call[Any] | Flow]
+_Entry = tuple[float, int, "Call[Any] | _FlowState"]
 
 
 @final
@@ -78,41 +101,44 @@ class _LaneState:
 class CallQueue:
     """Queued calls, served fairly by lane, flow and cost (see the module docstring).
 
-    `push` and `pop` cost O(log n) in the calls queued, plus a scan of the
-    busy lanes (a handful). Calls withdrawn while queued (cancelled, dropped,
+    Each call is scheduled in its flow's lane, or its own `call.lane` when
+    it has no flow: the `Lane` objects its executor stamped on it. `push`
+    and `pop` cost O(log n) in the calls queued, plus a scan of the busy
+    lanes (a handful). Calls withdrawn while queued (cancelled, dropped,
     deadline passed) stay until `pop` or `take` reaches them, which skips
     them without charging their cost.
     """
 
-    def __init__(self, default_lane: Lane | None = None) -> None:
-        self._default = default_lane or Lane(DEFAULT_LANE_NAME)
-        # By name: the executor's lane objects, and `None` for the default one.
-        self._lanes: dict[str, _LaneState] = {}
+    def __init__(self) -> None:
+        self._lanes: dict[Lane, _LaneState] = {}
+        self._flows: dict[Flow, _FlowState] = {}  # flows with calls queued
         self._busy: list[_LaneState] = []  # lanes with queued calls, in the order they became busy
         self._arrivals = itertools.count()
         self._length = 0
         # Busy periods: a new one starts each time the queue is empty.
         self._epoch = 0
-        # What a call of cost 0 counts as in the clocks (the cheapest positive cost seen).
-        self._least = math.inf
+        # What a call of cost 0 counts as in the clocks (see ZERO_COST_WINDOW).
+        self._zero_cost = 1.0
 
     def __len__(self) -> int:
         """Calls in the queue (withdrawn ones included until `pop` reaches them)."""
         return self._length
 
     def _charge(self, cost: float) -> float:
-        if cost > 0:
-            self._least = min(self._least, cost)
-            return cost
-        return 1.0 if self._least == math.inf else self._least
+        return cost if cost > 0 else self._zero_cost
+
+    def _lane_state(self, call: Call[Any]) -> _LaneState:
+        flow = call.flow
+        lane = call.lane if flow is None else flow.lane
+        state = self._lanes.get(lane)
+        if state is None:
+            state = self._lanes[lane] = _LaneState(lane)
+        return state
 
     def push(self, call: Call[Any]) -> None:
-        flow = call.flow
-        lane = flow.lane if flow is not None else (call.lane or self._default)
-        state = self._lanes.get(lane.name)
-        if state is None:
-            state = self._lanes[lane.name] = _LaneState(lane)
-        state.lane = lane
+        state = self._lane_state(call)
+        if call.cost > 0:
+            self._zero_cost += (call.cost - self._zero_cost) / ZERO_COST_WINDOW
         cost = self._charge(call.cost)
         if not state.heap:
             # Joins at the lowest virtual time among the busy lanes: its share
@@ -124,19 +150,21 @@ class CallQueue:
                 joined = max(joined, state.served)
             state.served, state.epoch = joined, self._epoch
             self._busy.append(state)
+        flow = call.flow
         if flow is None:
             heapq.heappush(state.heap, (state.clock + cost, next(self._arrivals), call))
         else:
-            if flow._queue is not self:
-                flow._queue, flow._finish, flow._calls = self, 0.0, deque()
-            flow._calls.append(call)
-            if len(flow._calls) == 1:
-                self._stamp(state, flow, max(state.clock, flow._finish))
+            queued = self._flows.get(flow)
+            if queued is None:
+                queued = self._flows[flow] = _FlowState(flow)
+            queued.calls.append(call)
+            if len(queued.calls) == 1:
+                self._stamp(state, queued, max(state.clock, queued.finish))
         self._length += 1
 
-    def _stamp(self, state: _LaneState, flow: Flow, start: float) -> None:
-        head = flow._calls[0]
-        flow._start = start
+    def _stamp(self, state: _LaneState, flow: _FlowState, start: float) -> None:
+        head = flow.calls[0]
+        flow.start = start
         heapq.heappush(state.heap, (start + self._charge(head.cost), next(self._arrivals), flow))
 
     def _serve(self, state: _LaneState, entry: _Entry) -> Call[Any] | None:
@@ -144,21 +172,23 @@ class CallQueue:
         charged; `None` (nothing charged) if the call was withdrawn."""
         finish, _, item = entry
         call: Call[Any]
-        if isinstance(item, Flow):
-            call = item._calls.popleft()
+        if isinstance(item, _FlowState):
+            call = item.calls.popleft()
             withdrawn = call.state is not PENDING
             if withdrawn:
                 # Never ran: the next call starts where this one would have.
-                start = max(state.clock, item._start)
+                start = max(state.clock, item.start)
             else:
-                item._finish = start = finish
+                item.finish = start = finish
             # Calls withdrawn behind it go now: a new head is stamped only for a call that may run.
-            calls = item._calls
+            calls = item.calls
             while calls and calls[0].state is not PENDING:
                 calls.popleft()
                 self._length -= 1
             if calls:
                 self._stamp(state, item, start)
+            else:
+                del self._flows[item.flow]
         else:
             call = item
             withdrawn = call.state is not PENDING
@@ -191,17 +221,16 @@ class CallQueue:
     def take_back(self, call: Call[Any]) -> None:
         """Remove `call`, the call pushed last, charging nothing: its owner
         could not run it after all (it fails, and is never run)."""
-        flow = call.flow
-        lane = flow.lane if flow is not None else (call.lane or self._default)
-        state = self._lanes[lane.name]
-        if flow is not None and len(flow._calls) > 1 and flow._calls[-1] is call:
-            flow._calls.pop()  # behind its flow's head: in no heap entry
+        state = self._lane_state(call)
+        queued = None if call.flow is None else self._flows[call.flow]
+        if queued is not None and len(queued.calls) > 1 and queued.calls[-1] is call:
+            queued.calls.pop()  # behind its flow's head: in no heap entry
         else:
-            item: Call[Any] | Flow = call if flow is None else flow
+            item: Call[Any] | _FlowState = call if queued is None else queued
             state.heap = [entry for entry in state.heap if entry[2] is not item]
             heapq.heapify(state.heap)
-            if flow is not None:
-                flow._calls.clear()
+            if queued is not None:
+                del self._flows[queued.flow]
         self._length -= 1
         self._settle(state)
 
@@ -209,10 +238,8 @@ class CallQueue:
         """Remove and return every queued call (withdrawn ones included)."""
         calls = list(self)
         for state in self._busy:
-            for _, _, item in state.heap:
-                if isinstance(item, Flow):
-                    item._calls = deque()
             state.heap = []
+        self._flows.clear()
         if self._busy:
             self._busy.clear()
             self._epoch += 1
@@ -223,8 +250,8 @@ class CallQueue:
         """The queued calls, in no particular order."""
         for state in self._busy:
             for _, _, item in state.heap:
-                if isinstance(item, Flow):
-                    yield from item._calls
+                if isinstance(item, _FlowState):
+                    yield from item.calls
                 else:
                     yield item
 
@@ -248,7 +275,7 @@ class CallQueue:
             while state.heap:
                 entry = heapq.heappop(state.heap)
                 item = entry[2]
-                head = item._calls[0] if isinstance(item, Flow) else item
+                head = item.calls[0] if isinstance(item, _FlowState) else item
                 if head.state is not PENDING:
                     self._serve(state, entry)  # dropped, and its flow's next call restamped
                 elif match(head):

@@ -14,7 +14,8 @@ Helpers, public for strategy authors:
 - `Call`: one call; workers `claim()` it, then `execute(state)` it or
   `set_result`/`set_exception` it.
 - `CallQueue`: the fair queue (lanes by weight, flows by cost) every
-  queuing strategy shares; `Lane`, `Flow`.
+  queuing strategy shares; `Lane`, `Lanes` (an executor's lanes, checked
+  once), `Flow`.
 - `Dispatcher` and `SlotWorker`: a `CallQueue` served by slot threads, each
   driving one worker (a thread, a process, an actor); what `thread`,
   `process` and `ray` are built on. `ExpressSlotWorker`: a `SlotWorker`
@@ -31,17 +32,18 @@ Helpers, public for strategy authors:
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
-from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._config import check_initializer, check_max_workers, usable_cpu_count
-from ._dispatch import Dispatcher, ExpressSlotWorker, SlotWorker
+from ._dispatch import Dispatcher
 from ._errors import executor_closed, initializer_failed
-from ._lanes import Flow, Lane, check_cost
+from ._lanes import Flow, Lane, Lanes, check_cost
 from ._metrics import count_worker_restart
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
+from ._slot_worker import ExpressSlotWorker, SlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
+from ._tracker import count_batch
 from ._worker_state import set_worker_state
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "ExpressSlotWorker",
     "Flow",
     "Lane",
+    "Lanes",
     "SlotWorker",
     "Startup",
     "Strategy",

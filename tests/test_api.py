@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import pickle
+import traceback
 import types
 from pathlib import Path
 
@@ -23,6 +25,20 @@ def test_all_names_come_from_private_modules() -> None:
     for name in offload.__all__:
         module = getattr(getattr(offload, name), "__module__", "offload")
         assert module == "offload" or module.startswith("offload._"), (name, module)
+
+
+def test_public_names_report_the_public_module() -> None:
+    """`offload.Overloaded` in reprs and tracebacks, not a private module's path."""
+    for name in offload.__all__:
+        value = getattr(offload, name)
+        if isinstance(value, type) or inspect.isfunction(value):
+            assert value.__module__ == "offload", name
+    assert repr(offload.Overloaded) == "<class 'offload.Overloaded'>"
+    assert traceback.format_exception_only(offload.Overloaded("full"))[-1] == "offload.Overloaded: full\n"
+    # Pickling (a worker process's error, sent back) finds them under that name.
+    crashed = pickle.loads(pickle.dumps(offload.WorkerCrashed("gone")))
+    assert type(crashed) is offload.WorkerCrashed
+    assert crashed.args == ("gone",)
 
 
 def test_builtin_strategies_are_registered() -> None:

@@ -153,6 +153,27 @@ def test_the_express_worker_runs_at_the_callers_priority(pool: str, gate: Path) 
         ex.shutdown(wait=True)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread niceness is Linux's")
+def test_the_express_worker_keeps_the_loops_priority_when_a_worker_makes_the_first_cheap_call() -> None:
+    """The first cheap call comes from inside a call on the regular worker
+    (nice +10): the express worker still runs at the priority of the thread
+    that built the executor, not at the worker's (it inherited it, for the
+    executor's life, when that call started it)."""
+    ex = _executor("thread", express_cost=10)
+    caller = helpers.own_niceness()
+
+    def from_a_worker() -> tuple[int, str, int]:
+        # The regular worker runs this (cost 100): the cheap call is the express worker's.
+        return ex.options(cost=1).submit(helpers.where_and_niceness).result(timeout=60)
+
+    try:
+        _, name, niceness = ex.options(cost=100).submit(from_a_worker).result(timeout=60)
+        assert name.endswith("-express"), name
+        assert niceness == caller
+    finally:
+        ex.shutdown(wait=True)
+
+
 def test_a_crashed_express_worker_fails_its_call_and_is_replaced(tmp_path: Path, gate: Path) -> None:
     ex = _executor("process", express_cost=10)
     try:

@@ -291,11 +291,11 @@ async def test_a_cancelled_run_in_executor_gives_its_place_back_at_once(strategy
         await wait_until(started.exists)
         loop = asyncio.get_running_loop()
         waiting = asyncio.ensure_future(loop.run_in_executor(ex, helpers.add, 1, 2))
-        await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 2)
+        await wait_until(lambda: ex.in_flight == 2)
         with pytest.raises(offload.Overloaded):
             ex.submit(helpers.add, 0, 0)  # full: one running, one queued
         waiting.cancel()
-        await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 1)
+        await wait_until(lambda: ex.in_flight == 1)
         admitted = ex.submit(helpers.add, 2, 3)  # the cancelled one's place
         gate.touch()
         assert admitted.result(TIMEOUT) == 5
@@ -350,7 +350,7 @@ async def test_kills_offload_orders_are_counted_as_stopped_calls_not_crashes(tmp
             == restarts["killed"] + 2
         )
         pending = ex.submit(helpers.sleep_and_return, 60)
-        await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 1)
+        await wait_until(lambda: ex.in_flight == 1)
         # Claimed by its slot (a busy machine can take a while to restart the
         # killed worker), then sent to the worker.
         await wait_until(pending.running)
@@ -533,6 +533,16 @@ class _SlotsThatMayFail:
         pass
 
 
+# The lane of the calls these tests hand a `Dispatcher` directly (an executor stamps its own).
+_LANE = offload.strategy.Lane("default")
+
+
+def _lane_call(fn: Any, args: tuple[Any, ...]) -> offload.strategy.Call[Any]:
+    call: offload.strategy.Call[Any] = offload.strategy.Call(fn, args, {})
+    call.lane = _LANE
+    return call
+
+
 def _ended(call: offload.strategy.Call[Any], seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not call.done:
@@ -550,8 +560,8 @@ def test_calls_stranded_without_a_slot_fail_and_leave_the_dispatcher_whole(monke
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
     worker = _SlotsThatMayFail()
     dispatch: offload.strategy.Dispatcher[int] = offload.strategy.Dispatcher("strand-test", 2, worker)
-    buggy = offload.strategy.Call(helpers.identity, ("bug",), {})
-    queued = offload.strategy.Call(helpers.identity, ("queued",), {})
+    buggy = _lane_call(helpers.identity, ("bug",))
+    queued = _lane_call(helpers.identity, ("queued",))
     dispatch.put(buggy)  # slot 0 takes it and waits
     deadline = time.monotonic() + 30
     while not dispatch.running():
@@ -572,12 +582,12 @@ def test_calls_stranded_without_a_slot_fail_and_leave_the_dispatcher_whole(monke
     assert [type(e) for e in died] == [RuntimeError]
 
     # Threads can start again: the dispatcher serves, with both slots.
-    after = offload.strategy.Call(helpers.identity, ("after",), {})
+    after = _lane_call(helpers.identity, ("after",))
     dispatch.put(after)
     _ended(after)
     assert after.outcome() == "after"
     meet = threading.Barrier(2, timeout=10)
-    pair = [offload.strategy.Call(meet.wait, (), {}) for _ in range(2)]
+    pair = [_lane_call(meet.wait, ()) for _ in range(2)]
     for call in pair:
         dispatch.put(call)
     for call in pair:
@@ -597,24 +607,24 @@ def test_a_slot_that_dies_after_serving_a_backlog_is_replaced(monkeypatch: pytes
     worker = _SlotsThatMayFail()
     dispatch: offload.strategy.Dispatcher[int] = offload.strategy.Dispatcher("backlog-test", 1, worker)
     release = threading.Event()
-    first = offload.strategy.Call(release.wait, (30,), {})
+    first = _lane_call(release.wait, (30,))
     dispatch.put(first)
     deadline = time.monotonic() + 30
     while not dispatch.running():
         assert time.monotonic() < deadline
         time.sleep(0.005)
-    backlog = [offload.strategy.Call(helpers.identity, (i,), {}) for i in range(5)]
+    backlog = [_lane_call(helpers.identity, (i,)) for i in range(5)]
     for call in backlog:
         dispatch.put(call)
     release.set()
     for call in [first, *backlog]:
         _ended(call)
-    buggy = offload.strategy.Call(helpers.identity, ("bug",), {})
+    buggy = _lane_call(helpers.identity, ("bug",))
     dispatch.put(buggy)
     while not dispatch.running():
         assert time.monotonic() < deadline
         time.sleep(0.005)
-    queued = offload.strategy.Call(helpers.identity, ("queued",), {})
+    queued = _lane_call(helpers.identity, ("queued",))
     dispatch.put(queued)  # the one slot is busy: it waits
     worker.bug_may_raise.set()  # the slot dies; a fresh one must take `queued`
     _ended(buggy)

@@ -216,7 +216,7 @@ async def test_cancellation_storm(strategy: str, tmp_path: Path, anyio_backend: 
                     await anyio.lowlevel.checkpoint()
         # Calls still running in the background finish; then count.
         for _ in range(2000):
-            if ex._tracker is not None and ex._tracker.inflight == 0:  # type: ignore[attr-defined]
+            if ex.in_flight == 0:  # type: ignore[attr-defined]
                 break
             await anyio.sleep(0.01)
         took = time.perf_counter() - started

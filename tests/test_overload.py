@@ -95,10 +95,10 @@ async def test_async_renderer_observes_batch_sizes(tmp_path: Path) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run, faults.gated, gate, str(tmp_path), "hold")
-            await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 1)
+            await wait_until(lambda: ex.in_flight == 1)
             for i in range(8):
                 tg.start_soon(batched, i)
-            await wait_until(lambda: ex._tracker is not None and ex._tracker.inflight == 9)
+            await wait_until(lambda: ex.in_flight == 9)
             await anyio.Path(gate).touch()
     finally:
         await ex.aclose()

@@ -20,8 +20,9 @@ from typing import Any
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress
-from offload._admission import CallTracker
 from offload._call import Call
+from offload._lanes import Lanes
+from offload._tracker import CallTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,10 +31,12 @@ def _identity(x: int) -> int:
 
 
 def per_call_us(metrics: bool, n: int) -> float:
-    tracker = CallTracker("thread", 2, None, None, metrics)
+    lanes = Lanes()
+    tracker = CallTracker("thread", lanes, 2, None, None, metrics=metrics)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})
+        call.lane = lanes.default
         tracker.admit(call)
         call.claim()
         call.set_result(i)

@@ -11,13 +11,13 @@ from typing import Any, TypeVar, final
 
 from typing_extensions import ParamSpec
 
-from .._admission import count_batch
 from .._call import Call
 from .._config import check_initializer
 from .._errors import ConfigError, OffloadError, executor_closed, initializer_failed
 from .._queue import CallQueue
 from .._startup import Startup
 from .._strategy import Strategy
+from .._tracker import count_batch
 from .._worker_state import _NO_STATE, _swap_state
 from ._batch_form import BatchedFunction, batch_key
 

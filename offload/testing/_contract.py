@@ -120,8 +120,7 @@ def _sample(name: str, **labels: str) -> float | None:
 
 def _inflight(ex: offload.Executor) -> int:
     """Calls admitted and not yet ended (running, queued, or holding an admitted place)."""
-    tracker = ex._tracker
-    return 0 if tracker is None else tracker.inflight
+    return ex.in_flight
 
 
 def _overloaded(ex: offload.Executor) -> bool:
@@ -507,6 +506,27 @@ class StrategyContract:
                 gate.touch()
             first = _order(log)[:16]
             assert 10 <= sum(1 for i in first if i < 100) <= 14, first  # 3/4 of 16
+        finally:
+            await ex.aclose()
+
+    async def test_the_default_lanes_weight_holds_for_calls_that_name_no_lane(
+        self, strategy: str, tmp_path: Path
+    ) -> None:
+        ex = self.new_executor(strategy, max_workers=1, lanes={"default": 4, "bulk": 1})
+        log = tmp_path / "order"
+        try:
+            capacity = self._needs_queue(ex)
+            async with anyio.create_task_group() as tg:
+                gate = await self._occupy(ex, tg, tmp_path)
+                bulk = ex.options(lane="bulk")
+                for i in range(25):
+                    tg.start_soon(bulk.run, f.record, str(log), 100 + i)
+                    tg.start_soon(ex.run, f.record, str(log), i)  # no lane: the default one
+                await _wait_until(lambda: _inflight(ex) == capacity + 50)
+                gate.touch()
+            first = _order(log)[:20]
+            # 4/5 of 20 is 16; weight 1 (the default lane's weight ignored) gives 10.
+            assert 14 <= sum(1 for i in first if i < 100) <= 18, first
         finally:
             await ex.aclose()
 

@@ -432,6 +432,16 @@ def test_launcher_refuses_bad_value_before_starting_vllm() -> None:
     assert "offload-vllm: OFFLOAD_VLLM_STRATEGY='nope' is not a strategy" in proc.stderr
 
 
+def test_launcher_refuses_a_lane_weight_the_executor_refuses_before_starting_vllm() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "offload_vllm", "serve", "some-model", "--offload-strategy", "thread",
+         "--offload-lanes", "tiny=1e-10"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "offload-vllm: OFFLOAD_VLLM_LANES='tiny=1e-10': lane 'tiny': the weight must be" in proc.stderr
+
+
 def test_launcher_usage() -> None:
     proc = subprocess.run([sys.executable, "-m", "offload_vllm"], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
@@ -488,8 +498,15 @@ def test_lanes_routes_scheduling_cost_bound_and_engine_priority_are_read() -> No
         ),
         ({"OFFLOAD_VLLM_ENGINE_PRIORITY": "maybe"}, "OFFLOAD_VLLM_ENGINE_PRIORITY='maybe' is not a switch"),
         # A subnormal weight passed, then every request of its lane failed (OverflowError) with engine priority.
-        ({"OFFLOAD_VLLM_LANES": "tiny=1e-320"}, "OFFLOAD_VLLM_LANES='tiny=1e-320': the weight of lane 'tiny', 1e-320, is below 2.22507e-308"),
-        ({"OFFLOAD_VLLM_LANES": "query=4,tiny=5e-324"}, "the weight of lane 'tiny', 5e-324, is below"),
+        (
+            {"OFFLOAD_VLLM_LANES": "tiny=1e-320"},
+            "OFFLOAD_VLLM_LANES='tiny=1e-320': lane 'tiny': the weight must be a number from 1e-09 to 1e+09",
+        ),
+        ({"OFFLOAD_VLLM_LANES": "query=4,tiny=5e-324"}, "lane 'tiny': the weight must be a number from 1e-09"),
+        # Weights the executor refuses are refused here, at start, naming the setting (the
+        # server used to load the model and then exit with the executor's error).
+        ({"OFFLOAD_VLLM_LANES": "tiny=1e-10"}, "OFFLOAD_VLLM_LANES='tiny=1e-10': lane 'tiny': the weight must be"),
+        ({"OFFLOAD_VLLM_LANES": "huge=2e9"}, "OFFLOAD_VLLM_LANES='huge=2e9': lane 'huge': the weight must be"),
         # A lane a header (read as latin-1) could never name.
         (
             {"OFFLOAD_VLLM_LANES": "requête=2"},

@@ -39,6 +39,8 @@ pytestmark = [
 ENGINE_PROBE = Path(__file__).parent / "engine_probe"
 LANES = {"query": 4.0, "ingest": 1.0}
 MAX_QUEUED_COST = 4000
+#: The on-loop server's bound: about 20 small requests' costs, fewer than it is sent at once.
+ON_LOOP_MAX_QUEUED_COST = 3000
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,16 @@ def servers_by_role(
         "fifo": ({}, ("--offload-scheduling", "fifo")),
         # The environment variable, as the other way to set it.
         "cost-bound": ({"OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST)}, ()),
+        # Small requests rendered on the loop (the default inline cost), then held by a busy engine.
+        "on-loop": (
+            {
+                "OFFLOAD_VLLM_MAX_QUEUED_COST": str(ON_LOOP_MAX_QUEUED_COST),
+                "OFFLOAD_VLLM_INLINE_COST": "1024",
+                "OFFLOAD_TEST_ENGINE_DELAY": "0.1",
+                "PYTHONPATH": probe_env["PYTHONPATH"],
+            },
+            (),
+        ),
     }
     # The heavy request is long texts cut to 16 tokens, seconds of work only when
     # tokenized whole; and the expected priorities are priced as whole texts.
@@ -202,6 +214,36 @@ def test_cost_bound_answers_503_before_any_work(servers_by_role: dict[str, Serve
     # Every cost admitted was given back: nothing stays queued, and requests run again.
     assert queued_cost(server) == 0
     assert embed(server, input="small").status_code == 200
+
+
+def test_requests_rendered_on_the_loop_leave_the_cost_bound_once_rendered(
+    servers_by_role: dict[str, Server],
+) -> None:
+    """Small requests render on the event loop (priced under the inline cost,
+    so no executor call takes their cost over) and then wait for a busy
+    engine: each one's cost leaves the bound when its rendering ends, so 30
+    sent at once, together priced well past the bound, are all answered,
+    and nothing stays counted as queued while they wait for the engine.
+    (Their cost used to stay queued until the response: about half were
+    answered 503 while nothing was queued or running in offload.)"""
+    server = servers_by_role["on-loop"]
+    body = {"model": server.model, "input": "a small request, rendered on the event loop"}
+    cost = request_cost_of(body)
+    count = 30
+    assert cost <= 1024, cost
+    assert count * cost > 1.4 * ON_LOOP_MAX_QUEUED_COST, cost
+    assert embed(server, input="warm up").status_code == 200
+    before = scrape(server)
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        statuses = Counter(response.status_code for response in pool.map(lambda _: embed(server, **body), range(count)))
+    after = scrape(server)
+    print(f"\n[on the loop, bound {ON_LOOP_MAX_QUEUED_COST}, {count} x cost {cost:g}] {statuses}")  # noqa: T201
+    assert statuses == Counter({200: count}), statuses
+    rendered_on_loop = total(after, "offload_vllm_loop_calls_total", call="render") - total(
+        before, "offload_vllm_loop_calls_total", call="render"
+    )
+    assert rendered_on_loop >= count, rendered_on_loop  # the path under test
+    assert queued_cost(server) == 0
 
 
 def request_cost_of(body: dict[str, Any]) -> float:

@@ -128,7 +128,7 @@ def register() -> None:
 
     io_processor.install(make_render)
     serving.install(serving_built)
-    serving.install_preprocessing()
+    serving.install_preprocessing(admission.preprocessed)
     offline.install(runtime.offline_executor)
     _active = settings
     logger.info(

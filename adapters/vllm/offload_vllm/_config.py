@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,16 +144,12 @@ def _parse_lanes(name: str, raw: str) -> tuple[tuple[str, float], ...]:
     lanes = []
     for lane, weight in _pairs(name, raw, "LANE=WEIGHT"):
         _check_lane_name(name, raw, lane)
-        value = _parse_positive(name, weight, f"the weight of lane {lane!r}")
-        # A subnormal weight loses precision, and a cost divided by it
-        # overflows (engine priority, fair shares): refused, whatever the
-        # core's own check says.
-        if value < sys.float_info.min:
-            raise OffloadVLLMConfigError(
-                f"{name}={raw!r}: the weight of lane {lane!r}, {weight}, is below {sys.float_info.min:g} "
-                "(a subnormal number); weights are relative, give e.g. 1 and 4"
-            )
-        lanes.append((lane, value))
+        lanes.append((lane, _parse_positive(name, weight, f"the weight of lane {lane!r}")))
+    # The executor's own check of names and weights, so that what passes here starts.
+    try:
+        offload.strategy.Lanes(dict(lanes), setting=f"{name}={raw!r}")
+    except offload.ConfigError as exc:
+        raise OffloadVLLMConfigError(str(exc)) from None
     return tuple(lanes)
 
 

@@ -1,5 +1,7 @@
 """A test seam in vLLM's engine: every request the scheduler takes is written to
-`$OFFLOAD_TEST_ENGINE_LOG` as `request_id priority`, one line each.
+`$OFFLOAD_TEST_ENGINE_LOG` as `request_id priority`, one line each, and, with
+`$OFFLOAD_TEST_ENGINE_DELAY` (seconds), the engine core spends that long on
+taking each one (a busy engine: requests wait there, not in offload).
 
 On the `PYTHONPATH` of a test server only (Python imports `sitecustomize` at
 start in every process, the engine core's included). It patches
@@ -13,11 +15,13 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import time
 from types import ModuleType
 from typing import Any
 
 TARGET = "vllm.v1.core.sched.scheduler"
 LOG = os.environ.get("OFFLOAD_TEST_ENGINE_LOG")
+DELAY = float(os.environ.get("OFFLOAD_TEST_ENGINE_DELAY") or 0)
 
 
 def _patch(module: ModuleType) -> None:
@@ -25,8 +29,11 @@ def _patch(module: ModuleType) -> None:
     original = scheduler.add_request
 
     def add_request(self: Any, request: Any) -> None:
-        with open(LOG or os.devnull, "a") as log:
-            log.write(f"{request.request_id} {request.priority}\n")
+        if LOG:
+            with open(LOG, "a") as log:
+                log.write(f"{request.request_id} {request.priority}\n")
+        if DELAY:
+            time.sleep(DELAY)
         original(self, request)
 
     scheduler.add_request = add_request
@@ -51,5 +58,5 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if LOG:
+if LOG or DELAY:
     sys.meta_path.insert(0, _PatchOnImport())

@@ -22,7 +22,9 @@ response is built (rendering, engine and post-processing), so requests in
 flight are bounded end to end (as TEI's permits are) and a burst arriving
 together cannot all pass the check at once. Measured: releasing the place
 after rendering let accepted requests pile up in the engine instead
-(docs/benchmarks.md#overload).
+(docs/benchmarks.md#overload). Its cost, though, is what rendering it
+costs: it leaves the cost bound once its preprocessing is over
+(`preprocessed`), wherever that ran.
 
 A request costlier than `OFFLOAD_VLLM_MAX_REQUEST_COST` is answered 413
 (vLLM's error body, naming its cost, the cap and the setting) before
@@ -59,9 +61,12 @@ from .routes import is_pooling_request, route_of
 #: The `function` label of refusals made at the request's entry.
 REQUEST_LABEL = "vllm.pooling_request"
 
-# Set while a request runs inside its admission: a `__call__` it enters from
-# there (a subclass's calling the base one) must not admit it again.
-_admitted: contextvars.ContextVar[bool] = contextvars.ContextVar("offload_vllm_admitted", default=False)
+# The admission a request runs inside: a `__call__` it enters from there (a
+# subclass's calling the base one) must not admit it again, and its
+# preprocessing's end gives its held cost back (`preprocessed`).
+_admitted: contextvars.ContextVar[offload.Admission | None] = contextvars.ContextVar(
+    "offload_vllm_admitted", default=None
+)
 
 _MARK = "__offload_vllm__"
 
@@ -152,7 +157,7 @@ def _admitting(
     @functools.wraps(original)
     async def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         executor = policy.executor_of()
-        if executor is None or _admitted.get():
+        if executor is None or _admitted.get() is not None:
             return await original(self, *args, **kwargs)
         request, scope = _request_and_scope(args, kwargs)
         try:
@@ -167,14 +172,25 @@ def _admitting(
             requests_seam.set_engine_priority(request, engine_priority(cost, weight))
         with contextlib.ExitStack() as held:
             try:
-                held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
+                admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
                 return overflow_response(policy.retry_after)
-            held.callback(_admitted.reset, _admitted.set(True))
+            held.callback(_admitted.reset, _admitted.set(admitted))
             return await original(self, *args, **kwargs)
 
     setattr(__call__, _MARK, True)
     return __call__
+
+
+def preprocessed() -> None:
+    """The current request's preprocessing (rendering) is over: the cost it
+    was admitted with leaves `OFFLOAD_VLLM_MAX_QUEUED_COST` now, whether its
+    rendering ran on the executor or on the event loop (where no executor
+    call took the cost over), so a request that waits for the engine holds
+    its place but no queued cost. Nothing outside an admitted request."""
+    admitted = _admitted.get()
+    if admitted is not None:
+        admitted.release_cost()
 
 
 _policy: RequestPolicy | None = None

@@ -128,7 +128,7 @@ class CallOptions:
     __slots__ = ("_cost", "_lane", "_start", "_strategy")
 
     def __init__(
-        self, start: Callable[[Call[Any]], None], strategy: Strategy, cost: float, lane: Lane | None
+        self, start: Callable[[Call[Any]], None], strategy: Strategy, cost: float, lane: Lane
     ) -> None:
         self._start = start
         self._strategy = strategy
