@@ -36,6 +36,7 @@ S = TypeVar("S")
 #: The express slot takes a call only while a call at least this many times
 #: its cost runs on another slot: what it spares a cheap call is a wait
 #: several times its own run, and calls of similar sizes share the others.
+#: Why: docs/decisions/0003-express-worker-one-piece-and-a-quarter.md
 EXPRESS_RATIO = 4.0
 
 

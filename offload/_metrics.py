@@ -26,6 +26,7 @@ from ._lanes import Lane, Lanes
 if TYPE_CHECKING:
     from ._strategy import Strategy
 
+#: Metrics are on unless this says 0/false/no/off. Why: docs/decisions/0014-metrics-on-by-default.md
 METRICS_ENV = "OFFLOAD_METRICS"
 
 #: Latency buckets (seconds) for queue wait and run time: from a fraction of a

@@ -18,7 +18,7 @@ from ._errors import ConfigError
 logger = logging.getLogger("offload")
 
 #: The niceness increment workers get unless told otherwise: 10, the increment
-#: `nice` itself applies by default.
+#: `nice` itself applies by default. Why: docs/decisions/0001-workers-below-the-loop-nice-10.md
 DEFAULT_NICE = 10
 _MAX_NICE = 19
 

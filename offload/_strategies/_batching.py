@@ -24,7 +24,7 @@ from ._batch_form import BatchedFunction, batch_key
 T = TypeVar("T")
 P = ParamSpec("P")
 
-#: One fast-tokenizer call on 64 texts is where the batching benchmark (bench_batching) measured its ~1.5x gain over
+#: One fast-tokenizer call on 64 texts is where the batching benchmark (benchmarks/suites/batching.py) measured its ~1.5x gain over
 #: 64 single calls; larger batches mostly add to the slowest caller's latency, since
 #: every caller in a batch waits for the whole batch.
 DEFAULT_MAX_BATCH_SIZE = 64

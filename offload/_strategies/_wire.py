@@ -45,8 +45,9 @@ SHM_DIR = "/dev/shm"
 SHM_AVAILABLE = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 #: 256 KiB: the first design suggested starting at 1 MiB; measured round trips
-#: (`benchmarks/results/process.md`) put the arena ahead of the pipe from
-#: 256 KiB (1.35x) and level with it at 64 KiB, where it is not worth the memory.
+#: (`benchmarks/results/latest/process/process.md`) put the arena ahead of the
+#: pipe from 256 KiB and level with it at 64 KiB, where it is not worth the
+#: memory. Why: docs/decisions/0012-shared-memory-from-256-kib.md
 DEFAULT_SHM_THRESHOLD = 256 << 10
 
 _HEADER = b"S"

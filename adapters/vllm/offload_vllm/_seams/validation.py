@@ -8,7 +8,7 @@ Two members take chat messages in `input` (`EmbeddingChatInputRequest`: one
 conversation; `EmbeddingBatchChatInputRequest`: a batch of them), so a body
 of token ids is validated id by id against every message type: for 16 × 512
 ids, 60-66 ms of the loop for a body its one matching model validates in
-0.5 ms (`benchmarks/bench_pricing.py`, `benchmarks/results/pricing.md`).
+0.5 ms (`benchmarks/calibration/pricing.py`, `benchmarks/results/latest/pricing/pricing.md`).
 
 Where one value in `input` (an id, a text, a list of them) fails the type a
 chat member expects at that place by its type alone, that member cannot match: the body is
