@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from offload_vllm._image_header import MAX_STEPS, UNSIZED, read_size
 from PIL import Image, PngImagePlugin
 
+from ._images import IDAT, PNG, ZTXT, compressed_text_png, ihdr, png_chunk
+
 # Pillow warns (DecompressionBombWarning) for the large sizes some cases claim.
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 
@@ -126,20 +128,8 @@ def test_the_media_type_is_not_read_as_vllm_reads_none() -> None:
 # ---- hostile data ---------------------------------------------------------------------
 
 
-def png_chunk(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-
-def ihdr(width: int, height: int) -> bytes:
-    return png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-
-
-#: A compressed text chunk of ~1 KB that inflates to Pillow's limit per chunk (1 MiB).
-ZTXT = png_chunk(b"zTXt", b"k\x00\x00" + zlib.compress(b"a" * (1 << 20), 9))
 ITXT = png_chunk(b"iTXt", b"k\x00\x01\x00\x00\x00" + zlib.compress(b"a" * (1 << 20), 9))
 ICCP = png_chunk(b"iCCP", b"p\x00\x00" + zlib.compress(b"a" * (1 << 20), 9))
-IDAT = png_chunk(b"IDAT", zlib.compress(b"\x00" * (3 * 64 + 1) * 64))
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 class Decoded:
@@ -169,7 +159,7 @@ def no_decompression(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_compressed_chunks_are_skipped_by_their_length(before: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     """60 compressed chunks (80 KB of base64, 60 MiB inflated) after the header,
     or before it: Pillow inflates each; the reader skips each by its length."""
-    after = PNG + ihdr(64, 64) + before * 60 + IDAT + png_chunk(b"IEND", b"")
+    after = compressed_text_png(before)
     ahead = PNG + before * 60 + ihdr(64, 64) + IDAT + png_chunk(b"IEND", b"")
     expected = [pillow_size(after), pillow_size(ahead)]
     decoded = Decoded(monkeypatch)

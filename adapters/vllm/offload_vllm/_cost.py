@@ -104,7 +104,7 @@ class Images(enum.Enum):
     #: Content parts (chat messages, `/v2/embed`'s `inputs`, scoring content):
     #: the string under an `image_url` key, or under its `url`.
     PARTS = "parts"
-    #: Every string (`/v2/embed`'s `images`, an IO processor plugin's `data`).
+    #: Every string (`/v2/embed`'s `images`).
     EVERY = "every"
 
 

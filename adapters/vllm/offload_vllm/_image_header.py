@@ -95,10 +95,13 @@ def read_size(data_url: str) -> tuple[int, int] | Unsized | None:
         return None
     if (len(data_url) - comma - 1) % 4:
         return None  # vLLM decodes strictly: padding is required
-    data = _Base64Bytes(data_url, comma + 1)
-    magic = data.read(0, min(12, data.length))
+    try:
+        magic = binascii.a2b_base64(data_url[comma + 1 : comma + 17], strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
     if not magic:
         return None
+    data = _Base64Bytes(data_url, comma + 1)
     if magic.startswith(_PNG):
         return _png(data)
     if magic.startswith(b"\xff\xd8\xff"):

@@ -13,8 +13,8 @@ image before it checks that the model takes images: a 4,000² PNG cost
 0.18 s to be refused on MiniLM); `/v2/embed`'s `images`, which vLLM turns
 into such parts; and, on a multimodal model (`takes_images`) only, the
 content parts of scoring inputs (vLLM refuses them for any other model
-before loading them) and an IO processor plugin's `data`. Every other
-string, a text input beginning `data:image/` included, is its characters.
+before loading them). Every other string, a text input beginning
+`data:image/` included, is its characters.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from .renderer import prefix_installed
 #: `input` there.
 INPUT_FIELDS = ("input", "texts", "images", "inputs", "data")
 
-#: The fields of `INPUT_FIELDS` whose strings may be images, on any model and
-#: on a multimodal one (`Images`); the others are text.
+#: The fields of `INPUT_FIELDS` whose strings may be images (`Images`); the
+#: others are text. An IO processor plugin's `data` is text: the plugin reads
+#: it in a format of its own, which the adapter cannot know.
 IMAGE_FIELDS: Mapping[str, Images] = {"images": Images.EVERY, "inputs": Images.PARTS}
-MULTIMODAL_IMAGE_FIELDS: Mapping[str, Images] = {**IMAGE_FIELDS, "data": Images.EVERY}
 
 #: The keys of render parameters that hold the prompt: a completion's parsed
 #: prompt, a chat's conversation, a scoring pair.
@@ -88,9 +88,8 @@ def _inputs_cost(request: Any, multimodal: bool) -> float:
         return float(characters(messages, images=Images.PARTS) + PROMPT_COST * conversations)
     # A truncated text is tokenized only as far as its kept tokens need (prefix tokenization).
     cap = truncated_cap(getattr(request, "truncate_prompt_tokens", None)) if prefix_installed() else None
-    image_fields = MULTIMODAL_IMAGE_FIELDS if multimodal else IMAGE_FIELDS
     return sum(
-        inputs_cost(getattr(request, name, None), cap, image_fields.get(name, Images.NONE)) for name in INPUT_FIELDS
+        inputs_cost(getattr(request, name, None), cap, IMAGE_FIELDS.get(name, Images.NONE)) for name in INPUT_FIELDS
     )
 
 
