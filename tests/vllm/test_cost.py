@@ -416,6 +416,33 @@ def test_deep_nesting_is_walked_without_recursion_and_bounded() -> None:
     assert characters(nested) == 1
 
 
+def _counted(value: Any) -> int:
+    """`characters` as its docstring states it, by recursion (shallow values only)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, bool) or not isinstance(value, (int, list, dict)):
+        return 0
+    if isinstance(value, int):
+        return 1
+    return sum(_counted(child) for child in (value.values() if isinstance(value, dict) else value))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    max_leaves=60,
+)
+
+
+@given(json_values)
+def test_the_walk_counts_every_string_and_token_id(value: Any) -> None:
+    """The level-at-a-time walk counts what a recursive one would: a list
+    whose first item is an int is counted at once only if all its items are
+    (a plugin's `data` is not validated: `[1, "x" * 10**6]` counted 2)."""
+    assert characters(value) == _counted(value)
+    assert characters([1, "x" * 1000]) == 1001
+
+
 @given(st.text(max_size=300), st.lists(st.integers(0, 10**6), min_size=1, max_size=300))
 def test_the_body_floor_is_below_what_ordinary_json_costs(text: str, token_ids: list[int]) -> None:
     """The early refusal's estimate, `body_floor(bytes)`, is never more than

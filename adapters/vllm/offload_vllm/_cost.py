@@ -5,14 +5,18 @@ text is mostly ASCII, an image arrives as base64 text). Every string in a
 request's inputs counts its characters (a multimodal request's base64 images
 count theirs), every token id counts one, and every input (a text, a
 token-id list, a chat message, an image, a scoring pair) adds `PROMPT_COST`
-for the work rendering does per prompt whatever its length. An image adds
-`PIXEL_COST` per pixel, read from its header when its bytes are in the
-request (a data URL), else (an http(s) URL) `URL_IMAGE_COST`; the chat
-template and the template and processor arguments a request sends count
-their characters. A request is charged at least `body_floor` of its body's
-bytes. The estimate walks the already-parsed request once, before anything
-is rendered; the early-refusal middleware, which has not read the body
-yet, uses `body_floor` of its `Content-Length`, which is never more.
+for the work rendering does per prompt whatever its length. A string in a
+field vLLM loads images from (`Images`; which fields, `_seams/requests.py`)
+adds `image_cost`: `PIXEL_COST` per pixel, read from the image's header
+bytes when its bytes are in the request (a data URL: `_image_header`, no
+decoding), else `URL_IMAGE_COST`; any other string is text, whatever it
+begins with. The chat template and the template and processor arguments a
+request sends count their characters. A request is charged at least
+`body_floor` of its body's bytes. The estimate walks the already-parsed
+request once, on the event loop, before anything is rendered, in work
+bounded by a small constant per byte (`characters`); the early-refusal
+middleware, which has not read the body yet, uses `body_floor` of its
+`Content-Length`, which is never more.
 
 Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
