@@ -130,7 +130,8 @@ def test_a_lane_header_sent_twice_is_a_400(server: Server) -> None:
     first line was read, so the client's lane stayed in force (200). Both
     lines reach the server; it answers 400 and renders nothing."""
     before = total(scrape(server), "offload_lane_queue_wait_seconds_count")
-    for lines in (["bogus", "query"], ["query", "query"]):
+    # The client's lane first, the proxy's after it: the first was served (200).
+    for lines in (["query", "bogus"], ["query", "query"]):
         headers = [("content-type", "application/json"), *AUTH.items(), *(("X-Offload-Lane", v) for v in lines)]
         r = httpx.post(
             f"{server.url}/v1/embeddings", content=encoded(server, {"input": "x"}), headers=headers, timeout=300
