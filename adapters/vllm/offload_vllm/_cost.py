@@ -124,8 +124,9 @@ def characters(value: Any, cap: int | None = None, images: Images = Images.NONE)
 
     Walked a level at a time, without recursion and with no per-node
     allocation beyond the next level's list, so its cost per byte of the
-    request is a small constant (cheaper than vLLM's own parsing of the
-    body); deeper than `MAX_DEPTH` raises `TooDeep`."""
+    request is a small constant (below vLLM's own parsing of a body of
+    texts, token ids or nested lists; ~1.5 µs per string of an image
+    field, `_image_header`); deeper than `MAX_DEPTH` raises `TooDeep`."""
     total = 0.0
     every = images is Images.EVERY
     parts = images is Images.PARTS
