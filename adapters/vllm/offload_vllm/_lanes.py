@@ -17,7 +17,7 @@ client.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: The lane every offload executor has, whatever its `lanes=` (`offload.Executor`).
@@ -41,6 +41,10 @@ def is_lane_name(name: str) -> bool:
 
 class UnknownLane(ValueError):
     """A request names a lane the server does not take from its header (HTTP 400)."""
+
+
+class RepeatedLaneHeader(UnknownLane):
+    """A request carries `LANE_HEADER` more than once (HTTP 400)."""
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,18 @@ class LaneRouter:
                 raise UnknownLane(f"{LANE_HEADER}: {header[:64]!r} is not a lane this server takes from the header")
             return lane
         return None if route is None else self.routes.get(route)
+
+    def lane_from(self, route: str | None, headers: Sequence[str]) -> str | None:
+        """`lane_for` a request to `route` that carries `headers`, the values of
+        its `LANE_HEADER` lines. The header names one lane (RFC 9110 allows a
+        field that is not a list once): where the header may name lanes, a
+        request that carries it twice is refused, `RepeatedLaneHeader`, rather
+        than served in whichever lane the first names (a proxy that adds its own
+        line after the client's would leave the client's in force); two values
+        in one line (`a, b`) name no lane, `UnknownLane`."""
+        allowed = self.lanes if self.header_lanes is None else self.header_lanes
+        if len(headers) > 1 and allowed:
+            raise RepeatedLaneHeader(
+                f"{LANE_HEADER} is sent {len(headers)} times; a request names its lane in one {LANE_HEADER} header"
+            )
+        return self.lane_for(route, headers[0] if headers else None)

@@ -204,6 +204,9 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.config.model", "ModelConfig", "multimodal_config", "field", used_by=_S_CONFIG),
     Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_CONFIG),
     Seam("vllm.config.model", "ModelConfig", "served_model_name", "field", used_by=_S_CONFIG),
+    # Pricing: which models vLLM loads scoring inputs' images for.
+    Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "model_config", "instance", used_by=_S_REQUESTS),
+    Seam("vllm.config.model", "ModelConfig", "is_multimodal_model", used_by=_S_REQUESTS),
     Seam("vllm.config.multimodal", "MultiModalConfig", "mm_processor_cache_gb", "field", used_by=_S_CONFIG),
 )
 

@@ -141,7 +141,7 @@ def too_costly_response(cost: float, cap: float, body_bytes: int | None = None) 
 def _lane_of(policy: RequestPolicy, scope: Any) -> str | None:
     if scope is None:
         return None
-    return policy.router.lane_for(route_of(scope), Headers(scope=scope).get(LANE_HEADER))
+    return policy.router.lane_from(route_of(scope), Headers(scope=scope).getlist(LANE_HEADER))
 
 
 def _request_and_scope(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -162,7 +162,9 @@ def _admitting(
         request, scope = _request_and_scope(args, kwargs)
         try:
             lane = _lane_of(policy, scope)
-            cost = requests_seam.request_cost(request, 0 if scope is None else content_length(scope))
+            cost = requests_seam.request_cost(
+                request, 0 if scope is None else content_length(scope), multimodal=requests_seam.takes_images(self)
+            )
         except (UnknownLane, TooDeep) as exc:
             return bad_request_response(exc)
         if policy.max_request_cost is not None and cost > policy.max_request_cost:

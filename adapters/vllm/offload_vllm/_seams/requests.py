@@ -5,6 +5,16 @@ request's inputs, and its engine `priority`.
 What a request costs (`_cost.py`) is read from these fields before anything
 is rendered: a scoring request (`/score`, `/rerank`) costs its pairs, query
 × documents; any other request, the inputs in `INPUT_FIELDS`.
+
+A string is priced as an image (`_cost.image_cost`) only in a field vLLM
+loads images from (`IMAGE_FIELDS`, `_cost.Images`): a chat form's
+`image_url` content parts, on every model (vLLM's chat parser loads each
+image before it checks that the model takes images: a 4,000² PNG cost
+0.18 s to be refused on MiniLM); `/v2/embed`'s `images`, which vLLM turns
+into such parts; and, on a multimodal model (`takes_images`) only, the
+content parts of scoring inputs (vLLM refuses them for any other model
+before loading them). Every other string, a text input beginning
+`data:image/` included, is its characters.
 """
 
 from __future__ import annotations
@@ -15,9 +25,8 @@ from typing import Any
 from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequestMixin
 
 from .._cost import (
-    HTTP_URL,
     PROMPT_COST,
-    URL_IMAGE_COST,
+    Images,
     body_floor,
     characters,
     inputs_cost,
@@ -33,6 +42,11 @@ from .renderer import prefix_installed
 #: `input` there.
 INPUT_FIELDS = ("input", "texts", "images", "inputs", "data")
 
+#: The fields of `INPUT_FIELDS` whose strings may be images (`Images`); the
+#: others are text. An IO processor plugin's `data` is text: the plugin reads
+#: it in a format of its own, which the adapter cannot know.
+IMAGE_FIELDS: Mapping[str, Images] = {"images": Images.EVERY, "inputs": Images.PARTS}
+
 #: The keys of render parameters that hold the prompt: a completion's parsed
 #: prompt, a chat's conversation, a scoring pair.
 RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
@@ -44,31 +58,39 @@ RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
 
 
-def request_cost(request: Any, content_length: int = 0) -> float:
+def takes_images(serving: Any) -> bool:
+    """Whether the model `serving` (a pooling serving object) serves is
+    multimodal: vLLM loads the images of scoring inputs for it alone."""
+    return bool(serving.model_config.is_multimodal_model)
+
+
+def request_cost(request: Any, content_length: int = 0, *, multimodal: bool = False) -> float:
     """What rendering `request` costs, in characters (`_cost.py`), read from its
     fields alone: cheap, and before anything is rendered; at least `body_floor`
-    of `content_length`, its body's bytes. Raises `TooDeep` for inputs nested
-    past `MAX_DEPTH`."""
-    cost = _inputs_cost(request) + sum(characters(getattr(request, name, None)) for name in TEMPLATE_FIELDS)
+    of `content_length`, its body's bytes. `multimodal`: the model takes
+    images (`takes_images`). Raises `TooDeep` for inputs nested past `MAX_DEPTH`."""
+    cost = _inputs_cost(request, multimodal) + sum(
+        characters(getattr(request, name, None)) for name in TEMPLATE_FIELDS
+    )
     return max(cost, body_floor(content_length))
 
 
-def _inputs_cost(request: Any) -> float:
+def _inputs_cost(request: Any, multimodal: bool) -> float:
+    scoring_images = Images.PARTS if multimodal else Images.NONE
     if isinstance(request, RerankRequest):
-        return pairs_cost(request.query, request.documents)
+        return pairs_cost(request.query, request.documents, scoring_images)
     if isinstance(request, ScoringRequestMixin):  # every form of ScoreRequest names its sides so
-        return pairs_cost(request.data_1, request.data_2)  # type: ignore[attr-defined]
+        return pairs_cost(request.data_1, request.data_2, scoring_images)  # type: ignore[attr-defined]
     messages = getattr(request, "messages", None)
     if messages is not None:
         # One conversation (a list of messages), or a batch of them (a list of lists).
         conversations = len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1
-        return float(characters(messages) + PROMPT_COST * conversations)
+        return float(characters(messages, images=Images.PARTS) + PROMPT_COST * conversations)
     # A truncated text is tokenized only as far as its kept tokens need (prefix tokenization).
     cap = truncated_cap(getattr(request, "truncate_prompt_tokens", None)) if prefix_installed() else None
-    cost = sum(inputs_cost(getattr(request, name, None), cap) for name in INPUT_FIELDS)
-    # `/v2/embed`'s `images` are URLs: one fetched over http(s) is priced before it is.
-    images = getattr(request, "images", None) or ()
-    return cost + URL_IMAGE_COST * sum(1 for url in images if isinstance(url, str) and url.startswith(HTTP_URL))
+    return sum(
+        inputs_cost(getattr(request, name, None), cap, IMAGE_FIELDS.get(name, Images.NONE)) for name in INPUT_FIELDS
+    )
 
 
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
@@ -77,7 +99,12 @@ def render_params_cost(render_params: Mapping[str, Any]) -> float:
     cap = None
     if "prompts" in render_params and prefix_installed():
         cap = truncated_cap(getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None))
-    return float(sum(characters(render_params.get(key), cap) for key in RENDER_INPUT_KEYS) + PROMPT_COST)
+    # A chat's conversation and a scoring pair's content parts reach rendering
+    # only where vLLM loads their images (a scoring side's parts are refused
+    # before for a model that takes none): priced as parts.
+    return float(
+        sum(characters(render_params.get(key), cap, Images.PARTS) for key in RENDER_INPUT_KEYS) + PROMPT_COST
+    )
 
 
 def prompt_cost(prompt: Any, tok_params: Any) -> float:
