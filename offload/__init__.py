@@ -7,6 +7,7 @@ uvloop and trio. Writing a strategy: `offload.strategy`.
 
 from . import strategy as strategy
 from ._call import Call as Call
+from ._call import collect_call_times as collect_call_times
 from ._calling import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
@@ -38,6 +39,7 @@ __all__ = [
     "OffloadError",
     "Overloaded",
     "WorkerCrashed",
+    "collect_call_times",
     "get_executor",
     "make_async",
     "metrics_enabled",
