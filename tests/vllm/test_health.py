@@ -4,6 +4,8 @@ server in its thread. End to end, on a real server: `test_operations.py`."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +16,13 @@ from collections.abc import Iterator
 import anyio
 import httpx
 import pytest
-from offload_vllm._health import ENGINE_CHECK_INTERVAL_S, HealthServer, HealthState, keep_current
+from offload_vllm._health import (
+    ENGINE_CHECK_INTERVAL_S,
+    HealthServer,
+    HealthState,
+    _mark_draining_on_sigterm,
+    keep_current,
+)
 
 import offload
 
@@ -174,3 +182,26 @@ def test_free_port_helper_is_bindable_by_the_health_server() -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
     finally:
         server.close()
+
+
+def test_sigterm_marks_draining_and_still_does_what_it_did() -> None:
+    """The handler set over the one before (vLLM's, through the event loop)
+    marks readiness draining and calls it too; set once, however often asked."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        state = HealthState(1.0)
+        _mark_draining_on_sigterm(state)
+        installed = signal.getsignal(signal.SIGTERM)
+        _mark_draining_on_sigterm(state)
+        assert signal.getsignal(signal.SIGTERM) is installed
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not seen:  # the handler runs on the main thread, between bytecodes
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert state.draining
+        assert seen == [signal.SIGTERM]
+        assert state.readiness(time.monotonic())[1]["reason"] == "shutting down"
+    finally:
+        signal.signal(signal.SIGTERM, previous)

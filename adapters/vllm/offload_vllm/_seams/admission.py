@@ -105,6 +105,9 @@ class RequestPolicy:
     max_request_cost: float | None = None
 
 
+# One answer per `Retry-After` value (1 to its cap), built once: under a flood
+# of refusals, building vLLM's error body each time would cost the loop.
+@functools.lru_cache(maxsize=64)
 def overflow_response(retry_after: int) -> JSONResponse:
     """vLLM's own queue-overflow answer (status, body), plus `Retry-After`."""
     error = create_error_response(QueueOverflowError())  # type: ignore[no-untyped-call]
