@@ -125,7 +125,7 @@ def markdown(result: dict[str, Any]) -> str:
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks.bench_overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
-        f"{CLIENTS} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
+        f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
         f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
         "<!-- --8<-- [end:meta] -->",
         "",
@@ -162,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a refused client waits Retry-After times this before its next request",
     )
     p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
     p.add_argument(
         "--compare-retry-after", action="store_true",
         help="the bounded server alone: clients honouring its Retry-After against clients waiting a constant 1 s",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    clients = 16 if args.smoke else CLIENTS
+    clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
     if args.compare_retry_after:
         return compare_retry_after(args, argv, clients, pairs, seconds)

@@ -40,10 +40,15 @@ def test_a_steady_rate_reads_as_itself_and_decays_once_nothing_is_served() -> No
         rate.add(100.0, clock.now)
     assert rate.per_second(clock.now) == pytest.approx(1000.0, rel=0.05)
     young = _Rate()
-    for _ in range(5):  # half a second old
+    for _ in range(20):  # 10 a second, for 2 s
         clock.now += 0.1
         young.add(1.0, clock.now)
-    assert young.per_second(clock.now) == pytest.approx(10.0, rel=0.3)  # 5 events over 0.4 s
+    assert young.per_second(clock.now) == pytest.approx(10.0, rel=0.1)
+    burst = _Rate()
+    for _ in range(100):  # a hundred within 10 ms: over a second, not over 10 ms
+        clock.now += 0.0001
+        burst.add(1.0, clock.now)
+    assert burst.per_second(clock.now) == pytest.approx(100.0, rel=0.01)
     clock.now += RATE_TIME_CONSTANT_S
     assert rate.per_second(clock.now) < 1000.0 / 2
 

@@ -27,6 +27,11 @@ from ._lanes import DEFAULT_LANE
 #: the server half a minute on.
 RETRY_AFTER_CAP_S = 30
 
+#: The shortest span a rate is measured over, in seconds: the first refusals
+#: of a flood come together (a hundred clients within milliseconds), and as a
+#: rate over their few milliseconds they would read as thousands a second.
+RATE_MIN_SPAN_S = 1.0
+
 #: The time constant of the served-rate average, in seconds: long enough to
 #: span many requests of a flood (a few hundred at tens a second), short
 #: enough that a change of load shows within a probe period or two.
@@ -54,14 +59,14 @@ class _Rate:
 
     def per_second(self, now: float) -> float:
         """Amount per second: the decayed total over the decayed time it spans
-        (`tau * (1 - exp(-age / tau))`), so a steady rate reads as itself
-        however young the average (over its age, when much younger than
-        `tau`); 0 before any event."""
+        (`tau * (1 - exp(-age / tau))`, at least `RATE_MIN_SPAN_S`), so a
+        steady rate reads as itself however young the average (over its age,
+        when much younger than `tau`); 0 before any event."""
         if self.first is None:
             return 0.0
         tau = RATE_TIME_CONSTANT_S
         decayed = self.total * math.exp(-(now - self.last) / tau)
-        return decayed / max(tau * -math.expm1(-(now - self.first) / tau), 1e-3)
+        return decayed / max(tau * -math.expm1(-(now - self.first) / tau), RATE_MIN_SPAN_S)
 
 
 @final
