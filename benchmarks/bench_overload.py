@@ -85,7 +85,9 @@ async def _level(
                 if status == 200:
                     accepted.append(time.perf_counter() - t0)
                 elif status == 503:
-                    await asyncio.sleep(retry_after * retry_fraction)
+                    # Not past the level's end: a wait there would only stretch
+                    # its wall time (and so lower its accepted/s) without a request.
+                    await asyncio.sleep(min(retry_after * retry_fraction, max(0.0, stop - time.perf_counter())))
 
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - start
