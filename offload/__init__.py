@@ -27,6 +27,7 @@ admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push
 from . import strategy as strategy
 from ._admission import Admission as Admission
 from ._call import Call as Call
+from ._call import collect_call_times as collect_call_times
 from ._caller import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
@@ -57,6 +58,7 @@ __all__ = [
     "OffloadError",
     "Overloaded",
     "WorkerCrashed",
+    "collect_call_times",
     "get_executor",
     "make_async",
     "metrics_enabled",

@@ -123,6 +123,22 @@ class Bounds:
             why = self._refuses(count, self._held_units(count, cost), whole=False)
             return None if why is None else self._overloaded(why, lane)
 
+    def cost_to_admit(self, cost: float, lane: Lane) -> float | None:
+        """How much queued cost must leave before a unit of work of `cost` in
+        `lane` passes `max_queued_cost` by `_refuses`' rule (either the total
+        or the lane's share gets room: the smaller excess); 0 when it would
+        pass now, `None` without a cost bound. What a computed `Retry-After`
+        waits for."""
+        count = self._lanes[lane]
+        bound, share = self._max_units, count.share_units
+        if bound is None or share is None:
+            return None
+        with self._lock:
+            units = self._held_units(count, cost)
+            total_excess = self._units + units - bound
+            lane_excess = count.units + units - share
+        return from_units(max(0, min(total_excess, lane_excess)))
+
     # ---- the rule ----------------------------------------------------------------
 
     def _refuses(self, lane: _LaneCount, units: int, *, whole: bool) -> str | None:

@@ -9,11 +9,12 @@ every strategy (queue wait and run time come from them).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._worker_state import _NO_STATE, _swap_state
@@ -57,6 +58,36 @@ def _reset_lock_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
     os.register_at_fork(after_in_child=_reset_lock_in_child)
+
+
+#: `(queued_at, started_at, finished_at)` of one finished call (`time.perf_counter()`).
+CallTimes = tuple[float, float, float]
+
+_call_times: contextvars.ContextVar[list[CallTimes] | None] = contextvars.ContextVar(
+    "offload_call_times", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_call_times() -> Iterator[list[CallTimes]]:
+    """Within the block, every call made in this context (by `run`, `submit`
+    or an `Executor.options` front, under any strategy) appends its
+    `(queued_at, started_at, finished_at)` (`time.perf_counter()`, taken in
+    this process) to the list it yields, once it finishes; a call withdrawn
+    before it started appends nothing.
+
+    For a server that decomposes a request's time (how long its calls waited
+    for a worker, how long they ran). Calls append from their workers'
+    threads, possibly after the block ended (a call still running when its
+    caller left); read the list on the caller's side once its calls are
+    awaited. A task started inside the block inherits it (its context is a
+    copy), as `contextvars` do. Blocks nest: the innermost list collects."""
+    times: list[CallTimes] = []
+    token = _call_times.set(times)
+    try:
+        yield times
+    finally:
+        _call_times.reset(token)
 
 
 class Call(Generic[T]):
@@ -118,6 +149,7 @@ class Call(Generic[T]):
         "queued_at",
         "started_at",
         "stopped_by",
+        "times",
         "tracker",
     )
 
@@ -142,6 +174,9 @@ class Call(Generic[T]):
         self.queued_at = time.perf_counter()
         self.started_at = 0.0
         self.finished_at = 0.0
+        #: Where it reports its times once finished (`collect_call_times`), read
+        #: here, in its caller's context.
+        self.times = _call_times.get()
         #: `time.perf_counter()` after which the call must not start (`None`: no deadline).
         self.deadline: float | None = None
         #: Told of every state change (admission counts, metrics); set by the executor.
@@ -270,6 +305,8 @@ class Call(Generic[T]):
     def _finish(self) -> None:
         self.finished_at = time.perf_counter()
         self._state = FINISHED
+        if self.times is not None:
+            self.times.append((self.queued_at, self.started_at, self.finished_at))
         if self.tracker is not None:
             self.tracker.finished(self)
         self._notify()

@@ -261,6 +261,17 @@ class Executor(concurrent.futures.Executor):
         tracker = self._tracker
         return 0.0 if tracker is None else tracker.bounds.lane_queued_cost(chosen)
 
+    def cost_to_admit(self, *, cost: float = 1.0, lane: str | None = None) -> float | None:
+        """How much queued cost must leave (start, or be withdrawn) before
+        `admission(cost=cost, lane=lane)` passes `max_queued_cost`, by the
+        same rule as `would_refuse`: 0 when it would pass now, `None` where
+        no cost bound is set. A snapshot, like `would_refuse`. Raises
+        `ConfigError` for a bad cost or an unknown lane."""
+        cost = check_cost(cost)
+        chosen = self._lanes.lane(lane)
+        tracker = self._tracker
+        return None if tracker is None else tracker.bounds.cost_to_admit(cost, chosen)
+
     def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
         """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
         now (by the per-lane rule: docs/lanes.md, "Admission by cost").

@@ -433,6 +433,10 @@ async def test_each_lane_is_admitted_up_to_its_share_of_the_cost_bound(strategy:
             assert ex.would_refuse(lane="query")
             assert ex.would_refuse(lane="bulk", cost=0.5)
             assert not ex.would_refuse(lane="default", cost=2)  # its share is untouched
+            # what must drain first: the smaller of the total's and the lane's excess
+            assert ex.cost_to_admit(lane="query") == 1  # its share: 8 + 1 - 8
+            assert ex.cost_to_admit(lane="bulk", cost=0.5) == 8.5  # the total: 20 + 0.5 - 12
+            assert ex.cost_to_admit(lane="default", cost=2) == 0
             with pytest.raises(offload.ConfigError, match="unknown lane 'nope'"):
                 ex.would_refuse(lane="nope")
             gate.touch()

@@ -10,8 +10,14 @@ A client refused with 503 waits the `Retry-After` it got, times
 `--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
 more pressure on), and sends its next request.
 
+`--compare-retry-after` runs the bounded server alone, its levels alternating
+between clients that honour its computed `Retry-After` and clients that wait
+a constant 1 s whatever it says (what the header said before it was
+computed): refused attempts and accepted requests/s, per pair.
+
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
+    python -m benchmarks overload --compare-retry-after --clients 512
 
 Writes overload.json and overload.md into --out (default benchmarks/results/).
 """
@@ -48,7 +54,8 @@ MAX_QUEUE = 30
 
 
 async def _level(
-    url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+    url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
+    constant_retry_s: float | None = None,
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -71,11 +78,15 @@ async def _level(
                     await resp.read()
                     status = resp.status
                     retry_after = float(resp.headers.get("Retry-After", "0") or 0)
+                    if constant_retry_s is not None:
+                        retry_after = constant_retry_s
                 statuses[status] = statuses.get(status, 0) + 1
                 if status == 200:
                     accepted.append(time.perf_counter() - t0)
                 elif status == 503:
-                    await asyncio.sleep(retry_after * retry_fraction)
+                    # Not past the level's end: a wait there would only stretch
+                    # its wall time (and so lower its accepted/s) without a request.
+                    await asyncio.sleep(min(retry_after * retry_fraction, max(0.0, stop - time.perf_counter())))
 
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - start
@@ -90,11 +101,12 @@ async def _level(
 
 
 def run_level(
-    base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0
+    base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
+    constant_retry_s: float | None = None,
 ) -> dict[str, Any]:
     with load.HealthProber(base_url) as prober:
         result = asyncio.run(
-            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction)
+            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s)
         )
     result["health"] = prober.summary()
     return result
@@ -114,7 +126,7 @@ def markdown(result: dict[str, Any]) -> str:
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
-        f"{CLIENTS} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
+        f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
         f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
         "<!-- --8<-- [end:meta] -->",
         "",
@@ -151,10 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         help="a refused client waits Retry-After times this before its next request",
     )
     p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
+    p.add_argument(
+        "--compare-retry-after", action="store_true",
+        help="the bounded server alone: clients honouring its Retry-After against clients waiting a constant 1 s",
+    )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
-    clients = 16 if args.smoke else CLIENTS
+    clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
+    if args.compare_retry_after:
+        return compare_retry_after(args, argv, clients, pairs, seconds)
     configs = {
         "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
         f"max_queue={MAX_QUEUE}": ServerConfig(
@@ -202,6 +221,53 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "overload.json").write_text(json.dumps(result, indent=2))
     (args.out / "overload.md").write_text(markdown(result))
     print(f"wrote the results into {args.out}")
+    return 0
+
+
+#: The `Retry-After` every server sent before it was computed, and what the
+#: constant clients of `--compare-retry-after` wait.
+CONSTANT_RETRY_S = 1.0
+
+
+def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int, pairs: int, seconds: float) -> int:
+    """Levels alternating on the bounded server: clients honouring its
+    `Retry-After` ("computed") and clients waiting `CONSTANT_RETRY_S` ("constant")."""
+    config = ServerConfig(
+        f"max_queue={MAX_QUEUE}", STRATEGY,
+        env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
+    )
+    rows: dict[str, list[dict[str, Any]]] = {"computed": [], "constant": []}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
+        servers = stack.enter_context(
+            running_servers(
+                {"bounded": config.eager() if args.smoke else config}, model,
+                {"bounded": args.out / "logs" / "overload-retry-after.log"},
+            )
+        )
+        url = servers["bounded"][0]
+        make_payload = workloads.long_text_factory(str(model))
+        asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))  # warm-up
+        for pair in range(pairs):
+            for name in (["computed", "constant"] if pair % 2 == 0 else ["constant", "computed"]):
+                constant = CONSTANT_RETRY_S if name == "constant" else None
+                level = run_level(url, clients, make_payload, seconds, 1.0, constant)
+                rows[name].append(level)
+                print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
+    refused = [
+        c["statuses"].get("503", 0) / k["statuses"].get("503", 1) for c, k in zip(rows["computed"], rows["constant"], strict=True)
+    ]
+    accepted = [c["accepted_per_s"] / k["accepted_per_s"] for c, k in zip(rows["computed"], rows["constant"], strict=True)]
+    summary = (
+        f"`python -m benchmarks overload {' '.join(argv)}`: {clients} clients, {pairs} pairs of {seconds:g} s "
+        f"levels on one server (max_queue={MAX_QUEUE}); computed / constant {CONSTANT_RETRY_S:g} s Retry-After, "
+        f"per pair: refused attempts {_interval(refused)}; accepted/s {_interval(accepted)}."
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overload-retry-after.json").write_text(
+        json.dumps({"argv": argv, "rows": rows, "refused_ratio": refused, "accepted_ratio": accepted}, indent=2)
+    )
+    print(summary)
     return 0
 
 

@@ -120,6 +120,13 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_EXPRESS_COST": "16k"}, "is not a cost"),
         ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_EXPRESS_COST": "256"}, "has no effect with strategy 'inline'"),
         ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_EXPRESS_COST": "256"}, "it has no express worker"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "0"}, "OFFLOAD_VLLM_HEALTH_PORT='0' is not a port"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "65536"}, "is not a port"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "http"}, "is not a port"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "-1"}, "is not a port"),
+        ({"OFFLOAD_VLLM_HEALTH_PORT": "8081"}, "OFFLOAD_VLLM_HEALTH_PORT=8081 has no effect with no strategy set"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "8081", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "0"}, "OFFLOAD_VLLM_HEALTH_MAX_STALL='0'"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "3"}, "OFFLOAD_VLLM_HEALTH_MAX_STALL has no effect without OFFLOAD_VLLM_HEALTH_PORT"),
     ],
 )
 def test_bad_values_name_themselves(env: dict[str, str], message: str) -> None:
@@ -148,6 +155,8 @@ VALID = {
     "OFFLOAD_VLLM_INLINE_COST": ("256", {"OFFLOAD_VLLM_STRATEGY": "process"}),
     "OFFLOAD_VLLM_EXPRESS_COST": ("16384", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_VALIDATION_SHORTCUT": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_HEALTH_PORT": ("8081", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
+    "OFFLOAD_VLLM_HEALTH_MAX_STALL": ("2.5", {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "8081"}),
     "OFFLOAD_VLLM_PREFIX_TOKENIZE": ("0", {"OFFLOAD_VLLM_STRATEGY": "thread"}),
     "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": ("0", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
     "OFFLOAD_VLLM_BATCH_WAIT": ("0.002", {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}),
@@ -271,7 +280,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
         "OFFLOAD_VLLM_WORKERS, OFFLOAD_VLLM_MAX_QUEUE, OFFLOAD_VLLM_MAX_QUEUED_COST, OFFLOAD_VLLM_SCHEDULING, "
         "OFFLOAD_VLLM_LANES, OFFLOAD_VLLM_LANE_ROUTES, OFFLOAD_VLLM_LANE_HEADER, OFFLOAD_VLLM_MAX_REQUEST_COST, "
         "OFFLOAD_VLLM_ENGINE_PRIORITY, OFFLOAD_VLLM_RAY_ADDRESS, "
-        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_EXPRESS_COST, OFFLOAD_VLLM_VALIDATION_SHORTCUT, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
+        "OFFLOAD_VLLM_WORKER_NICE, OFFLOAD_VLLM_INLINE_COST, OFFLOAD_VLLM_EXPRESS_COST, OFFLOAD_VLLM_VALIDATION_SHORTCUT, OFFLOAD_VLLM_HEALTH_PORT, OFFLOAD_VLLM_HEALTH_MAX_STALL, OFFLOAD_VLLM_PREFIX_TOKENIZE, OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS, OFFLOAD_VLLM_BATCH_WAIT (and the old names VLLM_OFFLOAD_STRATEGY, VLLM_OFFLOAD_WORKERS, VLLM_OFFLOAD_MAX_QUEUE, "
         "VLLM_OFFLOAD_RAY_ADDRESS)"
     )
 
@@ -626,6 +635,17 @@ def test_prefix_tokenization_and_cross_request_batching_are_on_unless_turned_off
         read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS": "0"})
     with pytest.raises(OffloadVLLMConfigError, match="is not a switch"):
         read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "maybe"})
+
+
+def test_health_port_and_its_bound_are_read() -> None:
+    settings = read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "8081"})
+    assert (settings.health_port, settings.health_max_stall) == (8081, 5.0)
+    assert "health_port=8081 health_max_stall=5s" in settings.summary()
+    settings = read_settings(
+        {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "8081", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "2.5"}
+    )
+    assert settings.health_max_stall == 2.5
+    assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread"}).health_port is None
 
 
 def test_the_validation_shortcut_is_on_unless_turned_off() -> None:

@@ -47,7 +47,7 @@ async def echo(request: Request) -> JSONResponse:
 def app_with(executor: offload.Executor, root_path: str = "", max_request_cost: float | None = None) -> httpx.AsyncClient:
     app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions")])
     policy = RequestPolicy(
-        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=1,
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=lambda executor, lane, cost: 1,
         max_request_cost=max_request_cost,
     )
     app.add_middleware(RefuseWhenFull, policy=policy)

@@ -39,11 +39,6 @@ logger = logging.getLogger("vllm.offload_vllm")
 
 _active: Settings | None = None
 
-#: `Retry-After` on a 503 for a full queue: the smallest whole number of seconds
-#: the header allows; a queue of a few-millisecond renders drains far sooner.
-RETRY_AFTER_SECONDS = 1
-
-
 def active_strategy() -> str | None:
     """The strategy `register` applied in this process, or `None` (vLLM's own behaviour)."""
     return None if _active is None else _active.strategy
@@ -85,20 +80,42 @@ def register() -> None:
     from ._seams import require_supported_vllm
 
     version = require_supported_vllm()
+    from ._config import HEALTH_PORT_ENV
+    from ._health import Health
+    from ._phases import TimePhases
+    from ._retry_after import DrainRates
     from ._runtime import Runtime
     from ._seams import admission, io_processor, offline, serving, validation
+    from ._seams import app as app_seam
 
     # async-renderer's window is spent only while other requests are in flight.
     in_flight = admission.RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
+    rates = DrainRates()
     policy = admission.RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
         engine_priority=settings.engine_priority,
-        retry_after=RETRY_AFTER_SECONDS,
+        retry_after=rates.retry_after,
+        served=rates.served,
         max_request_cost=settings.max_request_cost,
     )
     admission.install(policy)
+    health = (
+        None
+        if settings.health_port is None
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
+    )
+
+    def app_built(args: Any, app: Any) -> None:
+        # Bound here, while vLLM builds its app: a port that cannot be had
+        # stops the server at start, naming the setting.
+        if health is not None:
+            health.bind(app_seam.host(args))
+        app.add_middleware(TimePhases)
+
+    # Before the door's: its middleware is added outside this one's (`_seams/app.py`).
+    app_seam.install(app_built)
     if settings.validation_shortcut:
         validation.install()
     admission.install_door(
@@ -113,6 +130,8 @@ def register() -> None:
 
     def serving_built(serving_object: Any) -> Any:
         admission.cover(type(serving_object))
+        if health is not None:
+            health.watch(runtime.current_executor, serving_object.engine_client)
         return runtime.postprocess(serving_object)
 
     from ._seams import renderer as renderer_seam

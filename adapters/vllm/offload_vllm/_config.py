@@ -38,6 +38,8 @@ WORKER_NICE_ENV = "OFFLOAD_VLLM_WORKER_NICE"
 INLINE_COST_ENV = "OFFLOAD_VLLM_INLINE_COST"
 EXPRESS_COST_ENV = "OFFLOAD_VLLM_EXPRESS_COST"
 VALIDATION_SHORTCUT_ENV = "OFFLOAD_VLLM_VALIDATION_SHORTCUT"
+HEALTH_PORT_ENV = "OFFLOAD_VLLM_HEALTH_PORT"
+HEALTH_MAX_STALL_ENV = "OFFLOAD_VLLM_HEALTH_MAX_STALL"
 FALLBACK_STRATEGY_ENV = "OFFLOAD_STRATEGY"
 # ---- tokenization settings (prefix tokenization, cross-request batching) ----
 PREFIX_TOKENIZE_ENV = "OFFLOAD_VLLM_PREFIX_TOKENIZE"
@@ -58,6 +60,13 @@ DEFAULT_INLINE_COST = 1024.0
 #: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
 #: strategy rules, at most a quarter of the costliest call running.
 DEFAULT_EXPRESS_COST = 16384.0
+
+#: Seconds the event loop may go without turning before the health port's
+#: liveness answers 503 (`OFFLOAD_VLLM_HEALTH_MAX_STALL`): far above any stall
+#: offload leaves on the loop (milliseconds), and above the 4.8 s a single 5 MB
+#: request froze vLLM's own `/health` for (vLLM issue 24910), which a loop
+#: without offload may still do once; a loop stuck longer serves nobody.
+DEFAULT_HEALTH_MAX_STALL_S = 5.0
 
 SCHEDULING = ("fair", "fifo")
 _TRUE = ("1", "true", "yes", "on")
@@ -235,6 +244,16 @@ def _parse_batch_wait(name: str, raw: str) -> float:
     return seconds
 
 
+def _parse_port(name: str, raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 65535:
+        raise OffloadVLLMConfigError(f"{name}={raw!r} is not a port; give a TCP port number from 1 to 65535")
+    return int(raw)
+
+
+def _parse_max_stall(name: str, raw: str) -> float:
+    return _parse_positive(name, raw, "the seconds the event loop may go without turning")
+
+
 def _parse_text(name: str, raw: str) -> str:
     return raw
 
@@ -330,6 +349,8 @@ OPTIONS = (
         "it has no express worker (thread and process have one)",
     ),
     Option(VALIDATION_SHORTCUT_ENV, "--offload-validation-shortcut", "1|0", _parse_switch),
+    Option(HEALTH_PORT_ENV, "--offload-health-port", "PORT", _parse_port),
+    Option(HEALTH_MAX_STALL_ENV, "--offload-health-max-stall", "SECONDS", _parse_max_stall),
     *_TOKENIZATION_OPTIONS,
 )
 
@@ -388,6 +409,10 @@ class Settings:
     #: `/v1/embeddings` validates a body without the chat-input models a value
     #: in its `input` rules out (`_seams/validation.py`).
     validation_shortcut: bool = True
+    #: The port of the health endpoints served off the event loop (`_health.py`); `None`: none.
+    health_port: int | None = None
+    #: Seconds the loop may go without turning before liveness fails.
+    health_max_stall: float = DEFAULT_HEALTH_MAX_STALL_S
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
     prefix_tokenize: bool = True
@@ -462,6 +487,8 @@ class Settings:
             parts.append("engine_priority=on")
         if not self.validation_shortcut:
             parts.append("validation_shortcut=off")
+        if self.health_port is not None:
+            parts.append(f"health_port={self.health_port} health_max_stall={self.health_max_stall:g}s")
         if not self.prefix_tokenize:
             parts.append("prefix_tokenize=off")
         if not self.batch_across_requests:
@@ -592,6 +619,10 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         _check_applies(option, strategy, name, shown)
         values[option.env] = value
 
+    if HEALTH_MAX_STALL_ENV in values and HEALTH_PORT_ENV not in values:
+        raise OffloadVLLMConfigError(
+            f"{HEALTH_MAX_STALL_ENV} has no effect without {HEALTH_PORT_ENV}; set the health port, or unset it"
+        )
     lanes: tuple[tuple[str, float], ...] = values.get(LANES_ENV, ())
     lane_routes: tuple[tuple[str, str], ...] = values.get(LANE_ROUTES_ENV, ())
     known_lanes = {DEFAULT_LANE, *dict(lanes)}
@@ -625,6 +656,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         inline_cost_setting=values.get(INLINE_COST_ENV),
         express_cost_setting=values.get(EXPRESS_COST_ENV),
         validation_shortcut=values.get(VALIDATION_SHORTCUT_ENV, True),
+        health_port=values.get(HEALTH_PORT_ENV),
+        health_max_stall=values.get(HEALTH_MAX_STALL_ENV, DEFAULT_HEALTH_MAX_STALL_S),
         prefix_tokenize=values.get(PREFIX_TOKENIZE_ENV, True),
         batch_across_requests=values.get(BATCH_ACROSS_REQUESTS_ENV, True),
         batch_wait=values.get(BATCH_WAIT_ENV),

@@ -16,6 +16,7 @@ import offload
 
 from ._config import ENGINE_PRIORITY_ENV, OffloadVLLMConfigError, Settings
 from ._offline import OfflineRenderExecutor
+from ._phases import timing_response
 from ._placements import Placement, placement_class
 from ._seams import config as config_seam
 from ._seams.io_processor import RenderAll, RenderAsync
@@ -160,7 +161,7 @@ class Runtime:
         """A new serving object's `_postprocessing_async` (`_seams/serving.py`)."""
         placement = self.placement(serving.vllm_config)
         self._announce(f"{type(serving).__name__}._postprocessing_async")
-        return placement.postprocess_async(serving)
+        return timing_response(placement.postprocess_async(serving))
 
     def offline_executor(self, vllm_config: Any) -> concurrent.futures.Executor:
         """An offline `LLM`'s render executor (`_seams/offline.py`)."""

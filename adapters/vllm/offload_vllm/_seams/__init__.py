@@ -159,6 +159,9 @@ REQUIRED: tuple[Seam, ...] = (
     # Looked up in the module that calls it: the adapter replaces that binding.
     Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_ADMISSION),
     Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_VALIDATION),
+    Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by="_seams/app.py"),
+    # The health endpoints' engine check: the one vLLM's `/health` awaits.
+    Seam("vllm.engine.protocol", "EngineClient", "check_health", used_by="_seams/engine.py"),
     # `/v1/embeddings`' body union, and its members that take chat messages in `input`.
     Seam(_EMBED_PROTOCOL, None, "EmbeddingRequest", used_by=_S_VALIDATION),
     *(

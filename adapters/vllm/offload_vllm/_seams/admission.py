@@ -15,7 +15,8 @@ cost (`_cost.py`, read from its fields) in its lane (`_lanes.py`). A request
 that finds the executor full (`OFFLOAD_VLLM_MAX_QUEUE`,
 `OFFLOAD_VLLM_MAX_QUEUED_COST`) is answered at once: HTTP 503 with the JSON
 body vLLM gives its own `QueueOverflowError` (`--max-num-queued-reqs`) and a
-`Retry-After` header. Once admitted, its render and post-processing calls
+`Retry-After` header computed from the rate its lane has been served
+(`_retry_after.py`). Once admitted, its render and post-processing calls
 are one flow of its lane, never refused, so no request is dropped halfway
 through its work. It holds one place in the executor's count until its
 response is built (rendering, engine and post-processing), so requests in
@@ -52,6 +53,7 @@ from vllm.exceptions import QueueOverflowError
 
 import offload
 
+from .. import _phases as phases
 from .._cost import TooDeep, body_floor
 from .._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
 from .._priority import engine_priority
@@ -98,12 +100,19 @@ class RequestPolicy:
     router: LaneRouter
     #: Set each request's engine priority from its cost and lane.
     engine_priority: bool
-    #: The `Retry-After` of a 503, in seconds.
-    retry_after: int
+    #: The `Retry-After` of a 503, in seconds, for `(executor, lane, cost)`
+    #: of the request refused (`_retry_after.DrainRates.retry_after`).
+    retry_after: Callable[[offload.Executor, str | None, float], int]
+    #: Told `(lane, cost)` of each admitted request once it is answered (its
+    #: admission ended): what the `Retry-After` is measured from.
+    served: Callable[[str | None, float], None] = lambda lane, cost: None
     #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
     max_request_cost: float | None = None
 
 
+# One answer per `Retry-After` value (1 to its cap), built once: under a flood
+# of refusals, building vLLM's error body each time would cost the loop.
+@functools.lru_cache(maxsize=64)
 def overflow_response(retry_after: int) -> JSONResponse:
     """vLLM's own queue-overflow answer (status, body), plus `Retry-After`."""
     error = create_error_response(QueueOverflowError())  # type: ignore[no-untyped-call]
@@ -176,8 +185,10 @@ def _admitting(
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
-                return overflow_response(policy.retry_after)
+                return overflow_response(policy.retry_after(executor, lane, cost))
+            held.callback(policy.served, lane, cost)
             held.callback(_admitted.reset, _admitted.set(admitted))
+            phases.admitted(lane)
             return await original(self, *args, **kwargs)
 
     setattr(__call__, _MARK, True)
@@ -240,7 +251,6 @@ class RefuseWhenFull:
     def __init__(self, app: Any, policy: RequestPolicy) -> None:
         self.app = app
         self._policy = policy
-        self._refusal = overflow_response(policy.retry_after)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         executor = self._policy.executor_of()
@@ -260,7 +270,7 @@ class RefuseWhenFull:
                 with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass
             except offload.Overloaded:
-                await self._refusal(scope, receive, send)
+                await overflow_response(self._policy.retry_after(executor, lane, cost))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

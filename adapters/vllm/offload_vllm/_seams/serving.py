@@ -25,6 +25,7 @@ from vllm.entrypoints.pooling.base.serving import (
     PoolingBaseServing,
 )
 
+from .. import _phases as phases
 from .._cost import POSTPROCESS_COST_PER_VALUE
 from . import io_processor as io_processor_seam
 
@@ -88,8 +89,9 @@ def install_preprocessing(done: Callable[[], None]) -> None:
         finally:
             done()
 
-    _preprocessing.__offload_vllm__ = True  # type: ignore[attr-defined]
-    PoolingBaseServing._preprocessing = _preprocessing  # type: ignore[method-assign]
+    timed = phases.timing_render(_preprocessing)
+    timed.__offload_vllm__ = True  # type: ignore[attr-defined]
+    PoolingBaseServing._preprocessing = timed  # type: ignore[method-assign]
 
 
 def postprocess(serving: Any, io_processor: Any, ctx: Any) -> Any:

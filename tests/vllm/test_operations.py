@@ -1,0 +1,197 @@
+"""What operators plug in, on a real server: the health port (liveness and
+readiness off the event loop), the computed `Retry-After`, the request phase
+histograms, and the Grafana dashboard's metrics.
+
+One `thread` server of its own (one worker, a cost bound, the health port, a
+test middleware that blocks the loop on request): the settings are the
+subject. Its last test kills its engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ._server import Server, free_port, scrape, servers_started, start_server, total
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "adapters" / "vllm" / "grafana" / "offload.json"
+MAX_QUEUED_COST = 20_000
+MAX_STALL_S = 2.0
+PHASES = ("door", "worker_wait", "render", "engine", "response")
+# Holds the one worker for seconds: one prompt of 4 M characters, tokenized whole.
+HOLD = {"input": "offload keeps the event loop alive " * 115_000, "truncate_prompt_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def health_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, health_port: int
+) -> Iterator[Server]:
+    env = {
+        "OFFLOAD_VLLM_HEALTH_PORT": str(health_port),
+        "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S),
+        "OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST),
+        # The hold above takes seconds only tokenized whole, on the one worker.
+        "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0",
+        "OFFLOAD_VLLM_INLINE_COST": "0",
+        "OFFLOAD_VLLM_EXPRESS_COST": "0",
+        # The test middleware's module, importable in the server.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    args = ("--middleware", "tests.vllm.operator_middleware.BlockLoop")
+    start = lambda: start_server(  # noqa: E731
+        model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("operations"), workers=1,
+        extra_env=env, extra_args=args,
+    )
+    with servers_started({"operations": start}) as started:
+        yield started["operations"]
+
+
+def probe(port: int, path: str) -> tuple[int, dict[str, Any], float]:
+    """`(status, JSON body, seconds)` of a GET on the health port."""
+    began = time.perf_counter()
+    response = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
+    return response.status_code, response.json(), time.perf_counter() - began
+
+
+def embed(server: Server, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model, **body}, timeout=300)
+
+
+def test_the_health_port_answers_and_vllms_health_still_does(server: Server, health_port: int) -> None:
+    code, body, _ = probe(health_port, "/health")
+    assert (code, body["status"]) == (200, "ok"), body
+    assert body["loop_turned_seconds_ago"] < MAX_STALL_S
+    assert body["engine_checked_seconds_ago"] is not None
+    code, body, _ = probe(health_port, "/ready")
+    assert (code, body["status"]) == (200, "ready"), body
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_each_phase_of_a_request_is_on_metrics(server: Server) -> None:
+    """Every phase of an answered request is observed once, labelled by
+    endpoint and lane, and the phases of a request run alone add up to no
+    more than its client saw."""
+    before = scrape(server)
+    began = time.perf_counter()
+    for _ in range(3):
+        assert embed(server, {"input": "where did the time go " * 50}).status_code == 200
+    client_seconds = time.perf_counter() - began
+    after = scrape(server)
+    labels = {"endpoint": "/v1/embeddings", "lane": "default"}
+    phase_seconds = 0.0
+    for phase in PHASES:
+        name = "offload_vllm_request_phase_seconds"
+        count = total(after, f"{name}_count", phase=phase, **labels) - total(before, f"{name}_count", phase=phase, **labels)
+        assert count == 3, phase
+        phase_seconds += total(after, f"{name}_sum", phase=phase, **labels) - total(before, f"{name}_sum", phase=phase, **labels)
+    assert 0 < phase_seconds <= client_seconds
+
+
+def test_readiness_and_retry_after_while_the_bound_is_full(server: Server, health_port: int) -> None:
+    """One request holds the one worker, the next holds the whole bound: a
+    third is refused with a `Retry-After` from 1 to 30 s, and readiness says
+    503 naming admission meanwhile; 200 again once they are answered."""
+    queued = {"input": "a queued request " * 1_500, "truncate_prompt_tokens": 16}  # 25,500 > the bound
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        holding = pool.submit(embed, server, HOLD)
+        deadline = time.monotonic() + 120
+        while total(scrape(server), "offload_lane_queue_wait_seconds_count", lane="default") < 1 or total(
+            scrape(server), "offload_running_calls"
+        ) < 1:
+            assert time.monotonic() < deadline, "the holding request did not start"
+            assert not holding.done(), holding.result().text[:300]
+            time.sleep(0.02)
+        waiting = pool.submit(embed, server, queued)
+        while total(scrape(server), "offload_lane_queued_cost") <= 0:
+            assert not holding.done(), "the holding request ended before the next one queued"
+            time.sleep(0.02)
+        refused = embed(server, {"input": "refused"})
+        code, body, _ = probe(health_port, "/ready")
+        assert not holding.done(), "the bound emptied before the checks: make HOLD longer"
+        assert holding.result().status_code == 200
+        assert waiting.result().status_code == 200
+    assert refused.status_code == 503
+    assert 1 <= int(refused.headers["retry-after"]) <= 30
+    assert code == 503, body
+    assert body["reason"].startswith("admission refuses"), body
+    assert probe(health_port, "/health")[0] == 200  # full is alive
+    deadline = time.monotonic() + 5
+    while probe(health_port, "/ready")[0] != 200:
+        assert time.monotonic() < deadline, "readiness did not come back"
+        time.sleep(0.05)
+
+
+def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -> None:
+    # Every family has a series once requests ran (the tests above).
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    exported = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    queried = {name for query in queries for name in re.findall(r"\b(offload_[a-z_]+)\b", query)}
+    assert len(queried) >= 9
+    assert queried - exported == set()
+
+
+def test_a_blocked_loop_is_reported_within_twice_the_bound(server: Server, health_port: int) -> None:
+    """The loop blocked for 10 s: liveness turns 503, naming the loop, within
+    2x `OFFLOAD_VLLM_HEALTH_MAX_STALL` of the block's start, every probe
+    answered meanwhile, by the health thread, well within 1 s; 200 again after."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        sent = time.monotonic()
+        blocking = pool.submit(httpx.post, f"{server.url}/offload-test/block-loop?seconds=10", timeout=60)
+        seen: list[tuple[float, int, str, float]] = []
+        while time.monotonic() - sent < 8:
+            code, body, took = probe(health_port, "/health")
+            seen.append((time.monotonic() - sent, code, body.get("reason", ""), took))
+            time.sleep(0.1)
+        assert blocking.result().status_code == 200
+    unhealthy = [at for at, code, reason, _ in seen if code == 503 and "event loop" in reason]
+    assert unhealthy, seen
+    assert unhealthy[0] <= 2 * MAX_STALL_S, seen
+    assert max(took for *_, took in seen) < 1.0, seen
+    deadline = time.monotonic() + 5
+    while probe(health_port, "/health")[0] != 200:
+        assert time.monotonic() < deadline, "liveness did not come back"
+        time.sleep(0.05)
+
+
+def test_a_dead_engine_is_reported(server: Server, health_port: int) -> None:
+    """The engine core killed: liveness turns 503, naming the engine, before
+    vLLM stops the server (its watchdog does within seconds). Last: the
+    server is gone after it."""
+    engines = [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
+    ]
+    assert engines, [p.cmdline() for p in psutil.Process(server.proc.pid).children(recursive=True)]
+    for engine in engines:
+        engine.kill()
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the dead engine was never reported"
+        try:
+            code, body, _ = probe(health_port, "/health")
+        except httpx.HTTPError:
+            pytest.fail("the server stopped before its health port reported the dead engine")
+        if code == 503:
+            assert body["reason"].startswith("the engine is not alive"), body
+            break
+        time.sleep(0.05)
