@@ -47,6 +47,7 @@ BATCH_ACROSS_REQUESTS_ENV = "OFFLOAD_VLLM_BATCH_ACROSS_REQUESTS"
 BATCH_WAIT_ENV = "OFFLOAD_VLLM_BATCH_WAIT"
 #: async-renderer's default batching window, spent only while other requests
 #: are in flight (`_seams.admission.RequestsInFlight`); see docs/strategies/async-renderer.md.
+#: Why: docs/decisions/0005-batch-window-10-ms.md
 DEFAULT_BATCH_WAIT_S = 0.01
 # ---- end of tokenization settings ----
 
@@ -54,11 +55,13 @@ DEFAULT_BATCH_WAIT_S = 0.01
 ADAPTER_STRATEGIES = tuple(STRATEGIES)
 
 #: Calls priced at most this run on the event loop (`OFFLOAD_VLLM_INLINE_COST`).
+#: Why: docs/decisions/0002-small-calls-on-the-loop-inline-cost-1024.md
 DEFAULT_INLINE_COST = 1024.0
 
 #: `thread` and `process`: the express worker takes calls priced at most this
 #: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
 #: strategy rules, at most a quarter of the costliest call running.
+#: Why: docs/decisions/0003-express-worker-one-piece-and-a-quarter.md
 DEFAULT_EXPRESS_COST = 16384.0
 
 #: Seconds the event loop may go without turning before the health port's
@@ -408,6 +411,7 @@ class Settings:
     express_cost_setting: float | None = None
     #: `/v1/embeddings` validates a body without the chat-input models a value
     #: in its `input` rules out (`_seams/validation.py`).
+    #: Why on: docs/decisions/0007-validation-shortcut-on-by-default.md
     validation_shortcut: bool = True
     #: The port of the health endpoints served off the event loop (`_health.py`); `None`: none.
     health_port: int | None = None
@@ -415,6 +419,7 @@ class Settings:
     health_max_stall: float = DEFAULT_HEALTH_MAX_STALL_S
     # ---- tokenization settings (prefix tokenization, cross-request batching) ----
     #: Tokenize only the part of a truncated text prompt its kept tokens need (`_prefix.py`).
+    #: Why on: docs/decisions/0006-prefix-tokenization-on-by-default.md
     prefix_tokenize: bool = True
     #: `async-renderer`: calls of different requests with equal parameters share a tokenizer call.
     batch_across_requests: bool = True

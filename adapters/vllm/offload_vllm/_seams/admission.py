@@ -234,7 +234,8 @@ class RefuseWhenFull:
     """ASGI middleware: a POST to a pooling route (after `--root-path`, as vLLM
     reads it: `routes.route_of`) that finds the executor full is answered 503
     (vLLM's queue-overflow body, `Retry-After`) before its body is read, so a
-    refusal costs the event loop no JSON parsing and no pydantic validation.
+    refusal costs the event loop no JSON parsing and no pydantic validation
+    (why: docs/decisions/0011-refuse-before-reading-the-body.md).
     The cost is `_cost.body_floor` of the body's `Content-Length` (0 without
     the header): the least admission can charge the request, so this refuses
     nothing admission would admit. The lane is the request's. The check is
