@@ -68,8 +68,9 @@ PIXEL_COST = 0.1
 #: request's loop CPU above a short text request's, median of 100, was 3.79
 #: ms for a 32-pixel JPEG and 3.72 ms for a 96-pixel one (their pixels are
 #: priced 0.04 and 0.33 ms). Without it a request of one 1 x 1 PNG (114
-#: characters) was priced 255, under the inline cost, and held the loop ~3.7
-#: ms: ~33 µs a byte. docs/decisions/0015-a-fixed-price-per-image.md.
+#: characters) was priced 255, under the inline cost, and rendered on the
+#: loop, ~3.7 ms if it costs what those did (not measured at 1 pixel): ~33 µs
+#: a byte. docs/decisions/0015-a-fixed-price-per-image.md.
 IMAGE_COST = 10_500
 
 #: An image whose size cannot be read before vLLM loads it (one given by a
