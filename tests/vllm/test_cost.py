@@ -287,7 +287,7 @@ def test_the_least_image_is_priced_above_the_inline_cost() -> None:
     32-pixel image (~3.7 ms above a text request): it costs `IMAGE_COST`
     beside its characters and pixels, in every image field, so a request
     of one such image is priced above the default inline cost and renders
-    on a worker (it was priced ~260 and rendered on the loop)."""
+    on a worker (it was priced 255 and rendered on the loop)."""
     from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
     from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
 

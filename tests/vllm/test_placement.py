@@ -196,7 +196,7 @@ def test_a_request_of_one_tiny_image_renders_off_the_loop(monkeypatch: pytest.Mo
     """A chat request of one 1 x 1 PNG, as vLLM's own request factory hands
     its render parameters over: under the default inline cost (`thread`), it
     renders on a worker thread, not on the loop's (loading an image costs
-    the loop ~3.7 ms whatever its size; it was priced ~260 and rendered on
+    the loop ~3.7 ms whatever its size; it was priced 255 and rendered on
     the loop)."""
     import asyncio
     import threading
