@@ -2,9 +2,11 @@
 
 The vLLM adapter prices a request before rendering it (`offload_vllm/_cost.py`,
 in characters at ~0.36 µs each): an image given as a data URL counts its
-base64 characters, `PIXEL_COST` per pixel and `PROMPT_COST`. The price here is
-the adapter's own (`request_cost` on vLLM's parsed request), as admission
-charges it. Here one server
+base64 characters, `IMAGE_COST`, `PIXEL_COST` per pixel and `PROMPT_COST`. The
+price here is the adapter's own (`request_cost` on vLLM's parsed request), as
+admission charges it, at the commit that runs the suite; the last column, the
+loop CPU above the text request's over the price's time, is at most 1 where
+the price bounds the work. Here one server
 runs the `inline` strategy, so each request's rendering and response are
 built on its event loop, and the loop thread's CPU time per request is read
 from `/proc/PID/task/PID/schedstat` (steadier than wall time). Requests are

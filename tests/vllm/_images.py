@@ -34,3 +34,9 @@ def compressed_text_png(chunks: bytes = ZTXT, count: int = 60) -> bytes:
     """A 64 x 64 PNG with `count` compressed `chunks` after its header: Pillow
     inflates each when it opens the file (~1 MiB each)."""
     return PNG + ihdr(64, 64) + chunks * count + IDAT + png_chunk(b"IEND", b"")
+
+
+def one_pixel_png() -> str:
+    """A data URL of a valid 1 x 1 RGB PNG (114 characters): the least an image can be."""
+    pixel = png_chunk(b"IDAT", zlib.compress(b"\x00" + bytes(3)))
+    return "data:image/png;base64," + base64.b64encode(PNG + ihdr(1, 1) + pixel + png_chunk(b"IEND", b"")).decode()

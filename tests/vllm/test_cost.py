@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from offload_vllm._config import DEFAULT_INLINE_COST
 from offload_vllm._cost import (
+    IMAGE_COST,
     MAX_DEPTH,
     PIECE_COST,
     PIXEL_COST,
@@ -39,7 +41,7 @@ from offload_vllm._seams.requests import (
 )
 from offload_vllm._seams.serving import postprocess_cost
 
-from ._images import compressed_text_png, forged_png
+from ._images import compressed_text_png, forged_png, one_pixel_png
 
 IMAGE = "data:image/png;base64," + "iVBORw0KGgo" * 40
 
@@ -261,21 +263,51 @@ def _chat_image(url: str) -> Any:
 
 def test_an_image_costs_its_pixels_read_from_its_header() -> None:
     """A 4,000 x 4,000 PNG of one colour is a few kB of base64 and decodes to
-    16 M pixels: it costs its pixels, not its length (it cost its length)."""
+    16 M pixels: it costs its pixels, not its length (it cost its length),
+    and `IMAGE_COST`, as every image vLLM loads does."""
     from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
 
     big = _png_data_url(4000, 4000)
     assert len(big) < 100_000
     chat = request_cost(_chat_image(big))
-    assert chat == len("user") + len("image_url") + len(big) + PIXEL_COST * 4000 * 4000 + PROMPT_COST
+    assert chat == len("user") + len("image_url") + len(big) + IMAGE_COST + PIXEL_COST * 4000 * 4000 + PROMPT_COST
     # JPEG gives its size after its metadata (here 60 kB of EXIF), skipped by its length.
     jpeg = _jpeg_data_url(3000, 2000)
     v2 = request_cost(CohereEmbedRequest(model="m", images=[jpeg]))
-    assert v2 == len(jpeg) + PIXEL_COST * 3000 * 2000 + PROMPT_COST
-    # Not an image, or no size where it is read: its characters alone.
+    assert v2 == len(jpeg) + IMAGE_COST + PIXEL_COST * 3000 * 2000 + PROMPT_COST
+    # A header cut short (vLLM refuses it before decoding): its characters alone.
+    # Base64 of no format read here: a 512 x 512 image's price, `IMAGE_COST` included.
     assert request_cost(CohereEmbedRequest(model="m", images=[IMAGE])) == len(IMAGE) + PROMPT_COST
     text_url = "data:text/plain;base64,aGVsbG8="
     assert request_cost(_chat_image(text_url)) == request_cost(_chat_image("x" * len(text_url))) + URL_IMAGE_COST
+
+
+def test_the_least_image_is_priced_above_the_inline_cost() -> None:
+    """A 1 x 1 PNG is a few bytes, but loading it costs the loop as much as a
+    32-pixel image (~3.7 ms above a text request): it costs `IMAGE_COST`
+    beside its characters and pixels, in every image field, so a request
+    of one such image is priced above the default inline cost and renders
+    on a worker (it was priced 255 and rendered on the loop)."""
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    tiny = one_pixel_png()
+    assert len(tiny) < 120
+    part = {"type": "image_url", "image_url": {"url": tiny}}
+    chat = request_cost(_chat_image(tiny))
+    assert chat == len("user") + len("image_url") + len(tiny) + IMAGE_COST + PIXEL_COST + PROMPT_COST
+    assert chat > DEFAULT_INLINE_COST
+    v2 = request_cost(CohereEmbedRequest(model="m", images=[tiny]))
+    assert v2 == len(tiny) + IMAGE_COST + PIXEL_COST + PROMPT_COST
+    assert v2 > DEFAULT_INLINE_COST
+    assert request_cost(CohereEmbedRequest(model="m", inputs=[{"content": [part]}])) > DEFAULT_INLINE_COST
+    rerank = RerankRequest(query="q", documents=[{"content": [part]}])
+    assert request_cost(rerank, multimodal=True) == request_cost(rerank) + IMAGE_COST + PIXEL_COST
+    # Each image is priced: two cost two constants.
+    two = _embedding(messages=[{"role": "user", "content": [part, part]}])
+    assert request_cost(two) == pytest.approx(chat + len("image_url") + len(tiny) + IMAGE_COST + PIXEL_COST)
+    # An image whose size is not read, or by URL, is priced as a 512 x 512 one, the constant included.
+    assert URL_IMAGE_COST == IMAGE_COST + PIXEL_COST * 512 * 512
 
 
 def test_a_text_that_begins_like_an_image_is_text() -> None:
@@ -301,7 +333,7 @@ def test_a_text_that_begins_like_an_image_is_text() -> None:
     text_only = request_cost(rerank)
     assert text_only == 2 * len(forged) + len(forged) + len("image_url") + len(forged) + len("text") + 2 * PROMPT_COST
     # On a multimodal model the image part costs the pixels it claims; the text query never does.
-    assert request_cost(rerank, multimodal=True) == text_only + PIXEL_COST * 13_000 * 13_000
+    assert request_cost(rerank, multimodal=True) == text_only + IMAGE_COST + PIXEL_COST * 13_000 * 13_000
     # Past Pillow's bound, vLLM refuses an image before decoding it: no pixels.
     huge = RerankRequest(query="q", documents=[{"content": [{"type": "image_url", "image_url": {"url": forged_png(20_000, 20_000)}}]}])
     assert request_cost(huge, multimodal=True) == request_cost(huge)
@@ -336,9 +368,9 @@ def test_an_images_size_is_read_without_decompressing_or_opening_it(monkeypatch:
 
     eight = request_cost(CohereEmbedRequest(model="m", images=[hostile] * 8))
     assert calls == []
-    assert eight == pytest.approx(8 * (len(hostile) + PIXEL_COST * 64 * 64 + PROMPT_COST))
+    assert eight == pytest.approx(8 * (len(hostile) + IMAGE_COST + PIXEL_COST * 64 * 64 + PROMPT_COST))
     assert request_cost(_chat_image(hostile)) == pytest.approx(
-        request_cost(_chat_image("x" * len(hostile))) + PIXEL_COST * 64 * 64
+        request_cost(_chat_image("x" * len(hostile))) + IMAGE_COST + PIXEL_COST * 64 * 64
     )
     assert request_cost(_embedding(input=[hostile] * 8)) == 8 * (len(hostile) + PROMPT_COST)
     garbage = ["data:image/png;base64,AAAA"] * 1000
@@ -376,7 +408,7 @@ def test_a_chat_image_is_priced_once_per_request_and_once_when_rendered() -> Non
         )
         pieces = list(io_processor.get_request_factory_online(ctx))
         admitted = request_cost(request)
-        assert admitted >= len(messages) * 2 * PIXEL_COST * 2000 * 1000
+        assert admitted >= len(messages) * 2 * (IMAGE_COST + PIXEL_COST * 2000 * 1000)
         assert sum(render_params_cost(params) for params in pieces) == admitted
 
 

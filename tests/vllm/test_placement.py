@@ -192,6 +192,60 @@ def test_calls_on_the_loop_are_counted_unless_metrics_are_off(metrics: str, monk
         placement.executor.shutdown()
 
 
+def test_a_request_of_one_tiny_image_renders_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat request of one 1 x 1 PNG, as vLLM's own request factory hands
+    its render parameters over: under the default inline cost (`thread`), it
+    renders on a worker thread, not on the loop's (loading an image costs
+    the loop ~3.7 ms whatever its size; it was priced 255 and rendered on
+    the loop)."""
+    import asyncio
+    import threading
+
+    from offload_vllm._runtime import Runtime
+    from offload_vllm._seams.renderer import renderer_from_config
+    from pydantic import TypeAdapter
+    from vllm.entrypoints.pooling.embed.io_processor import EmbedIOProcessor
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+    from vllm.entrypoints.pooling.typing import PoolingServeContext
+    from vllm.renderers.chat_utils import ChatTemplateConfig
+
+    from ._images import one_pixel_png
+
+    config = _vllm_config()
+    io_processor = EmbedIOProcessor(
+        vllm_config=config, renderer=renderer_from_config(config), chat_template_config=ChatTemplateConfig()
+    )
+    part = {"type": "image_url", "image_url": {"url": one_pixel_png()}}
+    request = TypeAdapter(EmbeddingRequest).validate_python(
+        {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    )
+    ctx = PoolingServeContext(
+        request=request, model_name="m", request_id="r", lora_request=None, priorities=0, prompt_extras=None,
+        pooling_params=io_processor.create_pooling_params(request),
+    )
+    pieces = list(io_processor.get_request_factory_online(ctx))
+    threads: list[threading.Thread] = []
+
+    class Recording:
+        def render(self, params: object) -> object:
+            threads.append(threading.current_thread())
+            return params
+
+    placement = Runtime(read_settings({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1"})).placement(
+        config
+    )
+    # The executor's call renders as the loop's does (a worker's IO processor needs vLLM's).
+    monkeypatch.setattr(placement, "render_call", lambda io_processor: (io_processor.render, ()))
+    try:
+        assert placement.inline_cost == _config.DEFAULT_INLINE_COST
+        assert asyncio.run(placement.render_all(Recording())(pieces)) == pieces
+        assert asyncio.run(placement.render_async(Recording())(pieces[0])) is pieces[0]
+        assert len(threads) == 2
+        assert threading.main_thread() not in threads
+    finally:
+        placement.executor.shutdown()
+
+
 @pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
     """The window, and the door's count of requests in flight that it waits on."""

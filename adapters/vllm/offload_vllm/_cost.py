@@ -7,10 +7,12 @@ count theirs), every token id counts one, and every input (a text, a
 token-id list, a chat message, an image, a scoring pair) adds `PROMPT_COST`
 for the work rendering does per prompt whatever its length. A string in a
 field vLLM loads images from (`Images`; which fields, `_seams/requests.py`)
-adds `image_cost`: `PIXEL_COST` per pixel, read from the image's header
-bytes when its bytes are in the request (a data URL: `_image_header`, no
-decoding), else `URL_IMAGE_COST`; any other string is text, whatever it
-begins with. The chat template and the template and processor arguments a
+adds `image_cost`: `IMAGE_COST` for the work vLLM does per image whatever
+its size, plus `PIXEL_COST` per pixel, read from the image's header bytes
+when its bytes are in the request (a data URL: `_image_header`, no
+decoding); an image whose size is not read there costs `URL_IMAGE_COST`,
+what a 512 x 512 image costs (both parts). Any other string is text,
+whatever it begins with. The chat template and the template and processor arguments a
 request sends count their characters. A request is charged at least
 `body_floor` of its body's bytes. The estimate walks the already-parsed
 request once, on the event loop, before anything is rendered, in work
@@ -22,7 +24,10 @@ Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
 character, plus ~50 µs per prompt; building an embeddings response, ~0.55
 µs per output value (float); a `process` hand-off, ~0.3 ms plus ~25 µs per
-prompt pickled both ways; a `thread` hand-off, ~0.02 ms.
+prompt pickled both ways; a `thread` hand-off, ~0.02 ms. Through a server
+(`python -m benchmarks image-cost`, tiny CLIP, `inline`), a one-image
+request costs the loop ~3.7-3.8 ms more than a short text request at 32 and
+96 pixels: `IMAGE_COST`.
 """
 
 from __future__ import annotations
@@ -55,10 +60,23 @@ PIECE_COST = 16384
 #: was 36.8 ns/px (PNG) and 19.5 ns/px (JPEG): 0.1 character a pixel is the PNG's.
 PIXEL_COST = 0.1
 
+#: Loading any image costs the event loop this much whatever its size (vLLM's
+#: multimodal processing of it; a few pixels or a few bytes change nothing):
+#: ~3.79 ms / 0.36 µs a character = 10,528, rounded to 10,500. Measured with
+#: `python -m benchmarks image-cost` (one `inline` server, tiny CLIP, the loop
+#: thread's CPU; `benchmarks/results/latest/image-cost/`): a one-image
+#: request's loop CPU above a short text request's, median of 100, was 3.79
+#: ms for a 32-pixel JPEG and 3.72 ms for a 96-pixel one (their pixels are
+#: priced 0.04 and 0.33 ms). Without it a request of one 1 x 1 PNG (114
+#: characters) was priced 255, under the inline cost, and rendered on the
+#: loop, ~3.7 ms if it costs what those did (not measured at 1 pixel): ~33 µs
+#: a byte. docs/decisions/0015-a-fixed-price-per-image.md.
+IMAGE_COST = 10_500
+
 #: An image whose size cannot be read before vLLM loads it (one given by a
 #: URL vLLM fetches, or a data URL of a format whose header is not read
-#: here) is priced as a 512 x 512 image.
-URL_IMAGE_COST = PIXEL_COST * 512 * 512
+#: here) is priced as a 512 x 512 image: `IMAGE_COST` and its pixels.
+URL_IMAGE_COST = IMAGE_COST + PIXEL_COST * 512 * 512
 
 #: How a URL begins that vLLM fetches an image from (lower-cased; `file:`
 #: only with `--allowed-local-media-path`).
@@ -179,14 +197,16 @@ def characters(value: Any, cap: int | None = None, images: Images = Images.NONE)
 
 def image_cost(url: str) -> float:
     """What loading the image at `url` costs beyond its characters, for a
-    string vLLM loads as an image (`MediaConnector.load_from_url`):
+    string vLLM loads as an image (`MediaConnector.load_from_url`). Every
+    image vLLM loads costs `IMAGE_COST` plus its pixels:
 
-    - a data URL: `PIXEL_COST` per pixel, the size read from the image's
-      header (`_image_header.read_size`: PNG, JPEG, GIF, WebP; no decoding);
-      `URL_IMAGE_COST` when its base64 decodes but its size does not show
-      there (another format Pillow may open); 0 when vLLM refuses it before
-      decoding any pixels (not base64, bad base64, a truncated header, more
-      pixels than `MAX_IMAGE_PIXELS`);
+    - a data URL: `IMAGE_COST` plus `PIXEL_COST` per pixel, the size read
+      from the image's header (`_image_header.read_size`: PNG, JPEG, GIF,
+      WebP; no decoding); `URL_IMAGE_COST` (a 512 x 512 image) when its
+      base64 decodes but its size does not show there (another format
+      Pillow may open); 0 when vLLM refuses it before decoding any pixels
+      (not base64, bad base64, a truncated header, more pixels than
+      `MAX_IMAGE_PIXELS`);
     - a URL vLLM fetches (http, https, file): `URL_IMAGE_COST`;
     - anything else: 0 (vLLM refuses it)."""
     scheme = url[:8].lower()
@@ -197,7 +217,7 @@ def image_cost(url: str) -> float:
         if size is _image_header.UNSIZED:
             return URL_IMAGE_COST
         pixels = size[0] * size[1]
-        return 0.0 if pixels > MAX_IMAGE_PIXELS else PIXEL_COST * pixels
+        return 0.0 if pixels > MAX_IMAGE_PIXELS else IMAGE_COST + PIXEL_COST * pixels
     if scheme.startswith(FETCHED_URL):
         return URL_IMAGE_COST
     return 0.0
