@@ -164,6 +164,10 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes express 16384", "process", (*TWO_WORKERS, "--offload-express-cost", "16384")),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
+    # Two pieces: what a one-image request needs since every image is priced
+    # its fixed decoding cost too (docs/decisions/0015-a-fixed-price-per-image.md).
+    Row(ServerConfig("process lanes express 32768", "process", (*TWO_WORKERS, "--offload-express-cost", "32768")),
+        needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("thread lanes express 0", "thread", (*TWO_WORKERS, "--offload-express-cost", "0")),
         needs=(SCHEDULING,), fifo="thread fifo", against=("thread lanes",)),
     Row(ServerConfig("process lanes express 0", "process", (*TWO_WORKERS, "--offload-express-cost", "0")),
