@@ -53,7 +53,7 @@ def test_worker_nice() -> None:
 def test_express_cost() -> None:
     from offload_vllm._config import DEFAULT_EXPRESS_COST
 
-    assert DEFAULT_EXPRESS_COST == 16384
+    assert DEFAULT_EXPRESS_COST == 32768
     for strategy in ("thread", "process"):
         assert read_settings({"OFFLOAD_VLLM_STRATEGY": strategy}).express_cost == DEFAULT_EXPRESS_COST
         given = read_settings({"OFFLOAD_VLLM_STRATEGY": strategy, "OFFLOAD_VLLM_EXPRESS_COST": " 9000.5 "})

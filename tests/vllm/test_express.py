@@ -59,7 +59,7 @@ def test_a_small_request_is_answered_while_the_regular_worker_is_held(server: Se
     body = {"model": server.model, "input": "a small request while the regular worker cannot run"}
     alone = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=120)
     assert alone.status_code == 200, alone.text
-    large = {"model": server.model, "input": "word " * 5_000}  # priced 25,000
+    large = {"model": server.model, "input": "word " * 8_000}  # priced 40,000
     os.kill(regular, signal.SIGSTOP)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:

@@ -59,10 +59,11 @@ ADAPTER_STRATEGIES = tuple(STRATEGIES)
 DEFAULT_INLINE_COST = 1024.0
 
 #: `thread` and `process`: the express worker takes calls priced at most this
-#: (`OFFLOAD_VLLM_EXPRESS_COST`): one piece (`_cost.PIECE_COST`), and, as the
-#: strategy rules, at most a quarter of the costliest call running.
+#: (`OFFLOAD_VLLM_EXPRESS_COST`): two pieces (`_cost.PIECE_COST`), which a
+#: one-image request fits since every image is priced its fixed decoding cost,
+#: and, as the strategy rules, at most a quarter of the costliest call running.
 #: Why: docs/decisions/0003-express-worker-one-piece-and-a-quarter.md
-DEFAULT_EXPRESS_COST = 16384.0
+DEFAULT_EXPRESS_COST = 32768.0
 
 #: Seconds the event loop may go without turning before the health port's
 #: liveness answers 503 (`OFFLOAD_VLLM_HEALTH_MAX_STALL`): far above any stall
