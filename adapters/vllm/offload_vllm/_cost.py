@@ -58,6 +58,7 @@ PIECE_COST = 16384
 #: `transformers.CLIPImageProcessorPil()` (the tiny CLIP's preprocessing in
 #: the benchmarks), median of 7 runs each; the slope between 512² and 2048²
 #: was 36.8 ns/px (PNG) and 19.5 ns/px (JPEG): 0.1 character a pixel is the PNG's.
+#: Why: docs/decisions/0004-image-price-0.1-a-pixel.md
 PIXEL_COST = 0.1
 
 #: Loading any image costs the event loop this much whatever its size (vLLM's
