@@ -225,3 +225,10 @@ def renderer_workers(server: Server) -> list[psutil.Process]:
 
     session = os.getsid(server.proc.pid)
     return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session, PROCESS_TITLE)]
+
+
+def good_retry_after(value: str | None) -> bool:
+    """A computed `Retry-After`: whole seconds from 1 to the cap."""
+    from offload_vllm._retry_after import RETRY_AFTER_CAP_S
+
+    return value is not None and value.isascii() and value.isdigit() and 1 <= int(value) <= RETRY_AFTER_CAP_S

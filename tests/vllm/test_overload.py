@@ -23,7 +23,15 @@ from hypothesis import strategies as st
 from benchmarks.harness.load import HealthProber
 from offload._lag import percentile
 
-from ._server import Server, load_client, scrape, servers_started, start_server, total
+from ._server import (
+    Server,
+    good_retry_after,
+    load_client,
+    scrape,
+    servers_started,
+    start_server,
+    total,
+)
 from .conftest import AVAILABLE, ray_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -68,12 +76,6 @@ def bounded_server(request: pytest.FixtureRequest, bounded_servers: dict[str, Se
     assert server.alive(), server.log_tail()
     return server
 
-
-def good_retry_after(value: str | None) -> bool:
-    """A computed `Retry-After`: whole seconds from 1 to the cap."""
-    from offload_vllm._retry_after import RETRY_AFTER_CAP_S
-
-    return value is not None and value.isascii() and value.isdigit() and 1 <= int(value) <= RETRY_AFTER_CAP_S
 
 
 async def overload(server: Server, seconds: float) -> tuple[Counter[int | str], list[float], int]:
