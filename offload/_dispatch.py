@@ -15,10 +15,11 @@ its worker, tell whether it is ready, run one claimed call on it, stop it.
 The dispatcher does the rest: claiming, the busy slots, start-up reporting,
 retrying a worker that failed to start, shutdown and joining.
 
-**The express slot** (`_express.py`): with `express_cost` above 0, one
-more slot that takes only calls that are cheap beside the work in progress.
-The dispatcher starts it, registers it and stops it as any slot; what it
-takes, and when it is woken, is its own (`ExpressSlot`).
+**The extra slot**: with `express_cost` above 0, one more slot, the
+express slot (`_express.py`), that takes only calls that are cheap beside
+the work in progress. The dispatcher starts it, registers it and stops it
+as any slot; which calls it takes, when it is woken and its loop are its
+own (`offer`, `claimed`).
 """
 
 from __future__ import annotations
@@ -28,19 +29,21 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Generator
-from typing import Any, Generic, TypeVar, cast, final
+from collections.abc import Generator, Iterator
+from functools import partial
+from typing import Any, Generic, TypeVar, final
 
 from ._call import Call
 from ._errors import OffloadError, executor_closed
-from ._express import EXPRESS_RATIO, ExpressSlot
+from ._express import ExpressSlot
 from ._queue import CallQueue
-from ._slot_worker import ExpressSlotWorker, SlotWorker
+from ._serving import serve
+from ._slot_worker import SlotWorker
 from ._startup import Startup
 
 S = TypeVar("S")
 
-__all__ = ["EXPRESS_RATIO", "Dispatcher", "ExpressSlotWorker", "SlotWorker"]
+__all__ = ["Dispatcher"]
 
 
 @final
@@ -58,10 +61,9 @@ class Dispatcher(Generic[S]):
     started by `start_all()`, the error goes to `start_all()`'s caller instead,
     and no call ever sees it.
 
-    `express_cost` above 0 adds the express slot (`_express.py`), beyond
+    `express_cost` above 0 adds the extra slot (`ExpressSlot`), beyond
     `max_slots`: it starts with the first slot (or with
-    `start_all()`/`grow()`), its thread at the priority of the thread that
-    built the dispatcher; `worker` must be an `ExpressSlotWorker`. 0
+    `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
     (default): none.
 
     Thread-safe.
@@ -94,13 +96,12 @@ class Dispatcher(Generic[S]):
         self._numbers = itertools.count()
         self._stopping = False
         self.lock = threading.Lock()
-        self._express: ExpressSlot[S] | None = None
-        if express_cost > 0:
-            if not callable(getattr(worker, "new_express_slot", None)):
-                raise OffloadError(f"{strategy}: its slots have no express slot (new_express_slot)")
-            self._express = ExpressSlot(
-                express_cost, cast("ExpressSlotWorker[S]", worker), self.lock, self._calls, self._running
-            )
+        # The extra slot, with a rule of its own for the calls it takes (None: none).
+        self._extra: ExpressSlot[S] | None = (
+            ExpressSlot(strategy, express_cost, worker, self.lock, self._calls, self._running)
+            if express_cost > 0
+            else None
+        )
 
     # ---- state -----------------------------------------------------------------
 
@@ -111,17 +112,20 @@ class Dispatcher(Generic[S]):
 
     @property
     def max_slots(self) -> int:
-        """Slots besides the express slot."""
+        """Slots besides the extra slot."""
         return self._max_slots
 
     @property
     def express_cost(self) -> float:
-        """The express slot takes calls priced at most this, and at most
-        1/`EXPRESS_RATIO` of the costliest call running (0: no express slot)."""
-        return 0.0 if self._express is None else self._express.cost
+        """The extra slot takes calls priced at most this (and see
+        `ExpressSlot`); 0: there is none."""
+        return 0.0 if self._extra is None else self._extra.cost
 
     def _regular_slots(self) -> int:
-        return len(self._slots) - (self._express is not None and self._express.slot is not None)
+        return len(self._slots) - (self._extra is not None and self._extra.slot is not None)
+
+    def _extra_missing(self) -> bool:
+        return self._extra is not None and self._extra.slot is None
 
     def slots(self) -> list[S]:
         """The live slots (a snapshot)."""
@@ -154,17 +158,17 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            express = self._express
-            if express is not None and express.takes(call) and self._wake_express(express):
-                # The express slot takes it, unless a free slot gets there first.
+            extra = self._extra
+            if extra is not None and extra.offer(call, partial(self._start_slot, None, extra=True)):
+                # The extra slot takes it, unless a free slot gets there first.
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
-                    if express is not None and express.slot is None:
+                    if self._extra_missing():
                         # With the first slot, by the same thread: see `_express.py`.
                         with contextlib.suppress(RuntimeError):
-                            self._start_slot(None, express=True)
+                            self._start_slot(None, extra=True)
                 except RuntimeError as exc:  # can't start new thread
                     if self._regular_slots():
                         return  # a busy slot takes the call when it is free
@@ -174,27 +178,16 @@ class Dispatcher(Generic[S]):
                     self._queued -= 1
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
 
-    def _wake_express(self, express: ExpressSlot[S]) -> bool:
-        """With the lock held, for a call the express slot may take, just
-        queued: wake it (start it if it is not running); whether it will look."""
-        if express.slot is None:
-            try:
-                self._start_slot(None, express=True)
-            except RuntimeError:
-                return False  # no thread left: the regular slots serve it
-            return True
-        return express.wake()
-
     def grow(self) -> None:
-        """Start idle slots up to `max_slots` (and the express slot) now,
+        """Start idle slots up to `max_slots` (and the extra slot) now,
         without waiting for their workers (for a strategy whose workers are
         slow to start: a pool that grew call by call would pay for it under
         load). Does nothing once `close` has begun, or if a slot thread cannot start."""
         with self.lock, contextlib.suppress(RuntimeError):
             while not self._stopping and self._regular_slots() < self._max_slots:
                 self._start_slot(None)
-            if not self._stopping and self._express is not None and self._express.slot is None:
-                self._start_slot(None, express=True)
+            if not self._stopping and self._extra_missing():
+                self._start_slot(None, extra=True)
 
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
@@ -207,10 +200,9 @@ class Dispatcher(Generic[S]):
             # Slots already up started their workers (or will, at their next call).
             started = 0
             wanted = self._max_slots - self._regular_slots()
-            express = self._express is not None and self._express.slot is None
-            for number in range(wanted + express):
+            for number in range(wanted + self._extra_missing()):
                 try:
-                    self._start_slot(startup, express=number == wanted)
+                    self._start_slot(startup, extra=number == wanted)
                 except RuntimeError as exc:
                     startup.expect(started)
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
@@ -218,60 +210,52 @@ class Dispatcher(Generic[S]):
             startup.expect(started)
         startup.wait()
 
-    def _start_slot(self, startup: Startup | None, *, express: bool = False) -> None:
+    def _start_slot(self, startup: Startup | None, *, extra: bool = False) -> None:
         # With the lock held. The slot is registered only once its thread runs.
         number = next(self._numbers)
-        if express:
-            assert self._express is not None
-            slot = self._express.new_slot(number)
-            name = f"{self._thread_name}-express"
+        if extra:
+            assert self._extra is not None
+            slot = self._extra.new_slot(number)
+            name = f"{self._thread_name}-{self._extra.name}"
+            work = self._extra.claimed(slot)
         else:
             slot = self._worker.new_slot(number)
             name = f"{self._thread_name}-{number}"
-        thread = threading.Thread(target=self._main, args=(slot, startup, express), name=name, daemon=True)
+            work = self._claimed(slot)
+        thread = threading.Thread(target=self._main, args=(slot, work, startup), name=name, daemon=True)
         thread.start()
         self._slots[slot] = thread
-        if express:
-            assert self._express is not None
-            self._express.slot = slot  # it looks at the queue as soon as its thread runs
+        if extra:
+            assert self._extra is not None
+            self._extra.slot = slot  # it looks at the queue as soon as its thread runs
         else:
             self._waiting += 1  # for its first token
 
-    def _main(self, slot: S, startup: Startup | None, express: bool) -> None:
+    def _main(self, slot: S, work: Iterator[Call[Any]], startup: Startup | None) -> None:
         worker = self._worker
-        error: BaseException | None = None
-        express_slot = self._express if express else None
         try:
-            try:
-                worker.start_worker(slot)
-            except BaseException as exc:
-                error = exc
-            if startup is not None:
-                startup.finished(error)
-                error = None  # start()'s caller has it: no call sees it
-            for call in self._claimed(slot) if express_slot is None else express_slot.claimed(slot):
-                if error is not None:
-                    call.set_exception(error)
-                    error = None
-                    continue
-                if not worker.worker_ready(slot):
-                    try:
-                        worker.start_worker(slot)
-                    except BaseException as exc:
-                        call.set_exception(exc)
-                        continue
-                try:
-                    worker.run(slot, call)
-                except BaseException as exc:
-                    # A bug here must not leave the caller waiting forever.
-                    if not call.done:
-                        call.set_exception(OffloadError(f"{self._owner} failed: {exc!r}"))
-                    raise
+            serve(
+                work,
+                start=partial(worker.start_worker, slot),
+                ready=partial(worker.worker_ready, slot),
+                run=partial(self._run, slot),
+                fail=Call.set_exception,
+                startup=startup,
+            )
         finally:
             try:
                 worker.stop_worker(slot)
             finally:
                 self._discard(slot)
+
+    def _run(self, slot: S, call: Call[Any]) -> None:
+        try:
+            self._worker.run(slot, call)
+        except BaseException as exc:
+            # A bug here must not leave the caller waiting forever.
+            if not call.done:
+                call.set_exception(OffloadError(f"{self._owner} failed: {exc!r}"))
+            raise
 
     def _claimed(self, slot: S) -> Generator[Call[Any], None, None]:
         """A slot's loop: the calls it claimed, until a stop token. Calls
@@ -303,8 +287,8 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self._express is not None and slot is self._express.slot:
-                self._express.exited()
+            if self._extra is not None and slot is self._extra.slot:
+                self._extra.exited()
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
@@ -364,8 +348,8 @@ class Dispatcher(Generic[S]):
                 self._stopping = True
                 for _ in range(self._regular_slots()):
                     self._tokens.put(None)
-                if self._express is not None:
-                    self._express.close()
+                if self._extra is not None:
+                    self._extra.close()
         for call in dropped:
             call.drop()
 

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from functools import partial
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, cast, final
 
 from ._call import Call
+from ._errors import OffloadError
 from ._niceness import set_this_thread_niceness, this_thread_niceness
 from ._queue import CallQueue
-from ._slot_worker import ExpressSlotWorker
+from ._slot_worker import ExpressSlotWorker, SlotWorker
 
 S = TypeVar("S")
 
@@ -50,17 +51,23 @@ class ExpressSlot(Generic[S]):
     loop. Its state is guarded by the dispatcher's lock, which the methods
     marked so expect held."""
 
+    #: Its thread's name, after the dispatcher's prefix.
+    name = "express"
+
     def __init__(
         self,
+        owner: str,
         cost: float,
-        worker: ExpressSlotWorker[S],
+        worker: SlotWorker[S],
         lock: threading.Lock,
         calls: CallQueue,
         running: dict[S, Call[Any]],
     ) -> None:
+        if not callable(getattr(worker, "new_express_slot", None)):
+            raise OffloadError(f"{owner}: its slots have no express slot (new_express_slot)")
         #: It takes calls priced at most this (and 1/`EXPRESS_RATIO` of the costliest running).
         self.cost = cost
-        self._worker = worker
+        self._worker = cast("ExpressSlotWorker[S]", worker)
         self._lock = lock
         self._calls = calls
         self._running = running
@@ -81,13 +88,19 @@ class ExpressSlot(Generic[S]):
         largest = max((call.cost for slot, call in self._running.items() if slot is not self.slot), default=0.0)
         return min(self.cost, largest / EXPRESS_RATIO)
 
-    def takes(self, call: Call[Any]) -> bool:
-        """With the lock held: whether `call`, just queued, is one it may take now."""
-        return call.cost <= self.limit()
-
-    def wake(self) -> bool:
-        """With the lock held, its slot started, for a call it may take:
-        wake it if it waits; whether it will look at the queue."""
+    def offer(self, call: Call[Any], start: Callable[[], None]) -> bool:
+        """With the lock held, for `call`, just queued: whether this slot
+        will look at the queue for it. If `call` is one it may take now, it
+        is woken, or started with `start()` if its thread is not running
+        (`RuntimeError`, no thread left: the regular slots serve it)."""
+        if call.cost > self.limit():
+            return False
+        if self.slot is None:
+            try:
+                start()
+            except RuntimeError:
+                return False
+            return True
         if self._waiting:
             self._waiting = False
             self._tokens.put(True)

@@ -18,7 +18,7 @@ import pytest
 
 import offload
 from offload import ConfigError, OffloadError, WorkerCrashed
-from offload._dispatch import EXPRESS_RATIO
+from offload._express import EXPRESS_RATIO
 from offload.strategy import Call, Dispatcher
 
 from . import helpers
