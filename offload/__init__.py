@@ -16,7 +16,8 @@ The map (one module each):
   it (awaited, deadline, `Future`).
 - `_strategy`: the `Strategy` interface; `_strategies/`: one module per
   strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
-  serving it; `_express`: the express slot.
+  serving it; `_express`: the express slot; `_serving`: a worker's start-up
+  rule; `_pooled`: `PooledStrategy`, a pool strategy's base.
 
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
 admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`

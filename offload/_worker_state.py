@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from ._errors import OffloadError
+from ._errors import OffloadError, initializer_failed
 
 _NO_STATE: Any = object()
 
@@ -57,3 +58,19 @@ def set_worker_state(state: Any) -> Any:
     run `call.execute(state)` need not: `execute` sets it for the call.
     """
     return _swap_state(state)
+
+
+def run_initializer(initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> Any:
+    """Run a worker's `initializer(*initargs)` on this thread and return its
+    state, to pass to `call.execute(state)` (without an initializer, the
+    state that makes `worker_state()` raise). For strategy authors.
+
+    Raises `initializer_failed(initializer, error)` if it raises: the error
+    the worker's next call, or `start()`'s caller, gets (see `Strategy.start`).
+    """
+    if initializer is None:
+        return _NO_STATE
+    try:
+        return initializer(*initargs)
+    except BaseException as exc:
+        raise initializer_failed(initializer, exc) from exc

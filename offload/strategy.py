@@ -16,13 +16,17 @@ Helpers, public for strategy authors:
 - `CallQueue`: the fair queue (lanes by weight, flows by cost) every
   queuing strategy shares; `Lane`, `Lanes` (an executor's lanes, checked
   once), `Flow`.
+- `PooledStrategy`: the base of a strategy whose workers are a pool (what
+  `thread`, `process` and `ray` are): it owns a `Dispatcher` built from the
+  `SlotWorker` the subclass makes, and implements `capacity`, `schedule`,
+  `start`, `shutdown` and `after_fork_in_child` with it.
 - `Dispatcher` and `SlotWorker`: a `CallQueue` served by slot threads, each
-  driving one worker (a thread, a process, an actor); what `thread`,
-  `process` and `ray` are built on. `ExpressSlotWorker`: a `SlotWorker`
-  that can also make the express slot (cheap calls only).
+  driving one worker (a thread, a process, an actor). `ExpressSlotWorker`:
+  a `SlotWorker` that can also make the express slot (cheap calls only).
 - `Startup`: what `start()` waits on.
 - `check_max_workers`, `check_initializer`, `check_cost`: argument checks with
-  the house's messages.
+  the house's messages. `run_initializer`: a worker's initializer, run once
+  on its thread, its failure reported as `initializer_failed`.
 - `initializer_failed`, `executor_closed`: the errors users see, built once.
 - `count_worker_restart`, `count_batch`: metrics only a strategy can see.
 - `by_reference`, `portable_error`, `set_worker_state`: for workers in
@@ -38,13 +42,14 @@ from ._dispatch import Dispatcher
 from ._errors import executor_closed, initializer_failed
 from ._lanes import Flow, Lane, Lanes, check_cost
 from ._metrics import count_worker_restart
+from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
 from ._slot_worker import ExpressSlotWorker, SlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
 from ._tracker import count_batch
-from ._worker_state import set_worker_state
+from ._worker_state import run_initializer, set_worker_state
 
 __all__ = [
     "CANCELLED",
@@ -57,6 +62,7 @@ __all__ = [
     "Flow",
     "Lane",
     "Lanes",
+    "PooledStrategy",
     "SlotWorker",
     "Startup",
     "Strategy",
@@ -69,6 +75,7 @@ __all__ = [
     "executor_closed",
     "initializer_failed",
     "portable_error",
+    "run_initializer",
     "set_worker_state",
     "usable_cpu_count",
 ]

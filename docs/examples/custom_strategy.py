@@ -1,10 +1,11 @@
 """Write your own strategy: threads pinned to CPU cores, on offload's public interface.
 
-`Dispatcher` gives the queue (fair by lane, flow and cost), the slot threads,
-start-up, shutdown and joining; the strategy says what one slot does: pin its
-thread to a core (Linux: `sched_setaffinity(0, ...)` applies to the calling
-thread), run the initializer, then the calls it takes. `offload.Executor` adds
-admission, deadlines, lanes, metrics and fork handling around it.
+`PooledStrategy` gives the queue (fair by lane, flow and cost), the slot
+threads, start-up, shutdown and fork handling; the strategy says what one
+slot does, in a slot worker of its own: pin its thread to a core (Linux:
+`sched_setaffinity(0, ...)` applies to the calling thread), run the
+initializer, then the calls it takes. `offload.Executor` adds admission,
+deadlines, lanes and metrics around it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,7 @@ from typing import Any, final
 import anyio
 
 import offload
-from offload.strategy import (
-    Call,
-    Dispatcher,
-    Strategy,
-    check_initializer,
-    check_max_workers,
-    initializer_failed,
-)
+from offload.strategy import Call, PooledStrategy, check_initializer, run_initializer
 
 _UNSTARTED: Any = object()
 
@@ -36,7 +30,32 @@ class _Slot:
 
 
 @final
-class PinnedThreadStrategy(Strategy):
+class _PinnedThreads:
+    """One slot: the dispatcher calls these on the slot's own thread (`new_slot` excepted)."""
+
+    def __init__(self, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+        self._initializer, self._initargs = initializer, initargs
+        self.cores = sorted(os.sched_getaffinity(0))
+
+    def new_slot(self, number: int) -> _Slot:
+        return _Slot(self.cores[number % len(self.cores)])
+
+    def start_worker(self, slot: _Slot) -> None:
+        os.sched_setaffinity(0, {slot.core})
+        slot.state = run_initializer(self._initializer, self._initargs)
+
+    def worker_ready(self, slot: _Slot) -> bool:
+        return slot.state is not _UNSTARTED
+
+    def run(self, slot: _Slot, call: Call[Any]) -> None:
+        call.execute(slot.state)
+
+    def stop_worker(self, slot: _Slot) -> None:
+        slot.state = _UNSTARTED
+
+
+@final
+class PinnedThreadStrategy(PooledStrategy[_Slot]):
     """Up to `max_workers` threads (default: one per allowed core), each pinned to a core in turn."""
 
     name = "pinned-thread"
@@ -49,55 +68,11 @@ class PinnedThreadStrategy(Strategy):
         initargs: tuple[Any, ...] = (),
     ) -> None:
         check_initializer(initializer, initargs)
-        self._initializer, self._initargs = initializer, initargs
-        self._cores = sorted(os.sched_getaffinity(0))
-        self._size = check_max_workers(max_workers or len(self._cores))
-        self._dispatch = Dispatcher(self.name, self._size, self)
+        self._slot_worker = _PinnedThreads(initializer, initargs)
+        super().__init__(len(self._slot_worker.cores) if max_workers is None else max_workers)
 
-    @property
-    def max_workers(self) -> int:
-        return self._size
-
-    # The strategy: the executor calls these.
-    def capacity(self) -> int:
-        return self._size
-
-    def schedule(self, call: Call[Any]) -> None:
-        self._dispatch.put(call)
-
-    def start(self) -> None:
-        self._dispatch.start_all()
-
-    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        self._dispatch.close(cancel_futures)
-        if wait:
-            self._dispatch.join()
-
-    def after_fork_in_child(self) -> None:
-        self._dispatch = Dispatcher(self.name, self._size, self)
-
-    # One slot: the dispatcher calls these on the slot's own thread.
-    def new_slot(self, number: int) -> _Slot:
-        return _Slot(self._cores[number % len(self._cores)])
-
-    def start_worker(self, slot: _Slot) -> None:
-        os.sched_setaffinity(0, {slot.core})
-        try:
-            slot.state = self._initializer(*self._initargs) if self._initializer else None
-        except BaseException as exc:
-            raise initializer_failed(self._initializer, exc) from exc
-
-    def worker_ready(self, slot: _Slot) -> bool:
-        return slot.state is not _UNSTARTED
-
-    def run(self, slot: _Slot, call: Call[Any]) -> None:
-        if self._initializer is None:
-            call.execute()  # no worker_state()
-        else:
-            call.execute(slot.state)
-
-    def stop_worker(self, slot: _Slot) -> None:
-        slot.state = _UNSTARTED
+    def new_slot_worker(self) -> _PinnedThreads:
+        return self._slot_worker
 
 
 def where() -> set[int]:

@@ -39,12 +39,10 @@ from typing import Any, final
 
 from .._call import Call
 from .._config import check_initializer, check_max_workers, usable_cpu_count
-from .._dispatch import Dispatcher
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
-from .._lanes import check_cost
 from .._niceness import DEFAULT_NICE, check_nice
-from .._strategy import Strategy
+from .._pooled import PooledStrategy
 from . import _wire
 from ._process_slot import ProcessSlot, ProcessSlots, WorkerConfig
 from ._worker_process import STOP_GRACE
@@ -76,7 +74,7 @@ def _shutdown_all() -> None:
 
 
 @final
-class ProcessStrategy(Strategy):
+class ProcessStrategy(PooledStrategy[ProcessSlot]):
     """Runs calls in up to `max_workers` long-lived worker processes.
 
     Use it for pure-Python work that holds the GIL (chat templates, image
@@ -174,10 +172,6 @@ class ProcessStrategy(Strategy):
         nice: int = DEFAULT_NICE,
         express_cost: float = 0.0,
     ) -> None:
-        self._max_workers = (
-            usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
-        )
-        self._express_cost = check_cost(express_cost, source="express_cost")
         check_initializer(initializer, initargs)
         for option, value in (
             ("max_tasks_per_worker", max_tasks_per_worker),
@@ -197,9 +191,9 @@ class ProcessStrategy(Strategy):
         check_nice(nice)
         self._kill_on_cancel = cancel == "kill"
         self._start_method = start_method
-        self._pool = f"offload-process-{next(_pool_ids)}"
+        pool = f"offload-process-{next(_pool_ids)}"
         self._config = WorkerConfig(
-            name=self._pool,
+            name=pool,
             initializer=initializer,
             initargs=initargs,
             threshold=shared_memory_threshold,
@@ -211,27 +205,18 @@ class ProcessStrategy(Strategy):
         # Made on first use: nothing (no pipe, no server process) exists until a call.
         self._alive_r: Connection | None = None
         self._alive_w: Connection | None = None
-        self._new_pool()
-
-    def _new_pool(self) -> None:
-        self._slots = ProcessSlots(self, self._config)
-        self._dispatch: Dispatcher[ProcessSlot] = Dispatcher(
-            self.name, self._max_workers, self._slots, thread_name=self._pool, express_cost=self._express_cost
+        super().__init__(
+            usable_cpu_count() if max_workers is None else max_workers,
+            express_cost=express_cost,
+            thread_name=pool,
         )
+
+    def new_slot_worker(self) -> ProcessSlots:
+        # A pool's worth of state (its pipe to the workers, whether it is
+        # stopping): a fresh one for each dispatcher, and a fresh start.
+        self._slots = ProcessSlots(self, self._config)
         self._prepared = False
-
-    @property
-    def max_workers(self) -> int:
-        return self._max_workers
-
-    @property
-    def express_cost(self) -> float:
-        """The express worker's bound (0: there is none)."""
-        return self._express_cost
-
-    def capacity(self) -> int:
-        # Not the express worker: it takes a call only beside a far costlier one.
-        return self._max_workers
+        return self._slots
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for tests and diagnostics)."""
@@ -262,11 +247,11 @@ class ProcessStrategy(Strategy):
 
     def schedule(self, call: Call[Any]) -> None:
         self._prepare()
-        self._dispatch.put(call)
+        super().schedule(call)
 
     def start(self) -> None:
         self._prepare()
-        self._dispatch.start_all()
+        super().start()
 
     def cancel_running(self, call: Call[Any], reason: str) -> None:
         if not self._kill_on_cancel:
@@ -285,9 +270,8 @@ class ProcessStrategy(Strategy):
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         self._slots.stopping = True
-        self._dispatch.close(cancel_futures)
+        super().shutdown(wait, cancel_futures)
         if wait:
-            self._dispatch.join()
             with self._prepare_lock:
                 if not self._dispatch.slots():
                     for conn in (self._alive_w, self._alive_r):
@@ -319,10 +303,7 @@ class ProcessStrategy(Strategy):
             if conn is not None:
                 conn.close()
         self._alive_r = self._alive_w = None
-        stopping = self._dispatch.stopping
         self._prepare_lock = threading.Lock()
-        self._new_pool()
-        if stopping:
-            self.shutdown(wait=False, cancel_futures=True)
+        super().after_fork_in_child()
         _live.discard(self)
 

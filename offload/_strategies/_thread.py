@@ -7,13 +7,10 @@ from collections.abc import Callable
 from typing import Any, final
 
 from .._call import Call
-from .._config import check_initializer, check_max_workers, default_thread_workers
-from .._dispatch import Dispatcher
-from .._errors import initializer_failed
-from .._lanes import check_cost
+from .._config import check_initializer, default_thread_workers
 from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
-from .._strategy import Strategy
-from .._worker_state import _NO_STATE
+from .._pooled import PooledStrategy
+from .._worker_state import run_initializer
 
 _pool_ids = itertools.count()
 _UNSTARTED: Any = object()
@@ -34,7 +31,41 @@ class _Slot:
 
 
 @final
-class ThreadStrategy(Strategy):
+class _ThreadSlots:
+    """What a slot of `thread` does (an `offload.strategy.ExpressSlotWorker`):
+    the slot thread is the worker."""
+
+    def __init__(self, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...], nice: int) -> None:
+        self._initializer = initializer
+        self._initargs = initargs
+        self._nice = nice
+
+    def new_slot(self, number: int) -> _Slot:
+        return _Slot()
+
+    def new_express_slot(self, number: int) -> _Slot:
+        return _Slot(express=True)
+
+    def start_worker(self, slot: _Slot) -> None:
+        # Called on the slot's own thread, before its first call (and again
+        # after an initializer failed: the priority is lowered once).
+        if not slot.lowered:
+            slot.lowered = True
+            lower_this_thread(0 if slot.express else self._nice)
+        slot.state = run_initializer(self._initializer, self._initargs)
+
+    def worker_ready(self, slot: _Slot) -> bool:
+        return slot.state is not _UNSTARTED
+
+    def run(self, slot: _Slot, call: Call[Any]) -> None:
+        call.execute(slot.state)
+
+    def stop_worker(self, slot: _Slot) -> None:
+        slot.state = _UNSTARTED
+
+
+@final
+class ThreadStrategy(PooledStrategy[_Slot]):
     """Runs calls on up to `max_workers` threads, started on demand and kept.
 
     Threads help while the call releases the GIL (tokenizers in Rust, NumPy,
@@ -85,80 +116,14 @@ class ThreadStrategy(Strategy):
         nice: int = DEFAULT_NICE,
         express_cost: float = 0.0,
     ) -> None:
-        self._max_workers = (
-            default_thread_workers() if max_workers is None else check_max_workers(max_workers)
-        )
-        self._express_cost = check_cost(express_cost, source="express_cost")
         check_initializer(initializer, initargs)
-        self._initializer = initializer
-        self._initargs = initargs
-        self._nice = check_nice(nice)
-        self._thread_name = f"{thread_name_prefix}-{next(_pool_ids)}"
-        self._dispatch = self._new_dispatcher()
-
-    def _new_dispatcher(self) -> Dispatcher[_Slot]:
-        return Dispatcher(
-            self.name, self._max_workers, self, thread_name=self._thread_name, express_cost=self._express_cost
+        self._slot_worker = _ThreadSlots(initializer, initargs, check_nice(nice))
+        super().__init__(
+            default_thread_workers() if max_workers is None else max_workers,
+            express_cost=express_cost,
+            thread_name=f"{thread_name_prefix}-{next(_pool_ids)}",
         )
 
-    @property
-    def max_workers(self) -> int:
-        return self._max_workers
-
-    @property
-    def express_cost(self) -> float:
-        """The express worker's bound (0: there is none)."""
-        return self._express_cost
-
-    def capacity(self) -> int:
-        # Not the express worker: it takes a call only beside a far costlier one.
-        return self._max_workers
-
-    def schedule(self, call: Call[Any]) -> None:
-        self._dispatch.put(call)
-
-    def start(self) -> None:
-        self._dispatch.start_all()
-
-    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        self._dispatch.close(cancel_futures)
-        if wait:
-            self._dispatch.join()
-
-    def after_fork_in_child(self) -> None:
-        # The parent's threads do not exist here; its queued calls are its own.
-        stopping = self._dispatch.stopping
-        self._dispatch = self._new_dispatcher()
-        if stopping:
-            self._dispatch.close(cancel_futures=True)
-
-    # ---- the slots (`offload.strategy.SlotWorker`) -----------------------------
-
-    def new_slot(self, number: int) -> _Slot:
-        return _Slot()
-
-    def new_express_slot(self, number: int) -> _Slot:
-        return _Slot(express=True)
-
-    def start_worker(self, slot: _Slot) -> None:
-        # Called on the slot's own thread, before its first call (and again
-        # after an initializer failed: the priority is lowered once).
-        if not slot.lowered:
-            slot.lowered = True
-            lower_this_thread(0 if slot.express else self._nice)
-        if self._initializer is None:
-            slot.state = _NO_STATE
-            return
-        try:
-            slot.state = self._initializer(*self._initargs)
-        except BaseException as exc:
-            raise initializer_failed(self._initializer, exc) from exc
-
-    def worker_ready(self, slot: _Slot) -> bool:
-        return slot.state is not _UNSTARTED
-
-    def run(self, slot: _Slot, call: Call[Any]) -> None:
-        call.execute(slot.state)
-
-    def stop_worker(self, slot: _Slot) -> None:
-        slot.state = _UNSTARTED
+    def new_slot_worker(self) -> _ThreadSlots:
+        # Holds no per-slot state: one serves every dispatcher, a fork's included.
+        return self._slot_worker

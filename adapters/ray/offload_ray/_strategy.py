@@ -1,8 +1,9 @@
 """`ray`: long-lived actors of a Ray cluster, fed from offload's queue on the caller's side.
 
 Built on offload's public strategy interface only (`offload.strategy`): the
-queue, the slot threads, start-up and shutdown are `Dispatcher`'s; this module
-is what one slot does with its actor (the package's `__init__` maps the rest).
+queue, the slot threads, start-up, shutdown and fork are `PooledStrategy`'s;
+this module is what one slot does with its actor (the package's `__init__`
+maps the rest).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import offload
 from offload.strategy import (
     SHUTDOWN,
     Call,
-    Dispatcher,
-    Strategy,
+    PooledStrategy,
     check_initializer,
     check_max_workers,
     count_worker_restart,
@@ -79,7 +79,7 @@ class _Slot:
 
 
 @final
-class RayStrategy(Strategy):
+class RayStrategy(PooledStrategy[_Slot]):
     """Runs calls on `max_workers` long-lived actors of a Ray cluster.
 
     Use it when pre-processing outgrows one host: image and video decoding,
@@ -191,7 +191,6 @@ class RayStrategy(Strategy):
         actor_stop_timeout: float = DEFAULT_ACTOR_STOP_TIMEOUT,
         ray_init_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._max_workers = usable_cpu_count() if max_workers is None else check_max_workers(max_workers)
         check_initializer(initializer, initargs)
         if address is not None and not (isinstance(address, str) and address.strip()):
             raise offload.ConfigError(
@@ -218,43 +217,35 @@ class RayStrategy(Strategy):
         self._scheduling_strategy = scheduling_strategy
         self._threshold = object_store_threshold
         self._ray_init_options = dict(ray_init_options or {})
-        self._pool = f"offload-ray-{next(_pool_ids)}"
         self._actor_class: Any = None
-        self._new_pool()
-
-    def _new_pool(self) -> None:
-        self._dispatch: Dispatcher[_Slot] = Dispatcher(
-            self.name, self._max_workers, self, thread_name=self._pool
+        super().__init__(
+            usable_cpu_count() if max_workers is None else max_workers,
+            thread_name=f"offload-ray-{next(_pool_ids)}",
         )
-        self._stopping = False
+
+    def new_slot_worker(self) -> RayStrategy:
+        # The strategy drives its actors itself; a fresh pool (at
+        # construction, and in a child after a fork) starts with fresh
+        # shutdown bookkeeping.
         self._terminating = False
         self._release = Release(
             {"CPU": self._num_cpus, **self._resources},
             self._actor_stop_timeout,
             to_cluster=not isinstance(self._scheduling_strategy, PlacementGroupSchedulingStrategy),
         )
+        return self
 
     def actors(self) -> list[Any]:
         """The live actor handles (for tests and diagnostics)."""
         return [slot.actor for slot in self._dispatch.slots() if slot.actor is not None]
 
-    def capacity(self) -> int:
-        return self._max_workers
-
-    @property
-    def max_workers(self) -> int:
-        return self._max_workers
-
     # ---- the strategy ----------------------------------------------------------------
 
     def schedule(self, call: Call[Any]) -> None:
-        self._dispatch.put(call)
+        super().schedule(call)
         # Every actor at once: connecting to Ray and placing actors is slow,
         # and a pool that grew call by call would pay it under load.
         self._dispatch.grow()
-
-    def start(self) -> None:
-        self._dispatch.start_all()
 
     def terminate_running(self) -> bool:
         # Ray cannot interrupt a synchronous actor task: kill the actors still
@@ -279,20 +270,15 @@ class RayStrategy(Strategy):
         with self._dispatch.lock:
             has_actors = any(slot.actor is not None for slot in slots)
         self._release.begin(has_actors=has_actors)
-        self._stopping = True
-        self._dispatch.close(cancel_futures)
+        super().shutdown(wait, cancel_futures)
         if wait:
-            self._dispatch.join()
             self._release.wait()
 
     def after_fork_in_child(self) -> None:
-        # The parent's slot threads do not exist here, its actors are its own
-        # (and Ray's connection is not ours: `connect` says so).
-        stopping = self._stopping
+        # The parent's actors are its own (and Ray's connection is not ours:
+        # `connect` says so); their objects must outlive this child's pool.
         keep_parents_pool(dict(vars(self)))
-        self._new_pool()
-        if stopping:
-            self.shutdown(wait=False, cancel_futures=True)
+        super().after_fork_in_child()
 
     # ---- one slot (`offload.strategy.SlotWorker`) --------------------------------------
 
@@ -389,7 +375,7 @@ class RayStrategy(Strategy):
     def _replace(self, slot: _Slot, reason: str) -> None:
         """Start the dead actor's successor now, so the pool keeps its size (a
         failure here is retried by the next call)."""
-        if self._stopping or self._terminating:
+        if self._dispatch.stopping or self._terminating:
             return
         count_worker_restart(self, reason)
         try:
