@@ -1,6 +1,7 @@
 """What a batching strategy runs together: a function's batch form
-(`BatchedFunction`) and the key that says which queued calls may share one
-batch (`batch_key`), compared exactly, never by a value's own `==`."""
+(`BatchedFunction`), the key that says which queued calls may share one
+batch (`batch_key`), compared exactly, never by a value's own `==`, and
+running a batch (`run_batch`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any, Generic, TypeVar, final
 from typing_extensions import ParamSpec
 
 from .._call import Call
+from .._errors import OffloadError
+from .._tracker import count_batch
+from .._worker_state import _swap_state
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -113,3 +117,60 @@ def batch_key(call: Call[Any]) -> Hashable | None:
     except RecursionError:  # absurdly deep tuples: run alone
         return None
     return (_Same(fn.fn), _Same(fn.batch), kwargs)
+
+
+def run_batch(group: list[Call[Any]], state: Any) -> None:
+    """Run `group` (calls that may share a batch, the first deciding its
+    function and keyword arguments) with `state` as `worker_state()`: as
+    one `batch(...)` call, a call alone, or, if the batch form raises, each
+    call on its own (see `BatchingStrategy`)."""
+    # Claiming here, right before the start, is what keeps a call cancelled
+    # while it sat in the batch from running.
+    claimed = [call for call in group if call.claim()]
+    count_batch(claimed)
+    if len(claimed) == 1:
+        claimed[0].execute(state)
+    elif claimed:
+        _run_together(claimed, state)
+
+
+def _run_together(claimed: list[Call[Any]], state: Any) -> None:
+    first = claimed[0]
+    form: BatchedFunction[..., Any] = first.fn  # type: ignore[assignment]
+    items = [call.args[0] for call in claimed]
+    previous = _swap_state(state)
+    try:
+        if first.context is None:
+            results = form.batch(items, **first.kwargs)
+        else:
+            results = first.context.run(form.batch, items, **first.kwargs)
+    except Exception:
+        failed = True
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: not an item's fault
+        for call in claimed:
+            call.set_exception(exc)
+        return
+    else:
+        failed = False
+    finally:
+        _swap_state(previous)
+        del items
+    if failed:
+        # Find the bad item(s): each call alone, with its own exception and frames.
+        for call in claimed:
+            call.execute(state)
+        return
+    if not isinstance(results, (list, tuple)) or len(results) != len(claimed):
+        shape = f"{type(results).__name__}" + (
+            f" of {len(results)}" if isinstance(results, (list, tuple)) else ""
+        )
+        for call in claimed:
+            call.set_exception(
+                OffloadError(
+                    f"batch form {form.batch!r} returned a {shape} for {len(claimed)} "
+                    "items; it must return a list with one result per item, in order"
+                )
+            )
+        return
+    for call, result in zip(claimed, results, strict=True):
+        call.set_result(result)

@@ -1,4 +1,4 @@
-"""`async-renderer`: one worker lane that runs queued calls as micro-batches."""
+"""`async-renderer`: one worker thread that runs queued calls as micro-batches."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar, final
 
 from typing_extensions import ParamSpec
 
 from .._call import Call
 from .._config import check_initializer
-from .._errors import ConfigError, OffloadError, executor_closed, initializer_failed
+from .._errors import ConfigError, OffloadError, executor_closed
 from .._queue import CallQueue
+from .._serving import serve
 from .._startup import Startup
 from .._strategy import Strategy
-from .._tracker import count_batch
-from .._worker_state import _NO_STATE, _swap_state
-from ._batch_form import BatchedFunction, batch_key
+from .._worker_state import run_initializer
+from ._batch_form import BatchedFunction, batch_key, run_batch
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -33,7 +33,7 @@ DEFAULT_MAX_BATCH_SIZE = 64
 #: vLLM's micro-batcher ~2 ms a request at low load (its 2 ms `batch_wait_timeout`).
 DEFAULT_MAX_WAIT = 0.0
 
-_lane_ids = itertools.count()
+_worker_ids = itertools.count()
 _UNSTARTED: Any = object()
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class BatchingStrategy(Strategy):
     """Micro-batching: one worker thread drains a queue, running pending calls of a
     function that has a batch form as one `batch([...], **kwargs)` call.
 
-    **Order.** The lane takes the next call as every queue does (fairly by
+    **Order.** The worker takes the next call as every queue does (fairly by
     lane, flow and cost; see `Executor`), then the queued calls that may join
     its batch, one by one in the same fair order (`CallQueue.take`): lanes
     share a batch by weight, and each lane and flow is charged for the calls
@@ -68,8 +68,8 @@ class BatchingStrategy(Strategy):
     **kwargs)` would return. It runs in the worker with `worker_state()` set,
     inside the `contextvars` context of the batch's oldest call. A batch of one
     calls `fn` itself. Calls made without a batch form, or with other than one
-    positional argument, run one at a time in arrival order: a single ordered
-    lane, like vLLM's single-worker multimodal executor.
+    positional argument, run one at a time in the queue's order, on the one
+    worker, like vLLM's single-worker multimodal executor.
 
     **Errors.** If `batch_fn` raises, each call of that batch is run again on its
     own with `fn`, so only the bad item fails, with its own exception; the
@@ -110,7 +110,7 @@ class BatchingStrategy(Strategy):
             cause attached), and the one after it tries the initializer
             again; so every queued call ends, shutdown or not.
         initargs: positional arguments for `initializer`.
-        thread_name_prefix: names the worker `{prefix}-{lane}`.
+        thread_name_prefix: names the worker thread `{prefix}-{n}`.
 
     With `max_queue` on the executor, calls that may wait beyond one full
     batch before new ones fail with `Overloaded`.
@@ -145,7 +145,7 @@ class BatchingStrategy(Strategy):
         self._in_flight_failed = False
         self._initializer = initializer
         self._initargs = initargs
-        self._name = f"{thread_name_prefix}-{next(_lane_ids)}"
+        self._name = f"{thread_name_prefix}-{next(_worker_ids)}"
         self._reset()
         self._stopping = False
 
@@ -189,14 +189,14 @@ class BatchingStrategy(Strategy):
                 try:
                     self._spawn()
                 except RuntimeError as exc:  # can't start new thread
-                    raise OffloadError(f"{self.name}: could not start its lane thread: {exc}") from exc
+                    raise OffloadError(f"{self.name}: could not start its worker thread: {exc}") from exc
             self._pending.push(call)
             self._keys[call] = key
             self._cond.notify()
 
     def _spawn(self, startup: Startup | None = None) -> None:
         # Called with the lock held. Registered only once it runs: a thread
-        # that could not start must not stand for a lane that does not exist.
+        # that could not start must not stand for a worker that does not exist.
         thread = threading.Thread(target=self._work, args=(startup,), name=self._name, daemon=True)
         thread.start()
         self._threads.add(thread)
@@ -214,79 +214,47 @@ class BatchingStrategy(Strategy):
     # ---- worker side ---------------------------------------------------------
 
     def _work(self, startup: Startup | None = None) -> None:
-        state: Any = _NO_STATE
-        error: BaseException | None = None
-        if self._initializer is not None:
-            state, error = self._initialize()
-        if startup is not None:
-            startup.finished(error)
-            error = None  # start()'s caller has it: no call sees it
+        state: list[Any] = [_UNSTARTED]  # the worker's `worker_state()`, once its initializer ran
+
+        def start() -> None:
+            state[0] = run_initializer(self._initializer, self._initargs)
+
         try:
-            while self._wait_for_work():
-                if state is _UNSTARTED:
-                    if error is None:
-                        state, error = self._initialize()  # tried again, for this call
-                    if error is not None:
-                        # One call fails with it; the one after tries again.
-                        if not self._fail_next(error):
-                            break
-                        error = None
-                        continue
-                batch = self._next_batch()
-                if batch is None:
-                    break
-                self._run(batch, state)
-                del batch  # don't keep the last batch's arguments alive while idle
+            serve(
+                self._heads(),
+                start=start,
+                ready=lambda: state[0] is not _UNSTARTED,
+                run=lambda head: run_batch(self._batch(*head), state[0]),
+                fail=_fail,
+                startup=startup,
+            )
         finally:
             with self._cond:
                 self._threads.discard(threading.current_thread())
 
-    def _wait_for_work(self) -> bool:
-        """Wait until a call is queued; False once shut down with none left."""
-        with self._cond:
-            while not len(self._pending):
-                if self._stopping:
-                    return False
-                self._cond.wait()  # no timeout: an idle worker waits only for a call
-            return True
+    def _heads(self) -> Iterator[tuple[Call[Any], Hashable | None]]:
+        """The worker's one wait for work: each next queued call, with its
+        batch key, until shut down with none left."""
+        while True:
+            with self._cond:
+                while True:
+                    head = self._pending.pop()
+                    if head is not None:
+                        break
+                    if self._stopping:
+                        return
+                    self._cond.wait()  # no timeout: an idle worker waits only for a call
+                key = self._keys.pop(head, None)
+                self._forget_withdrawn()
+            yield head, key
+            del head  # don't keep the last call's arguments alive while idle
 
-    def _initialize(self) -> tuple[Any, BaseException | None]:
-        assert self._initializer is not None
-        try:
-            return self._initializer(*self._initargs), None
-        except BaseException as exc:
-            return _UNSTARTED, initializer_failed(self._initializer, exc)
-
-    def _fail_next(self, error: BaseException) -> bool:
-        """Fail the next queued call with `error`; False once shut down with none left."""
+    def _batch(self, head: Call[Any], key: Hashable | None) -> list[Call[Any]]:
+        """`head` and the queued calls that may join its batch."""
+        group = [head]
+        if key is None or self._max_batch_size == 1:
+            return group
         with self._cond:
-            while True:
-                call = self._pending.pop()
-                if call is not None:
-                    self._keys.pop(call, None)
-                    break
-                if self._stopping:
-                    return False
-                self._cond.wait()
-        if call.claim():
-            call.set_exception(error)
-        return True
-
-    def _next_batch(self) -> list[Call[Any]] | None:
-        """Wait for work; take the next call and the calls that may join it."""
-        with self._cond:
-            while True:
-                head = self._pending.pop()
-                if head is not None:
-                    break
-                if self._stopping:
-                    return None
-                self._cond.wait()  # no timeout: an idle worker waits only for a call
-            key = self._keys.pop(head, None)
-            self._forget_withdrawn()
-            group = [head]
-            if key is None or self._max_batch_size == 1:
-                return group
             self._gather(key, group)
             if self._max_wait > 0:
                 deadline = head.queued_at + self._max_wait
@@ -303,7 +271,7 @@ class BatchingStrategy(Strategy):
                     self._cond.wait(remaining)
                     self._gather(key, group)
                 self._collecting = []
-            return group
+        return group
 
     def _others_in_flight(self, batched: int) -> bool:
         """Whether `in_flight` counts calls beyond the `batched` ones (False once it failed)."""
@@ -337,57 +305,6 @@ class BatchingStrategy(Strategy):
             del keys[call]
         group.extend(taken)
 
-    def _run(self, group: list[Call[Any]], state: Any) -> None:
-        # Claiming here, right before the start, is what keeps a call cancelled
-        # while it sat in the batch from running.
-        claimed = [call for call in group if call.claim()]
-        count_batch(claimed)
-        if len(claimed) == 1:
-            claimed[0].execute(state)
-        elif claimed:
-            self._run_batch(claimed, state)
-
-    def _run_batch(self, claimed: list[Call[Any]], state: Any) -> None:
-        first = claimed[0]
-        form: BatchedFunction[..., Any] = first.fn  # type: ignore[assignment]
-        items = [call.args[0] for call in claimed]
-        previous = _swap_state(state)
-        try:
-            if first.context is None:
-                results = form.batch(items, **first.kwargs)
-            else:
-                results = first.context.run(form.batch, items, **first.kwargs)
-        except Exception:
-            failed = True
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: not an item's fault
-            for call in claimed:
-                call.set_exception(exc)
-            return
-        else:
-            failed = False
-        finally:
-            _swap_state(previous)
-            del items
-        if failed:
-            # Find the bad item(s): each call alone, with its own exception and frames.
-            for call in claimed:
-                call.execute(state)
-            return
-        if not isinstance(results, (list, tuple)) or len(results) != len(claimed):
-            shape = f"{type(results).__name__}" + (
-                f" of {len(results)}" if isinstance(results, (list, tuple)) else ""
-            )
-            for call in claimed:
-                call.set_exception(
-                    OffloadError(
-                        f"batch form {form.batch!r} returned a {shape} for {len(claimed)} "
-                        "items; it must return a list with one result per item, in order"
-                    )
-                )
-            return
-        for call, result in zip(claimed, results, strict=True):
-            call.set_result(result)
-
     # ---- shutdown ------------------------------------------------------------
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
@@ -408,3 +325,9 @@ class BatchingStrategy(Strategy):
             for thread in threads:
                 if thread is not me:
                     thread.join()
+
+
+def _fail(head: tuple[Call[Any], Hashable | None], error: BaseException) -> None:
+    call = head[0]
+    if call.claim():
+        call.set_exception(error)
