@@ -1,14 +1,20 @@
-"""`serve`: one worker's life, from its start to its last call, under the one
-rule for a worker that fails to start (every worker thread of `Dispatcher`
-and of `async-renderer` runs it)."""
+"""A worker's start-up rule, once: `serve` (one worker's life, from its start
+to its last call; every worker thread of `Dispatcher` and of
+`async-renderer` runs it) and `replace_worker` (a dead worker's successor)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from ._metrics import count_worker_restart
 from ._startup import Startup
 
+if TYPE_CHECKING:
+    from ._slot_worker import SlotWorker
+    from ._strategy import Strategy
+
+S = TypeVar("S")
 W = TypeVar("W")
 
 
@@ -51,3 +57,20 @@ def _attempt(start: Callable[[], None]) -> BaseException | None:
     except BaseException as exc:
         return exc
     return None
+
+
+def replace_worker(strategy: Strategy, worker: SlotWorker[S], slot: S, reason: str) -> None:
+    """Start the successor of `slot`'s worker, which died, was killed or was
+    retired (`reason`: `"crashed"`, `"killed"`, `"retired"`, counted in
+    `offload_worker_restarts_total`), now, on the slot's thread, so that the
+    pool is back to full strength before the next call needs it. For
+    strategy authors; not while the strategy shuts down.
+
+    By the start-up rule (`serve`), a successor that fails to start fails
+    nobody now: the slot's next call starts it again and gets the error.
+    """
+    count_worker_restart(strategy, reason)
+    try:
+        worker.start_worker(slot)
+    except BaseException:  # noqa: S110 (the next call retries and reports it)
+        pass

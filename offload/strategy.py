@@ -26,7 +26,9 @@ Helpers, public for strategy authors:
 - `Startup`: what `start()` waits on.
 - `check_max_workers`, `check_initializer`, `check_cost`: argument checks with
   the house's messages. `run_initializer`: a worker's initializer, run once
-  on its thread, its failure reported as `initializer_failed`.
+  on its thread, its failure reported as `initializer_failed`;
+  `replace_worker`: start a dead worker's successor now (its failure left to
+  the next call, by the one start-up rule).
 - `initializer_failed`, `executor_closed`: the errors users see, built once.
 - `count_worker_restart`, `count_batch`: metrics only a strategy can see.
 - `by_reference`, `portable_error`, `set_worker_state`: for workers in
@@ -45,6 +47,7 @@ from ._metrics import count_worker_restart
 from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
+from ._serving import replace_worker
 from ._slot_worker import ExpressSlotWorker, SlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
@@ -75,6 +78,7 @@ __all__ = [
     "executor_closed",
     "initializer_failed",
     "portable_error",
+    "replace_worker",
     "run_initializer",
     "set_worker_state",
     "usable_cpu_count",

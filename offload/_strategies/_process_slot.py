@@ -19,6 +19,7 @@ from .._call import SHUTDOWN, Call
 from .._errors import OffloadError, WorkerCrashed, initializer_failed
 from .._metrics import count_worker_restart
 from .._portable import by_reference, rebuild_error
+from .._serving import replace_worker
 from . import _encoding, _wire
 from ._worker_process import InitializerRaised, WorkerProcess
 
@@ -173,13 +174,8 @@ class ProcessSlots:
         if slot.worker is not None:
             slot.worker.reap()
         self._drop(slot)
-        if self.stopping or self.terminating:
-            return
-        count_worker_restart(self._strategy, reason)
-        try:
-            self.start_worker(slot)
-        except BaseException:  # noqa: S110 (the next call retries and reports it)
-            pass
+        if not (self.stopping or self.terminating):
+            replace_worker(self._strategy, self, slot, reason)
 
     # ---- killing, from other threads ----------------------------------------------
 

@@ -24,8 +24,8 @@ from offload.strategy import (
     PooledStrategy,
     check_initializer,
     check_max_workers,
-    count_worker_restart,
     initializer_failed,
+    replace_worker,
     usable_cpu_count,
 )
 
@@ -100,8 +100,8 @@ class RayStrategy(PooledStrategy[_Slot]):
     or more are put in the object store once (`ray.put`), and NumPy arrays
     arrive in the actor as read-only zero-copy views of it. An exception
     reaches the caller with its own type and message and the function's frames
-    (`offload.strategy.portable_error`; a class defined in the caller's
-    `__main__` included: `_actor.portable`). `contextvars` do not cross.
+    (`offload.strategy.portable_error`, checked with cloudpickle: a class
+    defined in the caller's `__main__` included). `contextvars` do not cross.
 
     **Crashes.** If an actor dies while running a call (its process killed, its
     node lost), that call raises `WorkerCrashed`, and a fresh actor takes its
@@ -375,10 +375,5 @@ class RayStrategy(PooledStrategy[_Slot]):
     def _replace(self, slot: _Slot, reason: str) -> None:
         """Start the dead actor's successor now, so the pool keeps its size (a
         failure here is retried by the next call)."""
-        if self._dispatch.stopping or self._terminating:
-            return
-        count_worker_restart(self, reason)
-        try:
-            self.start_worker(slot)
-        except BaseException:  # noqa: S110 (the next call retries and reports it)
-            pass
+        if not (self._dispatch.stopping or self._terminating):
+            replace_worker(self, self, slot, reason)
