@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 import sys
 import traceback
+from collections.abc import Callable
+from functools import partial
 from typing import Any, final
 
 # Makes tracebacks picklable, so the caller sees the function's own frames.
@@ -15,6 +17,10 @@ from typing import Any, final
 from tblib import pickling_support
 
 from ._errors import OffloadError
+
+#: What `portable_error` checks an exception with by default: what the
+#: `process` strategy sends it with.
+_DUMPS: Callable[[Any], bytes] = partial(pickle.dumps, protocol=5)
 
 
 @final
@@ -65,37 +71,44 @@ def by_reference(fn: Any) -> Any:
     return fn
 
 
-def describe_error(exc: BaseException) -> tuple[BaseException | None, str]:
-    """`exc`, made to pickle with its traceback where it can (`None` if it
-    cannot be pickled at all), and its formatted traceback text."""
+def describe_error(
+    exc: BaseException, dumps: Callable[[Any], bytes] = _DUMPS
+) -> tuple[BaseException | None, str]:
+    """`exc`, made to pickle (with `dumps`) with its traceback where it can
+    (`None` if it cannot be pickled at all), and its formatted traceback text."""
     text = "".join(traceback.format_exception(exc))
     # Per instance: the class (and those of its cause and context) may have
     # been defined after the worker started, so a blanket install misses it.
     pickling_support.install(exc)
-    if _round_trips(exc):
+    if _round_trips(exc, dumps):
         return exc, text
     # Pickling a traceback recurses once per frame: past a few hundred frames
     # (always for a RecursionError) it fails. The type and message matter more
     # than the frames, which the parent gets as text.
     for link in _chain(exc):
         link.__traceback__ = None
-    if _round_trips(exc):
+    if _round_trips(exc, dumps):
         return exc, text
     return None, text  # the parent rebuilds it from the text
 
 
-def portable_error(exc: BaseException) -> BaseException:
+def portable_error(exc: BaseException, *, dumps: Callable[[Any], bytes] = _DUMPS) -> BaseException:
     """An exception to pickle in a worker process and raise in the caller's.
 
-    Call it in the worker on what the offloaded function raised, pickle the
+    Call it in the worker on what the offloaded function raised, send the
     result back, and pass it to `call.set_exception`. It is `exc` itself,
     made picklable with its traceback (tblib), so the caller gets the same
     type, message and the function's own frames; if the traceback cannot be
     pickled (too deep: a `RecursionError`), `exc` with its frames as a note
     (Python 3.11+); if `exc` cannot be pickled at all, an `OffloadError`
     whose message holds its formatted traceback.
+
+    `dumps` is what the worker will send it with, which decides what
+    "can be pickled" means: default `pickle.dumps`; a strategy whose
+    transport pickles classes by value (cloudpickle, as Ray does: an
+    exception class defined in the caller's `__main__`) passes its own.
     """
-    return rebuild_error(describe_error(exc))
+    return rebuild_error(describe_error(exc, dumps))
 
 
 def rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
@@ -112,9 +125,9 @@ def rebuild_error(payload: tuple[BaseException | None, str]) -> BaseException:
     )
 
 
-def _round_trips(exc: BaseException) -> bool:
+def _round_trips(exc: BaseException, dumps: Callable[[Any], bytes]) -> bool:
     try:
-        pickle.loads(pickle.dumps(exc, protocol=5))
+        pickle.loads(dumps(exc))
     except Exception:
         return False
     return True

@@ -56,3 +56,26 @@ def test_set_worker_state_is_what_worker_state_returns_on_this_thread() -> None:
 def test_count_worker_restart_given_a_name_says_it_takes_the_strategy() -> None:
     with pytest.raises(TypeError, match=r"takes the strategy \(self\), not its name"):
         count_worker_restart("pool", "crashed")  # type: ignore[arg-type]
+
+
+def test_portable_error_checks_with_the_transports_dumps() -> None:
+    """What "can be pickled" means is the worker's transport's: an exception
+    its `dumps` refuses becomes `OffloadError`, one it carries (a class pickle
+    cannot find by name, as cloudpickle carries it by value) stays itself."""
+
+    class LocalError(Exception):
+        pass
+
+    def refuse(obj: object) -> bytes:
+        raise TypeError("not this transport")
+
+    try:
+        helpers.raise_custom("boom")
+    except helpers.CustomError as exc:
+        refused = portable_error(exc, dumps=refuse)
+    assert isinstance(refused, offload.OffloadError)
+    assert "raise_custom" in str(refused)
+
+    local = LocalError("here")
+    assert isinstance(portable_error(local), offload.OffloadError)  # pickle cannot find the class
+    assert portable_error(local, dumps=lambda obj: pickle.dumps(None)) is local

@@ -3,7 +3,10 @@
 Kept apart from the strategy so that an actor imports only what it needs.
 Each call answers `("ok", result)` or `("error", exception)`: the exception
 travels as a value, not wrapped in Ray's `RayTaskError`, so the caller gets
-the function's own exception back.
+the function's own exception back (`offload.strategy.portable_error`,
+checked with cloudpickle, which Ray carries the reply with: it also carries
+classes by value, such as an exception class defined in the caller's
+`__main__`, which the actor cannot import and pickle would refuse).
 """
 
 from __future__ import annotations
@@ -14,27 +17,8 @@ from typing import Any
 
 import ray
 from ray import cloudpickle
-from tblib import pickling_support
 
 from offload.strategy import Call, portable_error
-
-
-def portable(exc: BaseException) -> BaseException:
-    """`exc` made to cross back to the caller: `exc` itself, frames included,
-    when cloudpickle carries it, else `offload.strategy.portable_error(exc)`.
-
-    Ray carries the reply with cloudpickle, which also carries classes by
-    value (an exception class defined in the caller's `__main__`, which the
-    actor cannot import); `portable_error` checks with pickle, which would
-    turn such an exception into `OffloadError`.
-    """
-    # Per instance: the class may have been defined after the actor started.
-    pickling_support.install(exc)
-    try:
-        cloudpickle.loads(cloudpickle.dumps(exc))
-    except Exception:
-        return portable_error(exc)
-    return exc
 
 
 class RayWorker:
@@ -48,10 +32,10 @@ class RayWorker:
             try:
                 self._state = initializer(*initargs)
             except BaseException as exc:
-                self._init_error = portable(exc)
+                self._init_error = portable_error(exc, dumps=cloudpickle.dumps)
 
     def ready(self) -> BaseException | None:
-        """`None` once the initializer ran, else its error (see `portable`)."""
+        """`None` once the initializer ran, else its error (made portable: see the module)."""
         return self._init_error
 
     def where(self) -> tuple[str, int]:
@@ -68,4 +52,4 @@ class RayWorker:
         try:
             return "ok", call.outcome()
         except BaseException as exc:
-            return "error", portable(exc)
+            return "error", portable_error(exc, dumps=cloudpickle.dumps)
