@@ -39,8 +39,8 @@ from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
 from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
+from ._lag import sample_loop_lag as sample_loop_lag
 from ._metrics import metrics_enabled as metrics_enabled
-from ._metrics import sample_loop_lag as sample_loop_lag
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
 from ._worker_state import worker_state as worker_state

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import final
 
-from ._errors import ConfigError, Overloaded
+from ._errors import Overloaded
 from ._lanes import Lane, Lanes
 
 
@@ -272,23 +272,3 @@ class Bounds:
             self._lanes[lane].inflight -= 1
             if queued:
                 self._add(lane, -cost_units(cost))
-
-
-def check_max_queue(value: object) -> int | None:
-    """Validate `max_queue`: `None` (unbounded) or an `int` >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"max_queue must be None (unbounded) or an integer >= 0, got {value!r}")
-    return value
-
-
-def check_max_queued_cost(value: object) -> float | None:
-    """Validate `max_queued_cost`: `None` (unbounded) or a number > 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(
-            f"max_queued_cost must be None (unbounded) or a finite number > 0, got {value!r}"
-        )
-    return float(value)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
+from ._checks import check_max_workers
 from ._errors import ConfigError
 
 STRATEGY_ENV = "OFFLOAD_STRATEGY"
@@ -47,21 +47,3 @@ def max_workers_from_env(environ: Mapping[str, str] | None = None) -> int | None
             "(digits only) or leave it unset for the strategy's default"
         )
     return check_max_workers(int(raw), source=MAX_WORKERS_ENV)
-
-
-def check_max_workers(value: object, *, source: str = "max_workers") -> int:
-    """Validate a worker count: a positive `int` (not a `bool`)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{source} must be a positive integer, got {value!r}")
-    if value < 1:
-        raise ConfigError(f"{source} must be a positive integer (1 or more), got {value!r}")
-    return value
-
-
-def check_initializer(
-    initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
-) -> None:
-    if initializer is not None and not callable(initializer):
-        raise ConfigError(f"initializer must be callable or None, got {initializer!r}")
-    if not isinstance(initargs, tuple):
-        raise ConfigError(f"initargs must be a tuple, got {type(initargs).__name__}")

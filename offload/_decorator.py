@@ -12,9 +12,9 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
+from ._checks import check_cost
 from ._errors import ConfigError
 from ._executor import Executor
-from ._lanes import check_cost
 from ._registry import build, resolve
 
 T = TypeVar("T")

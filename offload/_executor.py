@@ -15,12 +15,12 @@ from typing_extensions import ParamSpec, Self
 
 from . import _admission
 from ._admission import Admission
-from ._bounds import check_max_queue, check_max_queued_cost
 from ._call import Call
 from ._caller import CallOptions, check_timeout, run_call, submit_call
+from ._checks import check_cost, check_max_queue, check_max_queued_cost
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
-from ._lanes import Flow, Lanes, check_cost
+from ._lanes import Flow, Lanes
 from ._metrics import function_label, metrics_enabled
 from ._strategy import Strategy
 from ._tracker import CallTracker

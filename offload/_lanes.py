@@ -10,7 +10,6 @@ module imports neither.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from typing import final
 
@@ -24,13 +23,6 @@ DEFAULT_LANE_NAME = "default"
 #: for realistic costs (a subnormal weight makes `1 / weight` infinite).
 MIN_WEIGHT = 1e-9
 MAX_WEIGHT = 1e9
-
-
-def check_cost(cost: object, *, source: str = "cost") -> float:
-    """Validate a call's cost: a finite number >= 0 (not a `bool`)."""
-    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < math.inf:
-        raise ConfigError(f"{source} must be a finite number >= 0, got {cost!r}")
-    return float(cost)
 
 
 @final

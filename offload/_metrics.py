@@ -17,10 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
-import anyio
-
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
-from ._errors import ConfigError, WorkerCrashed
+from ._errors import WorkerCrashed
 from ._lanes import Lane, Lanes
 
 if TYPE_CHECKING:
@@ -43,11 +41,6 @@ LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 #: Batch-size buckets: powers of two up to the largest useful tokenizer batch.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-#: 10 ms between loop-lag samples: the lag of a wake-up is measured in full
-#: however long the interval, so this only sets how often a stall is caught;
-#: 100 wake-ups a second cost the loop well under 1% of a core.
-DEFAULT_LAG_INTERVAL = 0.01
 
 # (strategy, function) label values are bounded by the functions a program
 # offloads; a closure made per call still has one `__qualname__`.
@@ -314,27 +307,3 @@ def count_worker_restart(strategy: Strategy, reason: str) -> None:
     families = _Families.get() if metrics_enabled() else None
     if families is not None:
         families.restarts.labels(strategy.name, reason).inc()
-
-
-async def sample_loop_lag(loop: str = "main", interval: float = DEFAULT_LAG_INTERVAL) -> None:
-    """Observe the running event loop's lag into `offload_loop_lag_seconds{loop=...}`
-    forever (run it as a background task; cancel it to stop).
-
-    The task sleeps `interval` seconds over and over and records how much later
-    than asked it woke up, as `offload.LoopLagMonitor` does, but without keeping
-    the samples: a server can run it for months. Works on asyncio, uvloop and
-    trio. Returns at once, doing nothing, when metrics are off.
-    """
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-        raise ConfigError(f"interval must be a positive number of seconds, got {interval!r}")
-    families = _Families.get() if metrics_enabled() else None
-    if families is None:
-        return
-    observe = families.loop_lag.labels(loop).observe
-    clock = anyio.current_time
-    asleep_since = clock()
-    while True:
-        await anyio.sleep(interval)
-        now = clock()
-        observe(max(0.0, now - asleep_since - interval))
-        asleep_since = now

@@ -7,9 +7,8 @@ import abc
 from typing import Any, Generic, TypeVar
 
 from ._call import Call
-from ._config import check_max_workers
+from ._checks import check_cost, check_max_workers
 from ._dispatch import Dispatcher
-from ._lanes import check_cost
 from ._slot_worker import SlotWorker
 from ._strategy import Strategy
 

@@ -24,8 +24,9 @@ Helpers, public for strategy authors:
   driving one worker (a thread, a process, an actor). `ExpressSlotWorker`:
   a `SlotWorker` that can also make the express slot (cheap calls only).
 - `Startup`: what `start()` waits on.
-- `check_max_workers`, `check_initializer`, `check_cost`: argument checks with
-  the house's messages. `run_initializer`: a worker's initializer, run once
+- `check_max_workers`, `check_initializer`, `check_cost`, and by kind of
+  value `check_positive_int`, `check_non_negative_number`,
+  `check_positive_number`: argument checks with the house's messages. `run_initializer`: a worker's initializer, run once
   on its thread, its failure reported as `initializer_failed`;
   `replace_worker`: start a dead worker's successor now (its failure left to
   the next call, by the one start-up rule).
@@ -39,10 +40,18 @@ Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
-from ._config import check_initializer, check_max_workers, usable_cpu_count
+from ._checks import (
+    check_cost,
+    check_initializer,
+    check_max_workers,
+    check_non_negative_number,
+    check_positive_int,
+    check_positive_number,
+)
+from ._config import usable_cpu_count
 from ._dispatch import Dispatcher
 from ._errors import executor_closed, initializer_failed
-from ._lanes import Flow, Lane, Lanes, check_cost
+from ._lanes import Flow, Lane, Lanes
 from ._metrics import count_worker_restart
 from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
@@ -73,6 +82,9 @@ __all__ = [
     "check_cost",
     "check_initializer",
     "check_max_workers",
+    "check_non_negative_number",
+    "check_positive_int",
+    "check_positive_number",
     "count_batch",
     "count_worker_restart",
     "executor_closed",

@@ -23,7 +23,7 @@ async def test_monitor_samples_and_reports() -> None:
 
 
 async def test_monitor_sees_a_blocked_loop() -> None:
-    async with offload.LoopLagMonitor() as monitor:
+    async with offload.LoopLagMonitor(interval=0.001) as monitor:
         await anyio.sleep(0.02)
         time.sleep(0.3)  # noqa: ASYNC251 (blocking the loop is the point)
         await anyio.sleep(0.02)
@@ -39,7 +39,7 @@ def test_bad_interval() -> None:
 async def _lag_while_running(strategy: str) -> offload.LoopLagMonitor:
     ex = offload.get_executor(strategy, **({"max_workers": 4} if strategy == "thread" else {}))
     try:
-        async with offload.LoopLagMonitor() as monitor, anyio.create_task_group() as tg:
+        async with offload.LoopLagMonitor(interval=0.001) as monitor, anyio.create_task_group() as tg:
             for _ in range(8):
                 tg.start_soon(ex.run, helpers.sleep_and_return, 0.2)
     finally:

@@ -183,7 +183,7 @@ async def serve(executor: Any, engine: Engine, args: argparse.Namespace) -> dict
     engine.busy_s = 0.0
     cpu_before = _tree_cpu_s()
     gpu = GpuUtilization(engine.device)
-    async with offload.LoopLagMonitor() as lag:
+    async with offload.LoopLagMonitor(interval=0.001) as lag:
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(args.clients)))
         wall = time.perf_counter() - start

@@ -100,7 +100,7 @@ async def measure(run: Runner, fn: Callable[..., Any], arg: Any, concurrency: in
             remaining -= 1
             await run(fn, arg)
 
-    async with offload.LoopLagMonitor() as lag:
+    async with offload.LoopLagMonitor(interval=0.001) as lag:
         start = time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start

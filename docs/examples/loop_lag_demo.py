@@ -15,7 +15,7 @@ import time
 
 import offload
 
-STRATEGIES = [s for s in ("inline", "thread", "process") if s in offload.STRATEGIES]
+DEMO_STRATEGIES = [s for s in ("inline", "thread", "process") if s in offload.STRATEGIES]
 REQUESTS = 32 if "--quick" not in sys.argv else 8
 CONCURRENCY = 8
 
@@ -58,7 +58,7 @@ async def measure(strategy: str) -> str:
         await executor.run(heavy, 0)  # warm up (starts the worker processes for `process`)
         server, port = await serve(executor)
         health: list[float] = []
-        async with server, offload.LoopLagMonitor() as lag:
+        async with server, offload.LoopLagMonitor(interval=0.001) as lag:
             semaphore = asyncio.Semaphore(CONCURRENCY)
 
             async def work() -> None:
@@ -87,7 +87,7 @@ async def measure(strategy: str) -> str:
 
 async def main() -> None:
     print(f"{REQUESTS} CPU-heavy requests, {CONCURRENCY} at a time, /health probed meanwhile:")
-    for strategy in STRATEGIES:
+    for strategy in DEMO_STRATEGIES:
         print(await measure(strategy))
 
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar, final
 from typing_extensions import ParamSpec
 
 from .._call import Call
-from .._config import check_initializer
+from .._checks import check_initializer, check_non_negative_number, check_positive_int
 from .._errors import ConfigError, OffloadError, executor_closed
 from .._queue import CallQueue
 from .._serving import serve
@@ -128,19 +128,13 @@ class BatchingStrategy(Strategy):
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-batch",
     ) -> None:
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
-        if (
-            isinstance(max_wait, bool)
-            or not isinstance(max_wait, (int, float))
-            or not 0 <= max_wait < float("inf")
-        ):
-            raise ConfigError(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
+        check_positive_int(max_batch_size, "max_batch_size")
+        max_wait = check_non_negative_number(max_wait, "max_wait")
         if in_flight is not None and not callable(in_flight):
             raise ConfigError(f"in_flight must be a callable returning a count, got {in_flight!r}")
         check_initializer(initializer, initargs)
         self._max_batch_size = max_batch_size
-        self._max_wait = float(max_wait)
+        self._max_wait = max_wait
         self._in_flight = in_flight
         self._in_flight_failed = False
         self._initializer = initializer

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, final
 
 from .._call import Call
-from .._config import check_initializer
+from .._checks import check_initializer
 from .._errors import executor_closed, initializer_failed
 from .._strategy import Strategy
 from .._worker_state import _NO_STATE

@@ -38,7 +38,8 @@ from multiprocessing.connection import Connection
 from typing import Any, final
 
 from .._call import Call
-from .._config import check_initializer, check_max_workers, usable_cpu_count
+from .._checks import check_initializer, check_positive_int
+from .._config import usable_cpu_count
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
 from .._niceness import DEFAULT_NICE, check_nice
@@ -179,7 +180,7 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
             ("shared_memory_threshold", shared_memory_threshold),
         ):
             if value is not None:
-                check_max_workers(value, source=option)
+                check_positive_int(value, option, or_none=True)
         if cancel not in _CANCEL_MODES:
             raise ConfigError(f"cancel must be one of {_CANCEL_MODES}, got {cancel!r}")
         start_method = DEFAULT_START_METHOD if start_method is None else start_method

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any, final
 
 from .._call import Call
-from .._config import check_initializer, default_thread_workers
+from .._checks import check_initializer
+from .._config import default_thread_workers
 from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
 from .._pooled import PooledStrategy
 from .._worker_state import run_initializer

@@ -9,7 +9,6 @@ maps the rest).
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, final
 
@@ -23,7 +22,9 @@ from offload.strategy import (
     Call,
     PooledStrategy,
     check_initializer,
-    check_max_workers,
+    check_non_negative_number,
+    check_positive_int,
+    check_positive_number,
     initializer_failed,
     replace_worker,
     usable_cpu_count,
@@ -46,16 +47,6 @@ DEFAULT_ACTOR_START_TIMEOUT = 120.0
 DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
 
 _pool_ids = itertools.count()
-
-
-def _number(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise offload.ConfigError(f"{name} must be a number, got {value!r}")
-    if not (value >= 0 if allow_zero else value > 0) or value == math.inf:
-        raise offload.ConfigError(
-            f"{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}"
-        )
-    return float(value)
 
 
 def _call_name(call: Call[Any]) -> str:
@@ -196,18 +187,18 @@ class RayStrategy(PooledStrategy[_Slot]):
             raise offload.ConfigError(
                 f"address must be 'auto', 'ray://host:port', 'host:port' or None, got {address!r}"
             )
-        self._num_cpus = _number("num_cpus", num_cpus, allow_zero=True)
+        self._num_cpus = check_non_negative_number(num_cpus, "num_cpus")
         if resources is not None:
             if not isinstance(resources, Mapping):
                 raise offload.ConfigError(f"resources must be a mapping of name to amount, got {resources!r}")
             for key, amount in resources.items():
                 if not isinstance(key, str):
                     raise offload.ConfigError(f"resource names must be strings, got {key!r}")
-                _number(f"resources[{key!r}]", amount, allow_zero=True)
+                check_non_negative_number(amount, f"resources[{key!r}]")
         if object_store_threshold is not None:
-            check_max_workers(object_store_threshold, source="object_store_threshold")
-        self._actor_start_timeout = _number("actor_start_timeout", actor_start_timeout)
-        self._actor_stop_timeout = _number("actor_stop_timeout", actor_stop_timeout)
+            check_positive_int(object_store_threshold, "object_store_threshold", or_none=True)
+        self._actor_start_timeout = check_positive_number(actor_start_timeout, "actor_start_timeout")
+        self._actor_stop_timeout = check_positive_number(actor_stop_timeout, "actor_stop_timeout")
         if ray_init_options is not None and not isinstance(ray_init_options, Mapping):
             raise offload.ConfigError(f"ray_init_options must be a mapping, got {ray_init_options!r}")
         self._initializer = initializer
