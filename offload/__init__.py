@@ -12,8 +12,8 @@ The map (one module each):
   unit of work admitted once. `_bounds`: counting and refusing
   (`max_queue`, `max_queued_cost`). `_metrics`: the Prometheus side.
   `_tracker`: the two fed by each call's moves.
-- `_call`: `Call`, one call's state. `_caller`: its life as its caller sees
-  it (awaited, deadline, `Future`).
+- `_call`: `Call`, one call's state. `_outcome`: its outcome as its caller waits
+  for it (awaited, deadline, `Future`).
 - `_strategy`: the `Strategy` interface; `_strategies/`: one module per
   strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
   serving it; `_express`: the express slot; `_serving`: a worker's start-up
@@ -22,14 +22,13 @@ The map (one module each):
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
 admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`
 → a slot pops it, `Call.claim()`, runs it → `set_result` wakes the caller
-(`_caller.run_call`).
+(`_outcome.run_call`).
 """
 
 from . import strategy as strategy
 from ._admission import Admission as Admission
 from ._call import Call as Call
 from ._call import collect_call_times as collect_call_times
-from ._caller import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
 from ._errors import ConfigError as ConfigError
@@ -41,6 +40,7 @@ from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
 from ._lag import sample_loop_lag as sample_loop_lag
 from ._metrics import metrics_enabled as metrics_enabled
+from ._outcome import CallOptions as CallOptions
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
 from ._worker_state import worker_state as worker_state

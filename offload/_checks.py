@@ -52,6 +52,20 @@ def check_positive_number(value: object, name: str, *, or_none: bool = False) ->
     return float(value)  # type: ignore[arg-type]
 
 
+def check_timeout(timeout: object, *, allow_zero: bool) -> None:
+    """Validate a timeout: `None`, or a number of seconds > 0 (>= 0 with `allow_zero`)."""
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or math.isnan(timeout)
+        or not (timeout >= 0 if allow_zero else timeout > 0)
+    ):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"timeout must be a number of seconds {bound} or None, got {timeout!r}")
+
+
 # ---- the options' own names --------------------------------------------------------
 
 

@@ -16,12 +16,12 @@ from typing_extensions import ParamSpec, Self
 from . import _admission
 from ._admission import Admission
 from ._call import Call
-from ._caller import CallOptions, check_timeout, run_call, submit_call
-from ._checks import check_cost, check_max_queue, check_max_queued_cost
+from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
 from ._lanes import Flow, Lanes
 from ._metrics import function_label, metrics_enabled
+from ._outcome import CallOptions, run_call, submit_call
 from ._strategy import Strategy
 from ._tracker import CallTracker
 from ._waiter import checkpoint_if_cancelled

@@ -21,7 +21,7 @@ from .._metrics import count_worker_restart
 from .._portable import by_reference, rebuild_error
 from .._serving import replace_worker
 from . import _encoding, _wire
-from ._worker_process import InitializerRaised, WorkerProcess
+from ._worker_handle import InitializerRaised, WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _pickling_error(call: Call[Any], exc: BaseException) -> TypeError:
 
 @final
 class ProcessSlot:
-    """One slot's state. `worker`, `killed` and `sent` change under `ProcessSlots.lock`."""
+    """One slot's state. `worker`, `killed` and `sent` change under `ProcessSlotWorker.lock`."""
 
     __slots__ = ("express", "killed", "number", "sent", "tasks", "worker")
 
@@ -80,7 +80,7 @@ class ProcessSlot:
 
 
 @final
-class ProcessSlots:
+class ProcessSlotWorker:
     """The per-slot part of the process strategy (an `offload.strategy.SlotWorker`)."""
 
     def __init__(self, strategy: Any, config: WorkerConfig) -> None:

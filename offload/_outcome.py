@@ -1,5 +1,5 @@
-"""A call's life as its caller sees it: started, awaited (with a deadline) or
-handed back as a `concurrent.futures.Future`, cancelled.
+"""A call's outcome as its caller waits for it: started, awaited (with a
+deadline) or handed back as a `concurrent.futures.Future`, cancelled.
 
 What every executor does between admitting a call (`Executor._start`) and
 giving its caller the outcome, whatever the strategy.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
-import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, final
@@ -18,27 +17,14 @@ import anyio
 from typing_extensions import ParamSpec
 
 from ._call import CANCELLED, DEADLINE, Call
-from ._errors import ConfigError, ExecutorClosed
+from ._checks import check_timeout
+from ._errors import ExecutorClosed
 from ._lanes import Lane
 from ._strategy import Strategy
 from ._waiter import checkpoint_if_cancelled, current_waiter
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-def check_timeout(timeout: object, *, allow_zero: bool) -> None:
-    """Validate a timeout: `None`, or a number of seconds > 0 (>= 0 with `allow_zero`)."""
-    if timeout is None:
-        return
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or math.isnan(timeout)
-        or not (timeout >= 0 if allow_zero else timeout > 0)
-    ):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"timeout must be a number of seconds {bound} or None, got {timeout!r}")
 
 
 async def run_call(
