@@ -8,16 +8,19 @@ The map (one module each):
 
 - `_executor`: `Executor`, the front: lanes, admission, deadlines, shutdown.
 - `_registry`, `_decorator`: `get_executor(name)`, `make_async`.
-- `_lanes`: `Lane`, `Lanes`, `Flow`, costs. `_admission`: `Admission`, a
-  unit of work admitted once. `_bounds`: counting and refusing
+- `_lanes`: `Lane`, `Lanes`, `Flow`. `_checks`: argument checks.
+  `_admission`: the executor's `admission()` and its hints, and
+  `Admission`, a unit of work admitted once. `_bounds`: counting and refusing
   (`max_queue`, `max_queued_cost`). `_metrics`: the Prometheus side.
   `_tracker`: the two fed by each call's moves.
+- `_lag`: the loop-lag sampler (`LoopLagMonitor`, `sample_loop_lag`).
 - `_call`: `Call`, one call's state. `_outcome`: its outcome as its caller waits
   for it (awaited, deadline, `Future`).
 - `_strategy`: the `Strategy` interface; `_strategies/`: one module per
   strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
   serving it; `_express`: the express slot; `_serving`: a worker's start-up
   rule; `_pooled`: `PooledStrategy`, a pool strategy's base.
+- `testing/`: the contract suite, one mixin per concern (`_contract_*`).
 
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
 admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, final
 
@@ -14,7 +13,7 @@ import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
 from . import _admission
-from ._admission import Admission
+from ._admission import AdmissionControl
 from ._call import Call
 from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
@@ -32,86 +31,22 @@ P = ParamSpec("P")
 SCHEDULING = ("fair", "fifo")
 
 @final
-class Executor(concurrent.futures.Executor):
+class Executor(AdmissionControl, concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
     Build one with `offload.get_executor(name, **options)`, or from a
-    strategy object: `Executor(strategy, max_queue=..., lanes=...)`. Every
-    executor follows these rules, whatever its strategy:
-
-    **Calling.** `await executor.run(fn, *args, **kwargs)` runs `fn(*args, **kwargs)`
-    under the strategy and returns its result. It works under asyncio, uvloop and
-    trio. `submit`/`map` give the same from synchronous code through
-    `concurrent.futures.Future`, so an executor can be passed to
-    `loop.run_in_executor` or to any API that takes a `concurrent.futures.Executor`.
-
-    **Errors.** An exception raised by `fn` reaches the caller as the same
-    exception object (same type, message and the function's own frames in its
-    traceback; for `process`, a faithful copy). Errors of `offload` itself
-    derive from `OffloadError`.
-
-    **Cancellation.** Cancelling the task awaiting `run` returns control at once.
-    A call that has not started never starts (nor does a `submit` whose future
-    was cancelled). A call already running is not interrupted (Python cannot
-    interrupt a thread): it finishes in the background, its worker stays busy
-    until then (so the concurrency bound still holds), and its result is dropped.
-
-    **Concurrency bound and order.** At most `capacity` calls run at once; the
-    rest wait in the executor's queue, served fairly (`scheduling="fair"`,
-    the default): by lane, in proportion to the lanes' weights, and within a
-    lane by flow and cost, so a small call never waits for another flow's
-    backlog. With every call of cost 1 and no flows (the defaults), that
-    is first in, first out; `scheduling="fifo"` makes it so whatever the costs.
-
-    **Cost, lane, flow.** `executor.options(cost=, lane=)` gives calls a cost
-    (a number in any unit the callers agree on: characters, bytes, items;
-    default 1) and a lane (a name from `lanes`; default `"default"`). Calls
-    made inside an `admission()` block share one flow.
-
-    **Context.** `fn` runs in a copy of the caller's `contextvars` context, as
-    with `asyncio.to_thread` (a strategy that runs calls in another process
-    cannot carry it: `carries_context` is False).
-
-    **Worker state.** With `initializer=`, each worker runs
-    `initializer(*initargs)` once, before its first call, and `fn` reads the
-    result with `offload.worker_state()`; no two workers share it.
-
-    **Start-up.** Workers start on demand, at the first calls. `start()`
-    starts and warms them all now (a server calls it before it opens its
-    port, so no worker is spawned under load unless one dies).
-
-    **Shutdown.** `shutdown(wait=True)` (also `with`, `async with`, `aclose()`)
-    refuses new calls with `ExecutorClosed`, lets queued calls run (or, with
-    `cancel_futures=True`, drops them: their callers get `ExecutorClosed`, their
-    futures are cancelled), and with `wait=True` returns once every worker has
-    exited. It is idempotent.
-
-    **Admission.** With `max_queue`, a call that would make more than
-    `max_queue` calls wait for a worker (more than capacity + `max_queue` in
-    flight) fails at once with `Overloaded`, before anything is done for it.
-    With `max_queued_cost`, so does a call (or an `admission()` unit) that
-    would bring the cost admitted and not started above it. Both bounds are
-    shared by the lanes by weight, so that a lane that fills the queue cannot
-    lock the others out, and a call costlier than its lane's whole share runs
-    rather than being refused forever: the exact rule is on docs/lanes.md
-    ("Admission by cost") and on the method that applies it
-    (`offload._bounds.Bounds._refuses`). An `admission()` unit is checked
-    once and never refused halfway.
-
-    **Deadlines.** `run_with_timeout(timeout, fn, ...)` (and
-    `make_async(timeout=...)`) gives the call `timeout` seconds: when they
-    pass, the caller gets `TimeoutError` at once, and a call still queued is
-    dropped and never runs (a worker that reaches it late skips it too). A
-    running call is treated as a cancelled one.
+    strategy object: `Executor(strategy, max_queue=..., lanes=...)`. It holds
+    the strategy and owns everything cross-cutting, the same whatever the
+    strategy; each rule is on the method it governs: calling, errors,
+    cancellation, context and worker state on `run`; the order of queued
+    calls, their cost and lane on `options`; admission on `admission`;
+    deadlines on `run_with_timeout`; start-up on `start`; shutdown on
+    `shutdown` and `aclose`. It is a `concurrent.futures.Executor` too
+    (`submit`, `map`), so it can be passed to `loop.run_in_executor` or to
+    any API that takes one.
 
     **Metrics.** With `prometheus_client` installed, every executor feeds the
     `offload_*` metrics (docs/overload.md); `OFFLOAD_METRICS=0` turns them off.
-
-    **Graceful shutdown.** `aclose(timeout=t)` refuses new calls, fails queued
-    ones with `ExecutorClosed`, lets running calls finish for up to `t`
-    seconds, then stops what still runs where the strategy can (`process`
-    kills its workers: their callers get `WorkerCrashed`; a thread cannot be
-    stopped and finishes its call in the background).
 
     **Fork.** In a child made by `os.fork()`, the executor forgets the
     parent's workers, queued calls and counts: the child's calls start
@@ -123,11 +58,11 @@ class Executor(concurrent.futures.Executor):
         strategy: the `offload.strategy.Strategy` that runs the calls. The
             executor owns it from now on (one executor per strategy object).
         max_queue: calls that may wait for a worker before new ones fail with
-            `Overloaded` (shared by the lanes, see **Admission**). `None`
+            `Overloaded` (shared by the lanes, see `admission`). `None`
             (default): unbounded.
         max_queued_cost: cost that may be admitted and not started before
             new calls and units fail with `Overloaded` (shared by the lanes,
-            see **Admission**). `None` (default): unbounded.
+            see `admission`). `None` (default): unbounded.
         lanes: extra lanes and their weights, `{"query": 4, "ingest": 1}`; the
             lane `"default"` (weight 1 unless given here) always exists.
         scheduling: `"fair"` (default) or `"fifo"`: one queue in arrival order,
@@ -230,102 +165,6 @@ class Executor(concurrent.futures.Executor):
         """`"fair"` or `"fifo"`."""
         return self._scheduling
 
-    @property
-    def overloaded(self) -> bool:
-        """True when a unit of work of cost 1 in the default lane would fail
-        with `Overloaded` now (`would_refuse` for another cost or lane). A
-        hint for refusing work early, not a reservation: another caller may
-        take the last place first."""
-        tracker = self._tracker
-        return tracker is not None and tracker.bounds.refusal(1.0, self._lanes.default) is not None
-
-    @property
-    def in_flight(self) -> int:
-        """Calls and `admission()` units in flight now (what `max_queue`
-        bounds, with capacity). Counted only where the executor counts
-        (`max_queue` or `max_queued_cost` set, or metrics on); else 0."""
-        tracker = self._tracker
-        return 0 if tracker is None else tracker.bounds.inflight
-
-    @property
-    def queued_cost(self) -> float:
-        """The cost admitted and not started now, in all lanes (what
-        `max_queued_cost` bounds): held by `admission()` units, of calls
-        queued. Counted only where the executor counts (as `in_flight`); else 0."""
-        tracker = self._tracker
-        return 0.0 if tracker is None else tracker.bounds.queued_cost
-
-    def lane_queued_cost(self, lane: str) -> float:
-        """`queued_cost` of one lane (by name; `ConfigError` for an unknown one)."""
-        chosen = self._lanes.lane(lane)
-        tracker = self._tracker
-        return 0.0 if tracker is None else tracker.bounds.lane_queued_cost(chosen)
-
-    def cost_to_admit(self, *, cost: float = 1.0, lane: str | None = None) -> float | None:
-        """How much queued cost must leave (start, or be withdrawn) before
-        `admission(cost=cost, lane=lane)` passes `max_queued_cost`, by the
-        same rule as `would_refuse`: 0 when it would pass now, `None` where
-        no cost bound is set. A snapshot, like `would_refuse`. Raises
-        `ConfigError` for a bad cost or an unknown lane."""
-        cost = check_cost(cost)
-        chosen = self._lanes.lane(lane)
-        tracker = self._tracker
-        return None if tracker is None else tracker.bounds.cost_to_admit(cost, chosen)
-
-    def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
-        """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
-        now (by the per-lane rule: docs/lanes.md, "Admission by cost").
-        Like `overloaded`, a hint that reserves nothing and counts no
-        refusal. Raises `ConfigError` for a bad cost or an unknown lane."""
-        cost = check_cost(cost)
-        chosen = self._lanes.lane(lane)
-        tracker = self._tracker
-        return tracker is not None and tracker.bounds.refusal(cost, chosen) is not None
-
-    # ---- admission ---------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def admission(
-        self, function: str, *, cost: float = 1.0, lane: str | None = None, refuse: bool = True
-    ) -> Iterator[Admission]:
-        """Admission for a unit of work made of several calls (a server request).
-
-        On entry, raises `Overloaded` if a call of `cost` made now would be
-        refused (a cost above `lane`'s share of `max_queued_cost` is checked
-        as that share), counting the refusal in
-        `offload_rejected_calls{function=function}` (and by lane): check it
-        before parsing or rendering anything. Once admitted, the unit holds
-        one place in flight and its `cost` (at most that share), as a queued
-        call would, until the block ends or `release()` is called on what the
-        block yields, so a burst of requests that arrive together cannot all
-        pass the check before any of them has queued a call. Its calls take
-        the held cost over as they are queued (a call's own cost is set with
-        `options(cost=)`), so it is never counted twice; once it is spent,
-        they are counted as they are queued and started, as any call.
-
-        Inside the block (this task, and tasks it starts, which copy its
-        `contextvars`), calls on this executor are admitted without a further
-        check, so an admitted request is never refused halfway, and they form
-        one flow of `lane`: queued behind each other, interleaved fairly with
-        other flows. A nested `admission()` is a unit of its own (its own
-        place, cost and flow).
-
-        `refuse=False`: admit whatever the bounds (work that must not be
-        refused, such as an offline batch); it still holds its place and cost.
-        Raises `ConfigError` for an unknown lane or a bad cost.
-        """
-        cost = check_cost(cost)
-        chosen = self._lanes.lane(lane)
-        tracker = self._tracker
-        hold = None if tracker is None else tracker.hold(cost, chosen, function, refuse=refuse)
-        admission = Admission(self, None if tracker is None else tracker.bounds, hold, Flow(chosen))
-        token = _admission.enter(admission)
-        try:
-            yield admission
-        finally:
-            _admission.leave(token)
-            admission.release()
-
     # ---- calling -------------------------------------------------------------------
 
     def options(self, *, cost: float = 1.0, lane: str | None = None) -> CallOptions:
@@ -334,6 +173,19 @@ class Executor(concurrent.futures.Executor):
         `await executor.options(cost=len(text), lane="query").run(fn, text)`.
         Raises `ConfigError` at once for a bad cost or an unknown lane. Inside
         an `admission()` block the block's flow (and lane) wins over `lane`.
+
+        **Cost, lane, flow.** A call's cost is a number in any unit the
+        callers agree on (characters, bytes, items; default 1); its lane a
+        name from `lanes` (default `"default"`). Calls made inside an
+        `admission()` block share one flow.
+
+        **Concurrency bound and order.** At most `capacity` calls run at
+        once; the rest wait in the executor's queue, served fairly
+        (`scheduling="fair"`, the default): by lane, in proportion to the
+        lanes' weights, and within a lane by flow and cost, so a small call
+        never waits for another flow's backlog. With every call of cost 1
+        and no flows (the defaults), that is first in, first out;
+        `scheduling="fifo"` makes it so whatever the costs.
         """
         return CallOptions(self._start, self._strategy, check_cost(cost), self._lanes.lane(lane))
 
@@ -383,9 +235,29 @@ class Executor(concurrent.futures.Executor):
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under this strategy and return its result.
 
-        Raises whatever `fn` raises; `ExecutorClosed` after shutdown;
-        `Overloaded` at once when the executor is full. See the class
-        docstring for cancellation semantics.
+        Works under asyncio, uvloop and trio. Raises whatever `fn` raises;
+        `ExecutorClosed` after shutdown; `Overloaded` at once when the
+        executor is full (see `admission`).
+
+        **Errors.** An exception raised by `fn` reaches the caller as the
+        same exception object (same type, message and the function's own
+        frames in its traceback; for `process`, a faithful copy). Errors of
+        `offload` itself derive from `OffloadError`.
+
+        **Cancellation.** Cancelling the task awaiting `run` returns control
+        at once. A call that has not started never starts (nor does a
+        `submit` whose future was cancelled). A call already running is not
+        interrupted (Python cannot interrupt a thread): it finishes in the
+        background, its worker stays busy until then (so the concurrency
+        bound still holds), and its result is dropped.
+
+        **Context.** `fn` runs in a copy of the caller's `contextvars`
+        context, as with `asyncio.to_thread` (a strategy that runs calls in
+        another process cannot carry it: `carries_context` is False).
+
+        **Worker state.** With `initializer=`, each worker runs
+        `initializer(*initargs)` once, before its first call, and `fn` reads
+        the result with `offload.worker_state()`; no two workers share it.
         """
         # An already-cancelled caller must not start a call (as anyio.to_thread).
         await checkpoint_if_cancelled()
@@ -430,7 +302,11 @@ class Executor(concurrent.futures.Executor):
         return call
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop the executor. See the class docstring. Idempotent."""
+        """Refuse new calls with `ExecutorClosed`; let queued calls run (or,
+        with `cancel_futures=True`, drop them: their callers get
+        `ExecutorClosed`, their futures are cancelled); with `wait=True`,
+        return once every worker has exited. Idempotent (also `with`,
+        `async with`, `aclose()`)."""
         self._closed = True
         self._strategy.shutdown(wait, cancel_futures)
 
