@@ -23,6 +23,8 @@ Helpers, public for strategy authors:
 - `Dispatcher` and `SlotWorker`: a `CallQueue` served by slot threads, each
   driving one worker (a thread, a process, an actor). `ExpressSlotWorker`:
   a `SlotWorker` that can also make the express slot (cheap calls only).
+  `ThreadSlotWorker` (with `ThreadSlot`): one whose slot threads are the
+  workers, what `thread` is made of.
 - `Startup`: what `start()` waits on.
 - `check_max_workers`, `check_initializer`, `check_cost`, and by kind of
   value `check_positive_int`, `check_non_negative_number`,
@@ -57,7 +59,7 @@ from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
 from ._serving import replace_worker
-from ._slot_worker import ExpressSlotWorker, SlotWorker
+from ._slot_worker import ExpressSlotWorker, SlotWorker, ThreadSlot, ThreadSlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
 from ._tracker import count_batch
@@ -78,6 +80,8 @@ __all__ = [
     "SlotWorker",
     "Startup",
     "Strategy",
+    "ThreadSlot",
+    "ThreadSlotWorker",
     "by_reference",
     "check_cost",
     "check_initializer",

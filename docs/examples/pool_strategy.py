@@ -26,12 +26,10 @@ from offload.strategy import (
     Call,
     PooledStrategy,
     by_reference,
-    check_initializer,
     count_worker_restart,
     initializer_failed,
     portable_error,
     set_worker_state,
-    usable_cpu_count,
 )
 
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -134,22 +132,12 @@ class _OneProcessPools:
 class PoolStrategy(PooledStrategy[_Slot]):
     """Runs calls in `max_workers` worker processes (default:
     `OFFLOAD_MAX_WORKERS`, else the usable CPUs), each a one-process
-    `ProcessPoolExecutor`."""
+    `ProcessPoolExecutor`; `initializer` and `initargs` as for `process`
+    (picklable)."""
 
     name = "pool"
     carries_context = False  # calls run in other processes
     replaces_crashed_workers = True  # a slot whose worker died starts another
-
-    def __init__(
-        self,
-        max_workers: int | None = None,
-        *,
-        initializer: Callable[..., Any] | None = None,
-        initargs: tuple[Any, ...] = (),
-    ) -> None:
-        check_initializer(initializer, initargs)
-        self.initializer, self.initargs = initializer, initargs
-        super().__init__(usable_cpu_count() if max_workers is None else max_workers)
 
     def new_slot_worker(self) -> _OneProcessPools:
         return _OneProcessPools(self)

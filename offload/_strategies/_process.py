@@ -38,8 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any, final
 
 from .._call import Call
-from .._checks import check_initializer, check_positive_int
-from .._config import usable_cpu_count
+from .._checks import check_positive_int
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
 from .._niceness import DEFAULT_NICE, check_nice
@@ -173,7 +172,6 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         nice: int = DEFAULT_NICE,
         express_cost: float = 0.0,
     ) -> None:
-        check_initializer(initializer, initargs)
         for option, value in (
             ("max_tasks_per_worker", max_tasks_per_worker),
             ("max_worker_memory", max_worker_memory),
@@ -192,9 +190,9 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         check_nice(nice)
         self._kill_on_cancel = cancel == "kill"
         self._start_method = start_method
-        pool = f"offload-process-{next(_pool_ids)}"
+        self._pool = f"offload-process-{next(_pool_ids)}"
         self._config = WorkerConfig(
-            name=pool,
+            name=self._pool,
             initializer=initializer,
             initargs=initargs,
             threshold=shared_memory_threshold,
@@ -206,11 +204,10 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         # Made on first use: nothing (no pipe, no server process) exists until a call.
         self._alive_r: Connection | None = None
         self._alive_w: Connection | None = None
-        super().__init__(
-            usable_cpu_count() if max_workers is None else max_workers,
-            express_cost=express_cost,
-            thread_name=pool,
-        )
+        super().__init__(max_workers, initializer=initializer, initargs=initargs, express_cost=express_cost)
+
+    def thread_name_prefix(self) -> str:
+        return self._pool
 
     def new_slot_worker(self) -> ProcessSlotWorker:
         # A pool's worth of state (its pipe to the workers, whether it is

@@ -6,67 +6,29 @@ import itertools
 from collections.abc import Callable
 from typing import Any, final
 
-from .._call import Call
-from .._checks import check_initializer
 from .._config import default_thread_workers
 from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
 from .._pooled import PooledStrategy
-from .._worker_state import run_initializer
+from .._slot_worker import ThreadSlot, ThreadSlotWorker
 
 _pool_ids = itertools.count()
-_UNSTARTED: Any = object()
 
 
 @final
-class _Slot:
-    """A worker thread (here the slot is its own worker) and its `worker_state()`."""
-
-    __slots__ = ("express", "lowered", "state")
-
-    def __init__(self, *, express: bool = False) -> None:
-        self.state: Any = _UNSTARTED
-        #: Whether its thread's priority was lowered already (`nice`).
-        self.lowered = False
-        #: The express slot: its thread keeps the loop's priority.
-        self.express = express
-
-
-@final
-class _ThreadSlots:
-    """What a slot of `thread` does (an `offload.strategy.ExpressSlotWorker`):
-    the slot thread is the worker."""
+class _NicedThreads(ThreadSlotWorker):
+    """`thread`'s slots: worker threads below the loop's priority (`nice`),
+    the express slot's excepted."""
 
     def __init__(self, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...], nice: int) -> None:
-        self._initializer = initializer
-        self._initargs = initargs
+        super().__init__(initializer, initargs)
         self._nice = nice
 
-    def new_slot(self, number: int) -> _Slot:
-        return _Slot()
-
-    def new_express_slot(self, number: int) -> _Slot:
-        return _Slot(express=True)
-
-    def start_worker(self, slot: _Slot) -> None:
-        # Called on the slot's own thread, before its first call (and again
-        # after an initializer failed: the priority is lowered once).
-        if not slot.lowered:
-            slot.lowered = True
-            lower_this_thread(0 if slot.express else self._nice)
-        slot.state = run_initializer(self._initializer, self._initargs)
-
-    def worker_ready(self, slot: _Slot) -> bool:
-        return slot.state is not _UNSTARTED
-
-    def run(self, slot: _Slot, call: Call[Any]) -> None:
-        call.execute(slot.state)
-
-    def stop_worker(self, slot: _Slot) -> None:
-        slot.state = _UNSTARTED
+    def prepare_thread(self, slot: ThreadSlot) -> None:
+        lower_this_thread(0 if slot.express else self._nice)
 
 
 @final
-class ThreadStrategy(PooledStrategy[_Slot]):
+class ThreadStrategy(PooledStrategy[ThreadSlot]):
     """Runs calls on up to `max_workers` threads, started on demand and kept.
 
     Threads help while the call releases the GIL (tokenizers in Rust, NumPy,
@@ -117,14 +79,15 @@ class ThreadStrategy(PooledStrategy[_Slot]):
         nice: int = DEFAULT_NICE,
         express_cost: float = 0.0,
     ) -> None:
-        check_initializer(initializer, initargs)
-        self._slot_worker = _ThreadSlots(initializer, initargs, check_nice(nice))
-        super().__init__(
-            default_thread_workers() if max_workers is None else max_workers,
-            express_cost=express_cost,
-            thread_name=f"{thread_name_prefix}-{next(_pool_ids)}",
-        )
+        self._nice = check_nice(nice)
+        self._prefix = thread_name_prefix
+        super().__init__(max_workers, initializer=initializer, initargs=initargs, express_cost=express_cost)
 
-    def new_slot_worker(self) -> _ThreadSlots:
-        # Holds no per-slot state: one serves every dispatcher, a fork's included.
-        return self._slot_worker
+    def default_max_workers(self) -> int:
+        return default_thread_workers()
+
+    def thread_name_prefix(self) -> str:
+        return f"{self._prefix}-{next(_pool_ids)}"
+
+    def new_slot_worker(self) -> _NicedThreads:
+        return _NicedThreads(self.initializer, self.initargs, self._nice)

@@ -8,8 +8,10 @@ builds one directly. See docs/ray.md.
 
 The package:
 
-- `_strategy`: `RayStrategy`, a `Dispatcher` whose slots each drive one actor.
-- `_actor`: `RayWorker`, the code that runs in an actor.
+- `_strategy`: `RayStrategy`, an `offload.strategy.PooledStrategy` whose
+  slots each drive one actor.
+- `_actor`: `RayWorker`, the code that runs in an actor; its errors come
+  back through `offload.strategy.portable_error` (checked with cloudpickle).
 - `_arguments`: large arguments go through Ray's object store.
 - `_connection`: the connection to Ray, made once by a long-lived thread, and fork.
 - `_release`: killing actors; what `shutdown(wait=True)` waits for.

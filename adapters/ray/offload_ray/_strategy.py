@@ -8,7 +8,6 @@ maps the rest).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from typing import Any, final
 
@@ -21,13 +20,11 @@ from offload.strategy import (
     SHUTDOWN,
     Call,
     PooledStrategy,
-    check_initializer,
     check_non_negative_number,
     check_positive_int,
     check_positive_number,
     initializer_failed,
     replace_worker,
-    usable_cpu_count,
 )
 
 from ._actor import RayWorker
@@ -45,8 +42,6 @@ DEFAULT_ACTOR_START_TIMEOUT = 120.0
 #: a fraction of a second; a node that stopped answering takes Ray up to its
 #: health-check period (about 30 s) to declare dead.
 DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
-
-_pool_ids = itertools.count()
 
 
 def _call_name(call: Call[Any]) -> str:
@@ -182,7 +177,6 @@ class RayStrategy(PooledStrategy[_Slot]):
         actor_stop_timeout: float = DEFAULT_ACTOR_STOP_TIMEOUT,
         ray_init_options: Mapping[str, Any] | None = None,
     ) -> None:
-        check_initializer(initializer, initargs)
         if address is not None and not (isinstance(address, str) and address.strip()):
             raise offload.ConfigError(
                 f"address must be 'auto', 'ray://host:port', 'host:port' or None, got {address!r}"
@@ -201,18 +195,13 @@ class RayStrategy(PooledStrategy[_Slot]):
         self._actor_stop_timeout = check_positive_number(actor_stop_timeout, "actor_stop_timeout")
         if ray_init_options is not None and not isinstance(ray_init_options, Mapping):
             raise offload.ConfigError(f"ray_init_options must be a mapping, got {ray_init_options!r}")
-        self._initializer = initializer
-        self._initargs = initargs
         self._address = address
         self._resources = dict(resources or {})
         self._scheduling_strategy = scheduling_strategy
         self._threshold = object_store_threshold
         self._ray_init_options = dict(ray_init_options or {})
         self._actor_class: Any = None
-        super().__init__(
-            usable_cpu_count() if max_workers is None else max_workers,
-            thread_name=f"offload-ray-{next(_pool_ids)}",
-        )
+        super().__init__(max_workers, initializer=initializer, initargs=initargs)
 
     def new_slot_worker(self) -> RayStrategy:
         # The strategy drives its actors itself; a fresh pool (at
@@ -290,7 +279,7 @@ class RayStrategy(PooledStrategy[_Slot]):
             options["resources"] = self._resources
         if self._scheduling_strategy is not None:
             options["scheduling_strategy"] = self._scheduling_strategy
-        actor = self._actor_class.options(**options).remote(self._initializer, self._initargs)
+        actor = self._actor_class.options(**options).remote(self.initializer, self.initargs)
         with self._dispatch.lock:
             slot.actor, slot.killed = actor, self._terminating
         if slot.killed:
@@ -312,7 +301,7 @@ class RayStrategy(PooledStrategy[_Slot]):
             slot.held = slot.actor is actor
         if init_error is not None:
             self._retire(slot)
-            raise initializer_failed(self._initializer, init_error) from init_error
+            raise initializer_failed(self.initializer, init_error) from init_error
 
     def stop_worker(self, slot: _Slot) -> None:
         self._retire(slot)
