@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
+from functools import partial
 from typing import Any, TypeVar, final
 
 from typing_extensions import ParamSpec
@@ -16,9 +17,9 @@ from .._checks import check_initializer, check_non_negative_number, check_positi
 from .._errors import ConfigError, OffloadError, executor_closed
 from .._queue import CallQueue
 from .._serving import serve
+from .._slot_worker import ThreadSlotWorker
 from .._startup import Startup
 from .._strategy import Strategy
-from .._worker_state import run_initializer
 from ._batch_form import BatchedFunction, batch_key, run_batch
 
 T = TypeVar("T")
@@ -34,7 +35,6 @@ DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_WAIT = 0.0
 
 _worker_ids = itertools.count()
-_UNSTARTED: Any = object()
 logger = logging.getLogger(__name__)
 
 
@@ -208,17 +208,15 @@ class BatchingStrategy(Strategy):
     # ---- worker side ---------------------------------------------------------
 
     def _work(self, startup: Startup | None = None) -> None:
-        state: list[Any] = [_UNSTARTED]  # the worker's `worker_state()`, once its initializer ran
-
-        def start() -> None:
-            state[0] = run_initializer(self._initializer, self._initargs)
-
+        # The one worker thread is a slot whose thread is its worker, as `thread`'s are.
+        worker = ThreadSlotWorker(self._initializer, self._initargs)
+        slot = worker.new_slot(0)
         try:
             serve(
                 self._heads(),
-                start=start,
-                ready=lambda: state[0] is not _UNSTARTED,
-                run=lambda head: run_batch(self._batch(*head), state[0]),
+                start=partial(worker.start_worker, slot),
+                ready=partial(worker.worker_ready, slot),
+                run=lambda head: run_batch(self._batch(*head), slot.state),
                 fail=_fail,
                 startup=startup,
             )
