@@ -217,7 +217,7 @@ class RayStrategy(PooledStrategy[_Slot]):
 
     def actors(self) -> list[Any]:
         """The live actor handles (for tests and diagnostics)."""
-        return [slot.actor for slot in self._dispatch.slots() if slot.actor is not None]
+        return [slot.actor for slot in self.dispatcher.slots() if slot.actor is not None]
 
     # ---- the strategy ----------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class RayStrategy(PooledStrategy[_Slot]):
         super().schedule(call)
         # Every actor at once: connecting to Ray and placing actors is slow,
         # and a pool that grew call by call would pay it under load.
-        self._dispatch.grow()
+        self.dispatcher.grow()
 
     def terminate_running(self) -> bool:
         # Ray cannot interrupt a synchronous actor task: kill the actors still
@@ -233,10 +233,10 @@ class RayStrategy(PooledStrategy[_Slot]):
         # successor starts (the pool is stopping), so every slot exits promptly.
         # Set first: an actor that a slot is starting now is killed by the slot.
         self._terminating = True
-        for _, call in self._dispatch.running():
+        for _, call in self.dispatcher.running():
             call.stop(SHUTDOWN)
-        for slot in self._dispatch.slots():
-            with self._dispatch.lock:
+        for slot in self.dispatcher.slots():
+            with self.dispatcher.lock:
                 actor = slot.actor
                 slot.killed = slot.killed or actor is not None
             if actor is not None:
@@ -246,8 +246,8 @@ class RayStrategy(PooledStrategy[_Slot]):
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         # Before any actor is killed: what they hold is not free yet. An actor
         # still starting counts: it may hold its reservation already.
-        slots = self._dispatch.slots()
-        with self._dispatch.lock:
+        slots = self.dispatcher.slots()
+        with self.dispatcher.lock:
             has_actors = any(slot.actor is not None for slot in slots)
         self._release.begin(has_actors=has_actors)
         super().shutdown(wait, cancel_futures)
@@ -280,7 +280,7 @@ class RayStrategy(PooledStrategy[_Slot]):
         if self._scheduling_strategy is not None:
             options["scheduling_strategy"] = self._scheduling_strategy
         actor = self._actor_class.options(**options).remote(self.initializer, self.initargs)
-        with self._dispatch.lock:
+        with self.dispatcher.lock:
             slot.actor, slot.killed = actor, self._terminating
         if slot.killed:
             kill_actor(actor)
@@ -297,7 +297,7 @@ class RayStrategy(PooledStrategy[_Slot]):
         except ray.exceptions.RayActorError as exc:
             self._retire(slot)
             raise offload.WorkerCrashed(f"ray actor died while starting: {exc}") from exc
-        with self._dispatch.lock:
+        with self.dispatcher.lock:
             slot.held = slot.actor is actor
         if init_error is not None:
             self._retire(slot)
@@ -307,7 +307,7 @@ class RayStrategy(PooledStrategy[_Slot]):
         self._retire(slot)
 
     def _retire(self, slot: _Slot) -> None:
-        with self._dispatch.lock:
+        with self.dispatcher.lock:
             actor, held = slot.actor, slot.held
             slot.actor, slot.held = None, False
         if actor is not None:
@@ -355,5 +355,5 @@ class RayStrategy(PooledStrategy[_Slot]):
     def _replace(self, slot: _Slot, reason: str) -> None:
         """Start the dead actor's successor now, so the pool keeps its size (a
         failure here is retried by the next call)."""
-        if not (self._dispatch.stopping or self._terminating):
+        if not (self.dispatcher.stopping or self._terminating):
             replace_worker(self, self, slot, reason)
