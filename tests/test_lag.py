@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import anyio
@@ -63,3 +64,10 @@ async def test_thread_keeps_the_loop_alive_and_inline_does_not() -> None:
     assert threaded.p99 < 0.020, threaded
     assert inline.max >= 0.15, inline
     assert inline.p99 > threaded.p99
+
+
+def test_the_monitor_and_the_metrics_sampler_share_one_default_interval() -> None:
+    """One sampler, one default: what `LoopLagMonitor` and `sample_loop_lag`
+    do when not told an interval is the same."""
+    default = inspect.signature(offload.sample_loop_lag).parameters["interval"].default
+    assert offload.LoopLagMonitor().interval == default
