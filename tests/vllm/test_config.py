@@ -420,21 +420,30 @@ def test_vllm_plugin_load_patches_seams() -> None:
     assert proc.stdout.split()[-2:] == ["thread", "True"]
 
 
-@pytest.mark.parametrize(("switch", "wrapped"), [(None, "True"), ("0", "False")])
-def test_vllm_plugin_load_installs_the_validation_shortcut_unless_off(switch: str | None, wrapped: str) -> None:
-    """A fresh process, as vLLM starts one: the switch decides whether vLLM's
-    app is built with the shortcut (`_seams/validation.py`)."""
-    env = {"OFFLOAD_VLLM_STRATEGY": "thread"}
-    if switch is not None:
-        env["OFFLOAD_VLLM_VALIDATION_SHORTCUT"] = switch
+@pytest.mark.parametrize(
+    ("env", "hooks"),
+    [
+        ({}, "shortcut_validation,time_phases"),
+        ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "time_phases"),
+        (
+            {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "4"},
+            "count_requests,refuse_when_full,shortcut_validation,time_phases",
+        ),
+    ],
+)
+def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(env: dict[str, str], hooks: str) -> None:
+    """A fresh process, as vLLM starts one: `init_entrypoints_middleware` is
+    replaced once (`_seams/app.py`), and runs the door's middlewares and the
+    validation shortcut (`_seams/validation.py`) in the order `register` gives."""
     proc = _python(
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         "from vllm.entrypoints.launchers import app\n"
-        "print(getattr(app.init_entrypoints_middleware, '__offload_vllm_validation__', False))",
-        **env,
+        "print(','.join(app.init_entrypoints_middleware.__offload_vllm_app__))\n"
+        "print(app.init_entrypoints_middleware.__wrapped__.__module__)",
+        **{"OFFLOAD_VLLM_STRATEGY": "thread", **env},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-1] == wrapped
+    assert proc.stdout.split()[-2:] == [hooks, "vllm.entrypoints.launchers.app"]
 
 
 def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:

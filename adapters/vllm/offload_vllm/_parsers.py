@@ -19,7 +19,7 @@ import offload
 import offload.strategy
 
 from ._lanes import LANE_HEADER, LANE_NAME_CHARACTERS, is_lane_name
-from ._seams.routes import POOLING_PATHS
+from ._routes import POOLING_PATHS
 
 #: `parse(variable, text)`: the value, or `OffloadVLLMConfigError` naming both.
 Parser = Callable[[str, str], Any]
