@@ -5,6 +5,8 @@ without it. No server, no vLLM import."""
 from __future__ import annotations
 
 import ast
+import re
+import textwrap
 from pathlib import Path
 
 import offload_vllm
@@ -34,3 +36,21 @@ def test_only_the_seams_import_vllm() -> None:
 def test_the_seams_do_import_vllm() -> None:
     """The check above would see a vLLM import: it sees the seams'."""
     assert _imports_vllm(PACKAGE / "_seams" / "serving.py")
+
+
+def _diagram_in_docs() -> str:
+    docs = (PACKAGE.parents[2] / "docs" / "vllm.md").read_text()
+    section = docs.split("## The path of a request", 1)[1]
+    return section.split("```text\n", 1)[1].split("```", 1)[0].rstrip()
+
+
+def test_the_request_path_diagram_is_the_same_in_the_docs_and_names_modules_that_exist() -> None:
+    """The diagram opening `offload_vllm/__init__.py` is docs/vllm.md's, and each
+    module it names is in the package."""
+    diagram = _diagram_in_docs()
+    doc = offload_vllm.__doc__ or ""
+    assert textwrap.indent(diagram, "    ") in doc
+    named = set(re.findall(r"(?:_[a-z_]+/)?_?[a-z_]+\.py|_[a-z_]+/", diagram))
+    assert {"_door.py", "_request_policy.py", "_placements/", "_seams/errors.py"} <= named
+    missing = [name for name in named if not (PACKAGE / name).exists() and not (PACKAGE / "_seams" / name).exists()]
+    assert missing == []

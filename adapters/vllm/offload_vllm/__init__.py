@@ -5,6 +5,38 @@ Installed next to vLLM, this package registers `register` in vLLM's
 starts. `OFFLOAD_VLLM_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
 unset, vLLM keeps its own behaviour. The settings' old names, `VLLM_OFFLOAD_*`,
 still work, with a warning. See docs/vllm.md.
+
+The path of one request, and the module that holds each step (the same
+diagram is in docs/vllm.md#the-path-of-a-request)::
+
+    client ──HTTP POST /v1/embeddings, /score, ...──▶ vLLM's app
+      │  vLLM's middleware (CORS, --api-key, --middleware): offload is inside it
+      ▼
+    door middleware    _door.py            RefuseWhenFull: 503 / 413 / 400 before the body
+                                           is read; CountRequests (added by _seams/app.py)
+      ▼                                    FastAPI validates the body (_seams/validation.py)
+    admission          _request_policy.py  at the serving object's __call__ (_seams/serving.py):
+                                           cost (_cost.py via _seams/requests.py), lane
+                                           (_lanes.py), engine priority (_priority.py), held
+                                           until the response is built; answers in vLLM's
+                                           words (_seams/errors.py)
+      ▼
+    placement          _placements/        one per strategy kind (_kinds.py): on the loop,
+                                           in-thread, remote, batched; built by _runtime.py
+      ▼
+    executor           offload.Executor    the strategy's workers (_workers.py in a remote one)
+      ▼
+    seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
+                                           and post-processing code, run by the placement
+      ▼
+    engine             vLLM's engine (untouched; the request's priority set at admission)
+      ▼
+    response           post-processing: _seams/serving.py → placement → executor → the body
+
+Settings: one table, `_options.py` (parsed by `_parsers.py`, read into
+`Settings` by `_config.py`); `register` below wires the rest. Every touch
+of vLLM's internals is in `_seams/`, each vLLM function patched from one
+module there; nothing outside `_seams/` imports vLLM.
 """
 
 from __future__ import annotations
