@@ -57,6 +57,7 @@ __all__ = [
     "read_settings",
 ]
 
+
 @dataclass(frozen=True)
 class Settings:
     """What the plugin applies. `strategy=None` leaves vLLM's own behaviour untouched.
