@@ -439,11 +439,12 @@ def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(env: d
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         "from vllm.entrypoints.launchers import app\n"
         "print(','.join(app.init_entrypoints_middleware.__offload_vllm_app__))\n"
-        "print(app.init_entrypoints_middleware.__wrapped__.__module__)",
+        "print(app.init_entrypoints_middleware.__wrapped__.__module__.split('.')[0])",
         **{"OFFLOAD_VLLM_STRATEGY": "thread", **env},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-2:] == [hooks, "vllm.entrypoints.launchers.app"]
+    # What it wraps is vLLM's own, not another wrapper of the adapter's.
+    assert proc.stdout.split()[-2:] == [hooks, "vllm"]
 
 
 def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
