@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from offload_vllm import (
     read_settings,
 )
 from offload_vllm.__main__ import main
-from offload_vllm._config import KNOWN_ENV, LEGACY_NAMES, Settings, adopt_new_names
+from offload_vllm._config import KNOWN_ENV, LEGACY_NAMES, OPTIONS, Settings, adopt_new_names
 
 import offload
 
@@ -93,7 +95,7 @@ def test_ray_address() -> None:
     [
         ({"OFFLOAD_VLLM_STRATEGY": "threads"}, "'threads' is not a strategy the vLLM adapter supports; valid: inline, thread, process, async-renderer, ray"),
         ({"OFFLOAD_STRATEGY": "fork"}, "OFFLOAD_STRATEGY='fork'"),
-        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "0"}, "must be >= 1"),
+        ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "0"}, "OFFLOAD_VLLM_WORKERS must be a positive integer (1 or more), got 0"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "two"}, "is not an integer"),
         ({"OFFLOAD_VLLM_STRATEGY": "inline", "OFFLOAD_VLLM_WORKERS": "2"}, "has no effect with strategy 'inline'"),
         ({"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_WORKERS": "2"}, "has no effect with strategy 'async-renderer'"),
@@ -258,18 +260,46 @@ def test_unknown_names_and_old_names_bad_values(env: dict[str, str], message: st
     assert message in str(info.value)
 
 
-def test_every_setting_has_its_row_in_the_docs() -> None:
-    """docs/vllm.md documents each setting in a table row that names its
-    variable and its launcher flag."""
-    from offload_vllm._config import OPTIONS
-
+def _docs_rows() -> dict[str, list[str]]:
+    """docs/vllm.md's settings rows by variable: the cells of each table row
+    whose first cell names an `OFFLOAD_VLLM_*` variable (`\\|` is a `|` in a cell)."""
     docs = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
-    rows = [line for line in docs.splitlines() if line.startswith("| `OFFLOAD_VLLM_")]
-    undocumented = [
-        option.env for option in OPTIONS
-        if not any(row.startswith(f"| `{option.env}` (`{option.flag}") for row in rows)
-    ]
-    assert undocumented == []
+    rows = {}
+    for line in docs.splitlines():
+        if line.startswith("| `OFFLOAD_VLLM_"):
+            cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+            rows[cells[0].split("`")[1]] = cells
+    return rows
+
+
+def test_docs_settings_tables_match_the_table() -> None:
+    """docs/vllm.md has one row per setting of `OPTIONS`, and no other: its
+    variable and flag, its values and default as the table gives them, and
+    its effect says where it is refused, as the table decides."""
+    rows = _docs_rows()
+    assert list(rows) == [option.env for option in OPTIONS]
+    for option in OPTIONS:
+        variable, values, default, effect = rows[option.env]
+        assert variable == f"`{option.env}` (`{option.flag}`)"
+        assert (values, default) == (option.values, option.default), option.env
+        assert option.refusal() in effect, option.env
+
+
+def test_serve_help_lists_every_setting_from_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--help` names each row's flag, value, variable, one-line doc and refusal; no other flag."""
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for option in OPTIONS:
+        assert f"\n  {option.usage()[1:-1]}\n      {option.env}. {option.doc} Default: " in out
+        assert option.refusal().replace("`", "") in out
+    assert set(re.findall(r"^  (--offload-[a-z-]+)", out, re.MULTILINE)) == {option.flag for option in OPTIONS}
+
+
+def test_settings_fields_are_the_table_rows() -> None:
+    """Every `Settings` field but where it was read from is one row's."""
+    assert {option.attribute for option in OPTIONS} == {
+        f.name for f in dataclasses.fields(Settings) if f.name not in ("strategy_source", "legacy_names")
+    }
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
@@ -390,21 +420,31 @@ def test_vllm_plugin_load_patches_seams() -> None:
     assert proc.stdout.split()[-2:] == ["thread", "True"]
 
 
-@pytest.mark.parametrize(("switch", "wrapped"), [(None, "True"), ("0", "False")])
-def test_vllm_plugin_load_installs_the_validation_shortcut_unless_off(switch: str | None, wrapped: str) -> None:
-    """A fresh process, as vLLM starts one: the switch decides whether vLLM's
-    app is built with the shortcut (`_seams/validation.py`)."""
-    env = {"OFFLOAD_VLLM_STRATEGY": "thread"}
-    if switch is not None:
-        env["OFFLOAD_VLLM_VALIDATION_SHORTCUT"] = switch
+@pytest.mark.parametrize(
+    ("env", "hooks"),
+    [
+        ({}, "shortcut_validation,time_phases"),
+        ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "time_phases"),
+        (
+            {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "4"},
+            "count_requests,refuse_when_full,shortcut_validation,time_phases",
+        ),
+    ],
+)
+def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(env: dict[str, str], hooks: str) -> None:
+    """A fresh process, as vLLM starts one: `init_entrypoints_middleware` is
+    replaced once (`_seams/app.py`), and runs the door's middlewares and the
+    validation shortcut (`_seams/validation.py`) in the order `register` gives."""
     proc = _python(
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
         "from vllm.entrypoints.launchers import app\n"
-        "print(getattr(app.init_entrypoints_middleware, '__offload_vllm_validation__', False))",
-        **env,
+        "print(','.join(app.init_entrypoints_middleware.__offload_vllm_app__))\n"
+        "print(app.init_entrypoints_middleware.__wrapped__.__module__.split('.')[0])",
+        **{"OFFLOAD_VLLM_STRATEGY": "thread", **env},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-1] == wrapped
+    # What it wraps is vLLM's own, not another wrapper of the adapter's.
+    assert proc.stdout.split()[-2:] == [hooks, "vllm"]
 
 
 def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
@@ -588,6 +628,31 @@ def test_launcher_flags_for_every_setting(launcher_env: dict[str, str], capsys: 
     }
     err = capsys.readouterr().err
     assert "scheduling=fifo lanes=query=4,ingest=1 lane_routes=/score=ingest engine_priority=on" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # Worker counts offload itself refuses in OFFLOAD_MAX_WORKERS (`int()` takes them all).
+        (["--offload-workers", "+4"], "OFFLOAD_VLLM_WORKERS='+4' is not an integer"),
+        (["--offload-workers", "1_0"], "OFFLOAD_VLLM_WORKERS='1_0' is not an integer"),
+        (["--offload-workers", "\u0664"], "OFFLOAD_VLLM_WORKERS='\u0664' is not an integer"),
+        (["--offload-workers", "0"], "OFFLOAD_VLLM_WORKERS must be a positive integer (1 or more), got 0"),
+        (["--offload-max-queue", "+4"], "OFFLOAD_VLLM_MAX_QUEUE='+4' is not an integer"),
+        # Lane weights `float()` takes and the executor's check never sees as numbers.
+        (["--offload-lanes", "bulk=1_0"], "OFFLOAD_VLLM_LANES='1_0' is not a number; give the weight of lane 'bulk'"),
+        (["--offload-lanes", "bulk=\u0664"], "OFFLOAD_VLLM_LANES='\u0664' is not a number; give the weight of lane 'bulk'"),
+        (["--offload-lanes", "bulk=1e-10"], "OFFLOAD_VLLM_LANES='bulk=1e-10': lane 'bulk': the weight must be"),
+        (["--offload-max-queued-cost", "1_000"], "OFFLOAD_VLLM_MAX_QUEUED_COST='1_000' is not a number"),
+    ],
+)
+def test_launcher_refuses_what_the_core_refuses_with_status_2_naming_the_setting(
+    launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """Refused before vLLM is started (the recorder saw nothing), as offload's own checks refuse them."""
+    assert main(["serve", "m", "--offload-strategy", "thread", *flags]) == 2
+    assert f"offload-vllm: {message}" in capsys.readouterr().err
+    assert launcher_env == {}
 
 
 def test_launcher_refuses_an_unknown_offload_flag(launcher_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

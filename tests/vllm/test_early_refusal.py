@@ -10,8 +10,10 @@ from collections.abc import Iterator
 import anyio
 import httpx
 import pytest
+from offload_vllm._door import RefuseWhenFull
 from offload_vllm._lanes import LaneRouter
-from offload_vllm._seams.admission import REQUEST_LABEL, RefuseWhenFull, RequestPolicy
+from offload_vllm._request_policy import REQUEST_LABEL, RequestPolicy
+from offload_vllm._seams.errors import ANSWERS
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -47,7 +49,7 @@ async def echo(request: Request) -> JSONResponse:
 def app_with(executor: offload.Executor, root_path: str = "", max_request_cost: float | None = None) -> httpx.AsyncClient:
     app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions")])
     policy = RequestPolicy(
-        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=lambda executor, lane, cost: 1,
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=lambda executor, lane, cost: 1, answers=ANSWERS,
         max_request_cost=max_request_cost,
     )
     app.add_middleware(RefuseWhenFull, policy=policy)

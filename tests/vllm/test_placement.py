@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-from offload_vllm import _config, _kinds, read_settings
+from offload_vllm import _config, _kinds, _options, read_settings
 from offload_vllm._config import DEFAULT_BATCH_WAIT_S, OffloadVLLMConfigError
 from offload_vllm._placements import Batched, InThread, OnLoop, Placement, Remote, placement_class
 
@@ -39,6 +39,8 @@ def test_a_new_strategy_is_one_row(
     monkeypatch.setattr(_kinds, "STRATEGIES", {**_kinds.STRATEGIES, "newcomer": _kinds.StrategyRow(kind)})
     monkeypatch.setattr(_config, "STRATEGIES", _kinds.STRATEGIES)
     monkeypatch.setattr(_config, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGIES))
+    monkeypatch.setattr(_options, "STRATEGIES", _kinds.STRATEGIES)
+    monkeypatch.setattr(_options, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGIES))
     monkeypatch.setattr(offload, "STRATEGIES", (*offload.STRATEGIES, "newcomer"))
     import offload_vllm._placements as placements
 
@@ -249,8 +251,8 @@ def test_a_request_of_one_tiny_image_renders_off_the_loop(monkeypatch: pytest.Mo
 @pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
     """The window, and the door's count of requests in flight that it waits on."""
+    from offload_vllm._door import RequestsInFlight
     from offload_vllm._runtime import Runtime
-    from offload_vllm._seams.admission import RequestsInFlight
 
     env = {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}
     if raw is not None:

@@ -5,6 +5,38 @@ Installed next to vLLM, this package registers `register` in vLLM's
 starts. `OFFLOAD_VLLM_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
 unset, vLLM keeps its own behaviour. The settings' old names, `VLLM_OFFLOAD_*`,
 still work, with a warning. See docs/vllm.md.
+
+The path of one request, and the module that holds each step (the same
+diagram is in docs/vllm.md#the-path-of-a-request)::
+
+    client ──HTTP POST /v1/embeddings, /score, ...──▶ vLLM's app
+      │  vLLM's middleware (CORS, --api-key, --middleware): offload is inside it
+      ▼
+    door middleware    _door.py            RefuseWhenFull: 503 / 413 / 400 before the body
+                                           is read; CountRequests (added by _seams/app.py)
+      ▼                                    FastAPI validates the body (_seams/validation.py)
+    admission          _request_policy.py  at the serving object's __call__ (_seams/serving.py):
+                                           cost (_cost.py via _seams/requests.py), lane
+                                           (_lanes.py), engine priority (_priority.py), held
+                                           until the response is built; answers in vLLM's
+                                           words (_seams/errors.py)
+      ▼
+    placement          _placements/        one per strategy kind (_kinds.py): on the loop,
+                                           in-thread, remote, batched; built by _runtime.py
+      ▼
+    executor           offload.Executor    the strategy's workers (_workers.py in a remote one)
+      ▼
+    seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
+                                           and post-processing code, run by the placement
+      ▼
+    engine             vLLM's engine (untouched; the request's priority set at admission)
+      ▼
+    response           post-processing: _seams/serving.py → placement → executor → the body
+
+Settings: one table, `_options.py` (parsed by `_parsers.py`, read into
+`Settings` by `_config.py`); `register` below wires the rest. Every touch
+of vLLM's internals is in `_seams/`, each vLLM function patched from one
+module there; nothing outside `_seams/` imports vLLM.
 """
 
 from __future__ import annotations
@@ -81,55 +113,71 @@ def register() -> None:
 
     version = require_supported_vllm()
     from ._config import HEALTH_PORT_ENV
+    from ._door import CountRequests, RefuseWhenFull, RequestsInFlight
     from ._health import Health
     from ._phases import TimePhases
+    from ._request_policy import RequestPolicy, preprocessed
     from ._retry_after import DrainRates
     from ._runtime import Runtime
-    from ._seams import admission, io_processor, offline, serving, validation
     from ._seams import app as app_seam
+    from ._seams import io_processor, offline, serving, validation
+    from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
-    in_flight = admission.RequestsInFlight() if settings.batch_window > 0 else None
+    in_flight = RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
-    policy = admission.RequestPolicy(
+    policy = RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
         engine_priority=settings.engine_priority,
         retry_after=rates.retry_after,
+        answers=ANSWERS,
         served=rates.served,
         max_request_cost=settings.max_request_cost,
     )
-    admission.install(policy)
+    serving.install_admission(policy)
     health = (
         None
         if settings.health_port is None
         else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
     )
 
-    def app_built(args: Any, app: Any) -> None:
-        # Bound here, while vLLM builds its app: a port that cannot be had
-        # stops the server at start, naming the setting.
-        if health is not None:
+    # What runs as vLLM builds its app, in this order, before vLLM adds its own
+    # middleware (CORS, `--api-key`, `--middleware`): so each middleware added
+    # here sits inside vLLM's and the operator's (a request they refuse gets
+    # nothing from offload), and, the last added being the outermost, inside
+    # the ones added after it: TimePhases, RefuseWhenFull, CountRequests.
+    hooks: list[app_seam.AppHook] = []
+    if in_flight is not None:
+
+        def count_requests(args: Any, app: Any) -> None:
+            app.add_middleware(CountRequests, count=in_flight)
+
+        hooks.append(count_requests)
+    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
+
+        def refuse_when_full(args: Any, app: Any) -> None:
+            app.add_middleware(RefuseWhenFull, policy=policy)
+
+        hooks.append(refuse_when_full)
+    if settings.validation_shortcut:
+        hooks.append(validation.shortcut_validation)
+    if health is not None:
+
+        def bind_health(args: Any, app: Any) -> None:
+            # A port that cannot be had stops the server at start, naming the setting.
             health.bind(app_seam.host(args))
+
+        hooks.append(bind_health)
+
+    def time_phases(args: Any, app: Any) -> None:
         app.add_middleware(TimePhases)
 
-    # Before the door's: its middleware is added outside this one's (`_seams/app.py`).
-    app_seam.install(app_built)
-    if settings.validation_shortcut:
-        validation.install()
-    admission.install_door(
-        policy,
-        refuse=(
-            settings.max_queue is not None
-            or settings.max_queued_cost is not None
-            or settings.max_request_cost is not None
-        ),
-        in_flight=in_flight,
-    )
+    app_seam.install(*hooks, time_phases)
 
     def serving_built(serving_object: Any) -> Any:
-        admission.cover(type(serving_object))
+        serving.cover(type(serving_object))
         if health is not None:
             health.watch(runtime.current_executor, serving_object.engine_client)
         return runtime.postprocess(serving_object)
@@ -147,7 +195,7 @@ def register() -> None:
 
     io_processor.install(make_render)
     serving.install(serving_built)
-    serving.install_preprocessing(admission.preprocessed)
+    serving.install_preprocessing(preprocessed)
     offline.install(runtime.offline_executor)
     _active = settings
     logger.info(

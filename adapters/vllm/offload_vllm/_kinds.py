@@ -12,7 +12,7 @@ A *placement* is where a strategy runs a pooling request's vLLM work
   tokenization micro-batched on the strategy's worker.
 
 Adding a strategy is one row of `STRATEGIES`. Everything else is derived from
-its kind: the settings it takes (`_config.py`), the executor's options and
+its kind: the settings it takes (`_options.py`), the executor's options and
 the calls it makes (`_placements/`). This module imports no vLLM, so that
 settings are checked where vLLM is not loaded (the launcher, `check-seams`).
 """

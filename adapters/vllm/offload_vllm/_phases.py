@@ -5,7 +5,7 @@ answered request into one histogram, labelled by `endpoint` (the route),
 `lane` and `phase`:
 
 - `door`: from the request's arrival at offload's middleware (inside vLLM's
-  own and the operator's) until admission took it (`_seams/admission.py`):
+  own and the operator's) until admission took it (`_request_policy.py`):
   reading and parsing its body, vLLM's validation, waiting for nothing else.
 - `worker_wait`: the time its offloaded calls waited for a worker, summed
   (`offload.collect_call_times`).
@@ -37,7 +37,7 @@ from typing import Any, Final, final
 import offload
 
 from ._lanes import DEFAULT_LANE
-from ._seams.routes import is_pooling_request, route_of
+from ._routes import is_pooling_request, route_of
 
 PHASE_SECONDS: Final = "offload_vllm_request_phase_seconds"
 PHASES: Final = ("door", "worker_wait", "render", "engine", "response")

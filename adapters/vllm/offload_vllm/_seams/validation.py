@@ -26,7 +26,6 @@ holds the result and the errors to the full union's over generated bodies.
 from __future__ import annotations
 
 import collections.abc
-import functools
 import itertools
 import logging
 import typing
@@ -37,7 +36,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from vllm.entrypoints.pooling.embed import protocol as embed_protocol
 
-from .routes import POOLING_PATHS
+from .._routes import POOLING_PATHS
 
 logger = logging.getLogger("vllm.offload_vllm")
 
@@ -179,23 +178,11 @@ def shortcut_routes(app: Any) -> list[str]:
     return paths
 
 
-def install() -> None:
-    """Where vLLM builds its app, once its routes are in, give its pooling
-    routes their `UnionShortcut` (`shortcut_routes`). Idempotent."""
-    from vllm.entrypoints.launchers import app as app_module
-
-    original: Callable[..., None] = getattr(app_module, "init_entrypoints_middleware")  # noqa: B009
-    if getattr(original, _MARK, False):
-        return
-
-    @functools.wraps(original)
-    def init_entrypoints_middleware(args: Any, app: Any, supported_tasks: Any) -> None:
-        for path in shortcut_routes(app):
-            logger.info(
-                "offload-vllm: %s validates a body whose input cannot be chat messages without the chat-input models",
-                path,
-            )
-        original(args, app, supported_tasks)
-
-    setattr(init_entrypoints_middleware, _MARK, True)
-    setattr(app_module, "init_entrypoints_middleware", init_entrypoints_middleware)  # noqa: B010
+def shortcut_validation(args: Any, app: Any) -> None:
+    """Give vLLM's pooling routes of `app` their `UnionShortcut`
+    (`shortcut_routes`), once its routes are in: a hook of `_seams/app.py`."""
+    for path in shortcut_routes(app):
+        logger.info(
+            "offload-vllm: %s validates a body whose input cannot be chat messages without the chat-input models",
+            path,
+        )

@@ -1,4 +1,4 @@
-"""Seam: vLLM's pooling routes (`vllm/entrypoints/pooling/*/api_router.py`) and how
+"""vLLM's pooling routes (`vllm/entrypoints/pooling/*/api_router.py`) and how
 its middleware reads a request's route (`vllm/entrypoints/serve/middleware/authenticate.py`).
 
 Imports no vLLM: the settings name routes (`OFFLOAD_VLLM_LANE_ROUTES`) and are
