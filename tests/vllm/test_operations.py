@@ -153,7 +153,7 @@ def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -
 def test_a_blocked_loop_is_reported_within_twice_the_bound(server: Server, health_port: int) -> None:
     """The loop blocked for 10 s: liveness turns 503, naming the loop, within
     2x `OFFLOAD_VLLM_HEALTH_MAX_STALL` of the block's start, every probe
-    answered meanwhile, by the health thread, well within 1 s; 200 again after."""
+    answered meanwhile, by the health process, well within 1 s; 200 again after."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         sent = time.monotonic()
         blocking = pool.submit(httpx.post, f"{server.url}/offload-test/block-loop?seconds=10", timeout=60)
