@@ -852,6 +852,21 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
+    if result.get("memory_mib"):
+        lines += [
+            "",
+            ("Memory after the warm-up, PSS in MiB (`procstat.memory_mib`; pages shared between processes "
+             "split among them): API server process, offload's worker processes (together; how many), "
+             "the rest (vLLM's engine):"),
+            "",
+            "| row | API server | worker processes | per worker process | engine |",
+            "|---|---|---|---|---|",
+        ]
+        for row, used in result["memory_mib"].items():
+            if used:
+                each = used["workers"] / used["worker_processes"] if used["worker_processes"] else 0.0
+                lines.append(f"| {row} | {used['api']:.0f} | {used['workers']:.0f} ({used['worker_processes']:.0f}) "
+                             f"| {each:.0f} | {used['engine']:.0f} |")
     lines += _intervals_table(
         ("The API server's event-loop thread (the server's main thread) during the flooded phase: shares of "
          f"samples every {thread_states.INTERVAL_S * 1000:g} ms of its state and wait channel, and CPU and "
@@ -1016,10 +1031,13 @@ def main(argv: list[str] | None = None) -> int:
         # Entered after the servers: every stopped one is resumed before they are stopped.
         idle = stack.enter_context(idle_servers.IdleServers(running, args.idle_servers))
         heavy_bodies = heavy()
+        memory: dict[str, dict[str, float]] = {}
         for row, url in servers.items():  # warm-up, not measured
             with idle.serving(row):
                 mixed.run_for(url, small, args.small_clients, warmup_s)
                 mixed.run_for(url, heavy_bodies, 2, warmup_s)
+                memory[row] = procstat.memory_mib(running[row][1])
+        result["memory_mib"] = memory
         with progress.Progress(rounds * len(rows), f"mixed-{args.variant} blocks") as bar:
             for round_number in range(rounds):
                 order = list(rows)
