@@ -20,6 +20,7 @@ import pytest
 from offload_vllm import _health_answer as health_answer
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
+    Health,
     HealthServer,
     HealthState,
     _mark_draining_on_sigterm,
@@ -293,3 +294,20 @@ def test_sigterm_marks_draining_and_still_does_what_it_did() -> None:
         assert state.readiness(time.monotonic())[1]["reason"] == "shutting down"
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_readiness_follows_admission_as_it_changes() -> None:
+    """`Health.admission_changed` (called by admission on each change)
+    publishes at once, with no turn of the loop's periodic task between."""
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT")
+    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
+    try:
+        health.admission_changed(lambda: executor)
+        assert health.state.readiness(time.monotonic())[0] == 200
+        with executor.admission("test", cost=1):
+            health.admission_changed(lambda: executor)
+            assert health.state.readiness(time.monotonic())[0] == 503
+        health.admission_changed(lambda: executor)
+        assert health.state.readiness(time.monotonic())[0] == 200
+    finally:
+        executor.shutdown()

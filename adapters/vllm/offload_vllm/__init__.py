@@ -9,6 +9,7 @@ still work, with a warning. See docs/vllm.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -92,6 +93,11 @@ def register() -> None:
     in_flight = admission.RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
+    health = (
+        None
+        if settings.health_port is None
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
+    )
     policy = admission.RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
@@ -99,13 +105,12 @@ def register() -> None:
         retry_after=rates.retry_after,
         served=rates.served,
         max_request_cost=settings.max_request_cost,
+        # Readiness follows admission as it changes, not only at the loop's next publish.
+        changed=(
+            (lambda: None) if health is None else functools.partial(health.admission_changed, runtime.current_executor)
+        ),
     )
     admission.install(policy)
-    health = (
-        None
-        if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
-    )
 
     def app_built(args: Any, app: Any) -> None:
         # Bound here, while vLLM builds its app: a port that cannot be had

@@ -106,6 +106,10 @@ class RequestPolicy:
     #: Told `(lane, cost)` of each admitted request once it is answered (its
     #: admission ended): what the `Retry-After` is measured from.
     served: Callable[[str | None, float], None] = lambda lane, cost: None
+    #: Told, on the loop's thread, each time admission's counts changed: a
+    #: request admitted, its cost released, its admission ended; and after
+    #: each refusal (readiness publishes what admission would do now).
+    changed: Callable[[], None] = lambda: None
     #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
     max_request_cost: float | None = None
 
@@ -182,10 +186,12 @@ def _admitting(
             weight = executor.lanes[DEFAULT_LANE if lane is None else lane]
             requests_seam.set_engine_priority(request, engine_priority(cost, weight))
         with contextlib.ExitStack() as held:
+            held.callback(policy.changed)  # last, once the admission has ended
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
                 return overflow_response(policy.retry_after(executor, lane, cost))
+            policy.changed()
             held.callback(policy.served, lane, cost)
             held.callback(_admitted.reset, _admitted.set(admitted))
             phases.admitted(lane)
@@ -204,6 +210,8 @@ def preprocessed() -> None:
     admitted = _admitted.get()
     if admitted is not None:
         admitted.release_cost()
+        if _policy is not None:
+            _policy.changed()
 
 
 _policy: RequestPolicy | None = None
@@ -271,7 +279,9 @@ class RefuseWhenFull:
                 with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass
             except offload.Overloaded:
-                await overflow_response(self._policy.retry_after(executor, lane, cost))(scope, receive, send)
+                retry_after = self._policy.retry_after(executor, lane, cost)
+                self._policy.changed()
+                await overflow_response(retry_after)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
