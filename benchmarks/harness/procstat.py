@@ -151,3 +151,24 @@ def loop_switches(before: Snapshot, after: Snapshot) -> dict[str, int]:
 def new_workers(before: Snapshot, after: Snapshot) -> int:
     """Worker processes that appeared between the snapshots (spawned under load)."""
     return len(set(after.workers) - set(before.workers))
+
+
+def memory_mib(api_pid: int) -> dict[str, float]:
+    """Proportional set size (MiB: pages shared between processes split among
+    them) of the API server process (`api`), of offload's worker processes
+    together (`workers`, and how many: `worker_processes`), and of the rest of
+    its tree (`engine`); `{}` where `/proc` cannot be read."""
+    out = {"api": 0.0, "workers": 0.0, "worker_processes": 0.0, "engine": 0.0}
+    try:
+        out["api"] = psutil.Process(api_pid).memory_full_info().pss / 2**20
+        children = psutil.Process(api_pid).children(recursive=True)
+        for child in children:
+            pss = child.memory_full_info().pss / 2**20
+            if " ".join(child.cmdline()).startswith(WORKER_TITLE):
+                out["workers"] += pss
+                out["worker_processes"] += 1
+            else:
+                out["engine"] += pss
+    except (psutil.Error, AttributeError):
+        return {}
+    return out

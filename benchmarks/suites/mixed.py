@@ -44,6 +44,13 @@ verdict per target (`targets` below), computed from the run.
     python -m benchmarks mixed --rows "vLLM default" "thread fifo" --rounds 3
     python -m benchmarks mixed --small-arrivals closed --idle-servers running   # the method before
     python -m benchmarks mixed --smoke --out DIR
+    python -m benchmarks mixed --health-port --rows "thread lanes" "process lanes"   # the health port too
+
+`--health-port`: every adapter row also serves the health endpoints
+(`--offload-health-port`, answered by a process of their own, off the loop),
+and they are probed beside `/health` throughout the flood, by a prober of
+their own; the report gives their p50 and p99, and a target per adapter row
+(`HEALTH_PORT_P99_MS`).
 
 Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
 tokens: the work is tokenization), `engine` (heavy = 16 inputs of 150 words,
@@ -88,8 +95,10 @@ from benchmarks.harness import (
     thread_states,
 )
 from benchmarks.harness.server import (
+    HOST,
     ServerConfig,
     ServerFailed,
+    free_port,
     running_servers,
     switch_interval_env,
 )
@@ -400,10 +409,11 @@ class HeavyTraffic:
 def measure(
     url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, heavy_traffic: HeavyTraffic,
     seconds: float, ramp_s: float, round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0,
-    loop_pid: int | None = None,
+    loop_pid: int | None = None, health_port_url: str | None = None,
 ) -> dict[str, Any]:
     """One row's two phases: small requests alone, then under the flood; `idle_cpu()`
-    reads the CPU used so far by the servers not being measured; with `loop_pid`,
+    reads the CPU used so far by the servers not being measured; with
+    `health_port_url`, the health port's `/health` is probed too; with `loop_pid`,
     what that process's main thread (the API server's event loop) spends the
     flooded phase on (`thread_states`), and the CPU its server's parts use then
     (`procstat`)."""
@@ -413,7 +423,12 @@ def measure(
     idle = {"alone": _per_s(idle_cpu() - cpu_before, alone_window)}
     # Long enough for the flooded phase, which waits for its last small answers.
     arrivals = heavy_traffic.schedule(ramp_s + seconds + load.REQUEST_TIMEOUT_S, round_number)
-    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_traffic.clients, arrivals) as flood:
+    with ExitStack() as probing:
+        prober = probing.enter_context(load.HealthProber(_base(url)))
+        port_prober = (
+            probing.enter_context(load.HealthProber(health_port_url)) if health_port_url is not None else None
+        )
+        flood = probing.enter_context(mixed.Flood(url, heavy, heavy_traffic.clients, arrivals))
         time.sleep(ramp_s)
         with ExitStack() as sampling:
             loop = sampling.enter_context(thread_states.ThreadStates(loop_pid)) if loop_pid is not None else None
@@ -432,11 +447,17 @@ def measure(
         "health": prober.summary(),
         "idle_cpu_per_s": idle,
     }
+    if port_prober is not None:
+        block["health_port"] = port_prober.summary()
     if loop is not None:
         block["loop"] = loop.summary()
     if parts is not None:
         block["server_cpu_per_s"] = {part: _per_s(parts[part], window) for part in SERVER_PARTS}
     return block
+
+
+def _health_port_url(port: int | None) -> str | None:
+    return None if port is None else f"http://{HOST}:{port}"
 
 
 def _per_s(amount: float, window: tuple[float, float]) -> float:
@@ -464,6 +485,9 @@ METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
     "p99_ratio": ("p99 flooded / alone", lambda b: _ratio(b["flooded"]["p99_ms"], b["alone"]["p99_ms"])),
     "heavy_per_s": ("heavy requests/s flooded", lambda b: b["heavy"]["requests_per_s"]),
     "health_p99_ms": ("/health p99 flooded (ms)", lambda b: b["health"]["p99_ms"]),
+    # The health port's (`--health-port`; adapter rows only).
+    "health_port_p50_ms": ("health port p50 flooded (ms)", lambda b: b.get("health_port", {}).get("p50_ms")),
+    "health_port_p99_ms": ("health port p99 flooded (ms)", lambda b: b.get("health_port", {}).get("p99_ms")),
     # What the clients' own scheduling added, taken out (this machine runs them
     # beside the server): small requests and /health until the answer arrived
     # (the kernel's receive stamp, `raw_http`); small requests less the
@@ -478,10 +502,13 @@ METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
                             lambda b: _phase_ratio(b, "p99_less_wait_ms")),
     "health_p99_arrived_ms": ("/health p99 flooded, until the answer arrived (ms)",
                               lambda b: b["health"].get("p99_arrived_ms")),
+    "health_port_p99_arrived_ms": ("health port p99 flooded, until the answer arrived (ms)",
+                                   lambda b: b.get("health_port", {}).get("p99_arrived_ms")),
 }
 #: The metrics without the clients' own scheduling: a table of their own.
 WITHOUT_CLIENT_WAIT = (
     "p50_ratio_arrived", "p99_ratio_arrived", "p50_ratio_less_wait", "p99_ratio_less_wait", "health_p99_arrived_ms",
+    "health_port_p99_arrived_ms",
 )
 #: Lower bounds, reported and never judged against a target.
 LOWER_BOUNDS = ("p50_ratio_less_wait", "p99_ratio_less_wait")
@@ -587,6 +614,7 @@ SMALL_P99_BOUND = 5.0  # small p99 flooded <= 5x alone
 HEAVY_VS_FIFO_BOUND = 0.95  # heavy throughput >= 0.95x the same strategy under FIFO
 HEAVY_VS_DEFAULT_BOUND = 0.9  # ... and >= 0.9x vLLM default's
 HEALTH_P99_FLOOR_MS = 10.0  # /health p99 flooded <= max(10 ms, vLLM default's)
+HEALTH_PORT_P99_MS = 5.0  # the health port's /health p99 flooded <= 5 ms (`--health-port`)
 PRIORITY_P99_BOUND = 0.3  # with engine priority: small p99 flooded <= 0.3x vLLM default's
 
 
@@ -606,8 +634,9 @@ class Target:
     unit: str = "x"
 
 
-def targets(rows: list[str]) -> list[Target]:
-    """The mixed-traffic targets that the rows run can be checked against."""
+def targets(rows: list[str], health_port: bool = False) -> list[Target]:
+    """The mixed-traffic targets that the rows run can be checked against
+    (`health_port`: the adapter rows' health ports were probed)."""
     out: list[Target] = []
     for name in rows:
         row = ROWS[name]
@@ -629,6 +658,10 @@ def targets(rows: list[str]) -> list[Target]:
             out.append(Target(name, f"/health p99 flooded, until the answer arrived, vs max({HEALTH_P99_FLOOR_MS:g} ms, "
                               f"`{DEFAULT}`'s)", "health_p99_arrived_ms", HEALTH_P99_FLOOR_MS,
                               raised_to_median_of=DEFAULT, unit="ms"))
+        if row.config.strategy is not None and health_port:
+            out.append(Target(name, "health port p99 flooded", "health_port_p99_ms", HEALTH_PORT_P99_MS, unit="ms"))
+            out.append(Target(name, "health port p99 flooded, until the answer arrived", "health_port_p99_arrived_ms",
+                              HEALTH_PORT_P99_MS, unit="ms"))
         if "--scheduling-policy" in row.config.extra_args and name != DEFAULT and DEFAULT in rows:
             out.append(Target(name, f"small p99 flooded vs `{DEFAULT}`", "flooded_p99_ms", PRIORITY_P99_BOUND,
                               baseline=DEFAULT))
@@ -819,6 +852,21 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
+    if result.get("memory_mib"):
+        lines += [
+            "",
+            ("Memory after the warm-up, PSS in MiB (`procstat.memory_mib`; pages shared between processes "
+             "split among them): API server process, offload's worker processes (together; how many), "
+             "the rest (vLLM's engine):"),
+            "",
+            "| row | API server | worker processes | per worker process | engine |",
+            "|---|---|---|---|---|",
+        ]
+        for row, used in result["memory_mib"].items():
+            if used:
+                each = used["workers"] / used["worker_processes"] if used["worker_processes"] else 0.0
+                lines.append(f"| {row} | {used['api']:.0f} | {used['workers']:.0f} ({used['worker_processes']:.0f}) "
+                             f"| {each:.0f} | {used['engine']:.0f} |")
     lines += _intervals_table(
         ("The API server's event-loop thread (the server's main thread) during the flooded phase: shares of "
          f"samples every {thread_states.INTERVAL_S * 1000:g} ms of its state and wait channel, and CPU and "
@@ -902,6 +950,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-servers", choices=IDLE_SERVERS, default=IDLE_SERVERS[0],
                    help="paused: stop every server but the measured row's (SIGSTOP); running: leave them running")
     p.add_argument("--seed", type=int, default=0, help="the rows' order and the small requests' arrivals")
+    p.add_argument("--health-port", action="store_true",
+                   help="adapter rows serve the health port too (--offload-health-port), probed beside /health")
     p.add_argument("--out", type=Path, default=_common.RESULTS / "mixed")
     args = p.parse_args(argv)
     if args.small_rate <= 0:
@@ -925,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
         "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
         "small": dataclasses.asdict(traffic), "heavy": dataclasses.asdict(heavy_traffic),
-        "idle_servers": args.idle_servers,
+        "idle_servers": args.idle_servers, "health_port": args.health_port,
     }
 
     usage = adapter_usage()
@@ -956,8 +1006,14 @@ def main(argv: list[str] | None = None) -> int:
         small = variant.small(str(model))()
         heavy = variant.heavy(str(model))
         started = time.monotonic()
+        health_ports = {
+            row: free_port() for row in rows if args.health_port and configs[row].strategy is not None
+        }
         with_variant = {
-            row: dataclasses.replace(configs[row], extra_args=(*variant.server_args, *configs[row].extra_args))
+            row: dataclasses.replace(configs[row], extra_args=(
+                *variant.server_args, *configs[row].extra_args,
+                *(("--offload-health-port", str(health_ports[row])) if row in health_ports else ()),
+            ))
             for row in rows
         }
         logs = {row: args.out / "logs" / f"mixed-{args.variant}-{row.replace(' ', '-').replace('+', 'plus')}.log" for row in rows}
@@ -975,10 +1031,13 @@ def main(argv: list[str] | None = None) -> int:
         # Entered after the servers: every stopped one is resumed before they are stopped.
         idle = stack.enter_context(idle_servers.IdleServers(running, args.idle_servers))
         heavy_bodies = heavy()
+        memory: dict[str, dict[str, float]] = {}
         for row, url in servers.items():  # warm-up, not measured
             with idle.serving(row):
                 mixed.run_for(url, small, args.small_clients, warmup_s)
                 mixed.run_for(url, heavy_bodies, 2, warmup_s)
+                memory[row] = procstat.memory_mib(running[row][1])
+        result["memory_mib"] = memory
         with progress.Progress(rounds * len(rows), f"mixed-{args.variant} blocks") as bar:
             for round_number in range(rounds):
                 order = list(rows)
@@ -987,7 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.monotonic()
                     with idle.serving(row):
                         block = measure(servers[row], small, heavy, traffic, heavy_traffic, seconds, ramp_s,
-                                        round_number, functools.partial(idle.others_cpu, row), running[row][1])
+                                        round_number, functools.partial(idle.others_cpu, row), running[row][1],
+                                        _health_port_url(health_ports.get(row)))
                     block["wall_s"] = time.monotonic() - t0
                     blocks[row].append(block)
                     bar.step(f"round {round_number + 1} {row}")
@@ -1004,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
     result.update(
         loadavg_after=_loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
-        targets=[evaluate(t, blocks) for t in targets(rows)],
+        targets=[evaluate(t, blocks) for t in targets(rows, args.health_port)],
     )
     _write(args.out, result)
     print(f"wrote the results into {args.out}")

@@ -18,6 +18,15 @@ computed): refused attempts and accepted requests/s, per pair.
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
     python -m benchmarks overload --compare-retry-after --clients 512
+    python -m benchmarks overload --readiness --pairs 3
+
+`--readiness`: the bounded server also serves the health port
+(`OFFLOAD_VLLM_HEALTH_PORT`), and with every request its clients send, they
+send `GET /ready` to that port at the same moment (on connections of their
+own); each request's answer (200: admitted, 503: refused) is paired with
+what readiness answered. The report gives, over the bounded row's levels,
+the share of refused requests that readiness answered 503 for, and of
+admitted ones that it answered 200 for (the goal: >= 95% each).
 
 Writes overload.json and overload.md into --out (default benchmarks/results/).
 """
@@ -38,7 +47,7 @@ from typing import Any
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import load, models, progress, workloads
-from benchmarks.harness.server import ServerConfig, running_servers
+from benchmarks.harness.server import HOST, ServerConfig, free_port, running_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,15 +64,27 @@ MAX_QUEUE = 30
 
 async def _level(
     url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None,
+    constant_retry_s: float | None = None, ready_url: str | None = None,
 ) -> dict[str, Any]:
     import aiohttp
 
     accepted: list[float] = []
     statuses: dict[int, int] = {}
+    #: (request's status, readiness's status) -> how many (`ready_url`).
+    side_by_side: dict[tuple[int, int], int] = {}
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as probes:
+
+        async def ready() -> int:
+            assert ready_url is not None
+            try:
+                async with probes.get(ready_url) as answer:
+                    await answer.read()
+                    return answer.status
+            except (aiohttp.ClientError, OSError):
+                return 0
         start = time.perf_counter()
         stop = start + seconds
         issued = 0
@@ -74,6 +95,8 @@ async def _level(
                 payload = make_payload(issued)
                 issued += 1
                 t0 = time.perf_counter()
+                # Sent in the same turn of this loop as the request: readiness at its moment.
+                readiness = asyncio.ensure_future(ready()) if ready_url is not None else None
                 async with session.post(url, json=payload) as resp:
                     await resp.read()
                     status = resp.status
@@ -81,6 +104,9 @@ async def _level(
                     if constant_retry_s is not None:
                         retry_after = constant_retry_s
                 statuses[status] = statuses.get(status, 0) + 1
+                if readiness is not None:
+                    pair = (status, await readiness)
+                    side_by_side[pair] = side_by_side.get(pair, 0) + 1
                 if status == 200:
                     accepted.append(time.perf_counter() - t0)
                 elif status == 503:
@@ -93,6 +119,7 @@ async def _level(
     stats = load.summarize_ms(accepted)
     return {
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        **({"side_by_side": {f"{a} {r}": n for (a, r), n in sorted(side_by_side.items())}} if ready_url else {}),
         "accepted_per_s": len(accepted) / wall,
         "accepted_p50_ms": stats["p50_ms"],
         "accepted_p99_ms": stats["p99_ms"],
@@ -102,14 +129,56 @@ async def _level(
 
 def run_level(
     base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None,
+    constant_retry_s: float | None = None, ready_url: str | None = None,
 ) -> dict[str, Any]:
     with load.HealthProber(base_url) as prober:
         result = asyncio.run(
-            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s)
+            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s,
+                   ready_url)
         )
     result["health"] = prober.summary()
     return result
+
+
+def agreement(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Readiness beside admission over `levels` (`--readiness`): per level and
+    pooled, the share of refused requests (503) readiness answered 503 for,
+    and of admitted ones (200) it answered 200 for."""
+    def share(level: dict[str, Any], status: str) -> float | None:
+        pairs = {key: n for key, n in level.get("side_by_side", {}).items() if key.split()[0] == status}
+        total = sum(pairs.values())
+        return pairs.get(f"{status} {status}", 0) / total if total else None
+
+    out: dict[str, Any] = {}
+    for name, status in (("refused_not_ready", "503"), ("admitted_ready", "200")):
+        per_level = [x for x in (share(level, status) for level in levels) if x is not None]
+        pooled: dict[str, Any] = {"side_by_side": {}}
+        for level in levels:
+            for key, n in level.get("side_by_side", {}).items():
+                pooled["side_by_side"][key] = pooled["side_by_side"].get(key, 0) + n
+        out[name] = {"per_level": per_level, "pooled": share(pooled, status)}
+    return out
+
+
+def readiness_line(agreed: dict[str, Any]) -> str:
+    """What `agreement` found, in a sentence."""
+    def pooled(name: str) -> str:
+        value = agreed[name]["pooled"]
+        return _percent([value] if value is not None else [])
+
+    return (f"Readiness beside admission (the bounded server's `/ready`, sent with each request): refused "
+            f"requests that `/ready` answered 503 for: {_percent(agreed['refused_not_ready']['per_level'])}, "
+            f"pooled {pooled('refused_not_ready')}; admitted requests that it answered 200 for: "
+            f"{_percent(agreed['admitted_ready']['per_level'])}, pooled {pooled('admitted_ready')}.")
+
+
+def _percent(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) < 2:
+        return f"{100 * values[0]:.1f}%"
+    return (f"{100 * statistics.median(values):.1f}% (median of {len(values)} levels; range "
+            f"{100 * min(values):.1f}-{100 * max(values):.1f}%)")
 
 
 def _interval(values: list[float]) -> str:
@@ -147,9 +216,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         (f"Per pair, bounded / unbounded: accepted p99 {_interval(ratios['accepted_p99'])}; "
         f"/health p99 {_interval(ratios['health_p99'])}."),
-        "<!-- --8<-- [end:tables] -->",
-        "",
     ]
+    if result.get("readiness"):
+        lines += ["", readiness_line(result["readiness"])]
+    lines += ["<!-- --8<-- [end:tables] -->", ""]
     return "\n".join(lines)
 
 
@@ -168,17 +238,23 @@ def main(argv: list[str] | None = None) -> int:
         "--compare-retry-after", action="store_true",
         help="the bounded server alone: clients honouring its Retry-After against clients waiting a constant 1 s",
     )
+    p.add_argument(
+        "--readiness", action="store_true",
+        help="the bounded server serves the health port; /ready is sent beside every request and compared",
+    )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
     if args.compare_retry_after:
         return compare_retry_after(args, argv, clients, pairs, seconds)
+    health_port = free_port() if args.readiness else None
     configs = {
         "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
         f"max_queue={MAX_QUEUE}": ServerConfig(
             f"max_queue={MAX_QUEUE}", STRATEGY,
-            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
+            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE),
+                 **({"OFFLOAD_VLLM_HEALTH_PORT": str(health_port)} if health_port else {})},
         ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(pairs):
                 order = names if pair % 2 == 0 else names[::-1]
                 for name in order:
-                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction)
+                    ready_url = f"http://{HOST}:{health_port}/ready" if health_port and name != "unbounded" else None
+                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction,
+                                      ready_url=ready_url)
                     rows[name].append(level)
                     bar.step(f"pair {pair + 1} {name}")
                     bar.note(f"pair {pair + 1} {name}: {json.dumps(level)}")
@@ -217,9 +295,12 @@ def main(argv: list[str] | None = None) -> int:
         "argv": argv, "machine": f"{platform.machine()} {load_cpus()} CPUs", "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
         "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
+        **({"readiness": agreement(bounded)} if health_port else {}),
     }
     (args.out / "overload.json").write_text(json.dumps(result, indent=2))
     (args.out / "overload.md").write_text(markdown(result))
+    if health_port:
+        print(readiness_line(result["readiness"]))
     print(f"wrote the results into {args.out}")
     return 0
 

@@ -2,17 +2,20 @@
 readiness off the event loop), the computed `Retry-After`, the request phase
 histograms, and the Grafana dashboard's metrics.
 
-One `thread` server of its own (one worker, a cost bound, the health port, a
-test middleware that blocks the loop on request): the settings are the
-subject. Its last test kills its engine.
+One `thread` server of its own (one worker, a cost bound, the health port,
+vLLM's request tracing exported to a collector here, a test middleware that
+blocks the loop on request): the settings are the subject. Its last test
+kills its engine.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,11 +42,52 @@ def health_port() -> int:
     return free_port()
 
 
+class _Collector(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP trace collector on 127.0.0.1: keeps every span posted to `/v1/traces`."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        super().__init__(("127.0.0.1", 0), _Receive)
+
+
+class _Receive(http.server.BaseHTTPRequestHandler):
+    server: _Collector
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        exported = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+        for resource in exported.resource_spans:
+            for scope in resource.scope_spans:
+                self.server.spans.extend(scope.spans)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[_Collector]:
+    receiver = _Collector()
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+
+
 @pytest.fixture(scope="module")
 def server(
-    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, health_port: int
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, health_port: int, collector: _Collector
 ) -> Iterator[Server]:
     env = {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
         "OFFLOAD_VLLM_HEALTH_PORT": str(health_port),
         "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S),
         "OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST),
@@ -54,7 +98,10 @@ def server(
         # The test middleware's module, importable in the server.
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
-    args = ("--middleware", "tests.vllm.operator_middleware.BlockLoop")
+    args = (
+        "--middleware", "tests.vllm.operator_middleware.BlockLoop",
+        "--otlp-traces-endpoint", f"http://127.0.0.1:{collector.server_address[1]}/v1/traces",
+    )
     start = lambda: start_server(  # noqa: E731
         model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("operations"), workers=1,
         extra_env=env, extra_args=args,
@@ -102,6 +149,37 @@ def test_each_phase_of_a_request_is_on_metrics(server: Server) -> None:
         assert count == 3, phase
         phase_seconds += total(after, f"{name}_sum", phase=phase, **labels) - total(before, f"{name}_sum", phase=phase, **labels)
     assert 0 < phase_seconds <= client_seconds
+
+
+def test_each_phase_of_a_traced_request_is_in_its_trace(server: Server, collector: _Collector) -> None:
+    """With vLLM's request tracing on, a request that carries `traceparent`
+    gets, in its trace, vLLM's own `llm_request` span and offload's span with
+    every phase (seconds) and the moments between them."""
+    trace_id = os.urandom(16)
+    parent = f"00-{trace_id.hex()}-{os.urandom(8).hex()}-01"
+    response = httpx.post(
+        f"{server.url}/v1/embeddings", json={"model": server.model, "input": "a traced request"},
+        headers={"traceparent": parent}, timeout=300,
+    )
+    assert response.status_code == 200
+    deadline = time.monotonic() + 30  # vLLM's exporter sends its batch every 5 s
+    while True:
+        spans = {span.name: span for span in list(collector.spans) if span.trace_id == trace_id}
+        if {"llm_request", "offload_vllm.request"} <= set(spans) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(spans) >= {"llm_request", "offload_vllm.request"}, [s.name for s in collector.spans]
+    ours = spans["offload_vllm.request"]
+    attributes = {a.key: a.value for a in ours.attributes}
+    for phase in PHASES:
+        assert attributes[f"offload.phase.{phase}"].double_value >= 0.0, phase
+    assert attributes["offload.lane"].string_value == "default"
+    assert attributes["http.route"].string_value == "/v1/embeddings"
+    assert [event.name for event in ours.events] == ["admitted", "render_began", "render_ended", "response_began"]
+    # offload's span covers the engine's: it begins before and ends after.
+    engine = spans["llm_request"]
+    assert ours.start_time_unix_nano <= engine.start_time_unix_nano
+    assert ours.end_time_unix_nano >= engine.end_time_unix_nano
 
 
 def test_readiness_and_retry_after_while_the_bound_is_full(server: Server, health_port: int) -> None:
@@ -153,7 +231,7 @@ def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -
 def test_a_blocked_loop_is_reported_within_twice_the_bound(server: Server, health_port: int) -> None:
     """The loop blocked for 10 s: liveness turns 503, naming the loop, within
     2x `OFFLOAD_VLLM_HEALTH_MAX_STALL` of the block's start, every probe
-    answered meanwhile, by the health thread, well within 1 s; 200 again after."""
+    answered meanwhile, by the health process, well within 1 s; 200 again after."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         sent = time.monotonic()
         blocking = pool.submit(httpx.post, f"{server.url}/offload-test/block-loop?seconds=10", timeout=60)

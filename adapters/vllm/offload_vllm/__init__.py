@@ -41,6 +41,7 @@ module there; nothing outside `_seams/` imports vLLM.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -127,6 +128,11 @@ def register() -> None:
     in_flight = RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
+    health = (
+        None
+        if settings.health_port is None
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
+    )
     policy = RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
@@ -135,13 +141,12 @@ def register() -> None:
         answers=ANSWERS,
         served=rates.served,
         max_request_cost=settings.max_request_cost,
+        # Readiness follows admission as it changes, not only at the loop's next publish.
+        changed=(
+            (lambda: None) if health is None else functools.partial(health.admission_changed, runtime.current_executor)
+        ),
     )
     serving.install_admission(policy)
-    health = (
-        None
-        if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
-    )
 
     # What runs as vLLM builds its app, in this order, before vLLM adds its own
     # middleware (CORS, `--api-key`, `--middleware`): so each middleware added

@@ -74,7 +74,9 @@ class RefuseWhenFull:
                 with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass
             except offload.Overloaded:
-                await policy.answers.overflow(policy.retry_after(executor, lane, cost))(scope, receive, send)
+                retry_after = policy.retry_after(executor, lane, cost)
+                policy.changed()
+                await policy.answers.overflow(retry_after)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -1,9 +1,9 @@
 """Liveness and readiness answered off the event loop, on a port of their own.
 
-`OFFLOAD_VLLM_HEALTH_PORT` starts a small HTTP server in a daemon thread of
-the API server process (`HealthServer`), bound to vLLM's `--host` (all
-interfaces when vLLM has none, as vLLM binds), which answers two paths from
-what the event loop last published (`HealthState`):
+`OFFLOAD_VLLM_HEALTH_PORT` starts a small process beside the API server
+(`HealthServer`; what it runs is `_health_answer.py`), listening on vLLM's
+`--host` (all interfaces when vLLM has none, as vLLM binds), which answers two
+paths from what the event loop last published (`HealthState`):
 
 - `GET /health` (liveness): 200 while the loop turned within
   `OFFLOAD_VLLM_HEALTH_MAX_STALL` seconds and the engine's last check found it
@@ -18,19 +18,23 @@ Both answer a JSON body: `status`, the `reason` of a 503, and the ages of
 what they read. The loop's side (`keep_current`) is one task that wakes every
 `PUBLISH_INTERVAL_S`: it writes the time it ran, whether admission refuses,
 and, every `ENGINE_CHECK_INTERVAL_S`, the result of vLLM's own engine check
-(the one vLLM's `/health` awaits). The health thread only reads those plain
-attributes (each written in one assignment by the loop's thread, so a reader
-sees the old value or the new one); it never calls into the loop's objects,
-and an answer is a few dozen bytecodes, so it holds the GIL for microseconds.
+(the one vLLM's `/health` awaits), into a few bytes of shared memory. The
+answering process reads only those bytes: it never touches the loop's
+objects, and needs nothing of the API server's interpreter, so no thread
+holding its GIL delays an answer (why a process and not a thread:
+`_health_answer.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
 import logging
+import mmap
+import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +44,9 @@ import anyio
 
 import offload
 
+from . import _health_answer
 from ._admission_view import refuses_default_lane
+from ._health_answer import Board, Snapshot
 from ._seams import engine as engine_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -54,127 +60,148 @@ PUBLISH_INTERVAL_S = 0.025
 #: `AsyncLLM`): a dead engine is reported within this plus a probe period.
 ENGINE_CHECK_INTERVAL_S = 1.0
 
-#: A probe's connection that sends nothing is dropped after this (seconds): a
-#: probe sends its request at once; a client that does not holds the next one up.
-REQUEST_TIMEOUT_S = 1.0
-
-
 @final
 class HealthState:
-    """What the loop publishes and the health thread reads: plain values, each
-    written by the loop's thread alone (`keep_current`), read as they are."""
+    """What the loop publishes and the answering process reads: each value set
+    here is written to the shared board at once, by the loop's thread alone
+    (`keep_current`; `draining` also by a signal handler)."""
 
-    __slots__ = ("draining", "engine_checked_at", "engine_error", "loop_turned_at", "max_stall", "refusing")
+    __slots__ = ("_board", "_values", "fd")
 
     def __init__(self, max_stall: float) -> None:
-        self.max_stall = max_stall
+        #: The board's file descriptor, which the answering process inherits.
+        self.fd = _shared_memory()
+        os.ftruncate(self.fd, _health_answer.BOARD_SIZE)
+        self._board = Board(mmap.mmap(self.fd, _health_answer.BOARD_SIZE))
         # Until the loop first publishes, count from now: a loop that never
         # starts the task is reported once the bound has passed.
-        self.loop_turned_at = time.monotonic()
-        self.engine_checked_at = 0.0
-        self.engine_error: str | None = None
-        self.refusing = False
-        self.draining = False
+        self._values = Snapshot(time.monotonic(), 0.0, max_stall, False, None, False)
+        self._board.write(self._values)
+
+    @property
+    def board(self) -> Board:
+        return self._board
+
+    def publish(self, **values: Any) -> None:
+        """Set several values at once (names as the properties below), in one write."""
+        for name, value in values.items():
+            if name == "draining" or not hasattr(self._values, name):
+                raise AttributeError(name)
+            setattr(self._values, name, value)
+        self._board.write(self._values)
+
+    @property
+    def max_stall(self) -> float:
+        return self._values.max_stall
+
+    @max_stall.setter
+    def max_stall(self, value: float) -> None:
+        self.publish(max_stall=value)
+
+    @property
+    def loop_turned_at(self) -> float:
+        return self._values.loop_turned_at
+
+    @loop_turned_at.setter
+    def loop_turned_at(self, value: float) -> None:
+        self.publish(loop_turned_at=value)
+
+    @property
+    def engine_checked_at(self) -> float:
+        return self._values.engine_checked_at
+
+    @engine_checked_at.setter
+    def engine_checked_at(self, value: float) -> None:
+        self.publish(engine_checked_at=value)
+
+    @property
+    def engine_error(self) -> str | None:
+        return self._values.engine_error
+
+    @engine_error.setter
+    def engine_error(self, value: str | None) -> None:
+        self.publish(engine_error=value)
+
+    @property
+    def refusing(self) -> bool:
+        return self._values.refusing
+
+    @refusing.setter
+    def refusing(self, value: bool) -> None:
+        self.publish(refusing=value)
+
+    @property
+    def draining(self) -> bool:
+        """Set from SIGTERM on (safe in a signal handler: one byte of its own)."""
+        return self._board.read().draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._board.set_draining(value)
 
     def liveness(self, now: float) -> tuple[int, dict[str, Any]]:
-        """`(status code, body)` of `GET /health` at `time.monotonic()` `now`."""
-        stalled = now - self.loop_turned_at
-        body: dict[str, Any] = {
-            "loop_turned_seconds_ago": round(stalled, 3),
-            "engine_checked_seconds_ago": round(now - self.engine_checked_at, 3) if self.engine_checked_at else None,
-        }
-        if stalled > self.max_stall:
-            reason = f"the event loop has not turned for {stalled:.1f}s (bound {self.max_stall:g}s)"
-        elif self.engine_error is not None:
-            reason = f"the engine is not alive: {self.engine_error}"
-        else:
-            return 200, {"status": "ok", **body}
-        return 503, {"status": "unhealthy", "reason": reason, **body}
+        """`(status code, body)` of `GET /health` at `time.monotonic()` `now`
+        (`_health_answer.liveness`, over what was published)."""
+        return _health_answer.liveness(self._board.read(), now)
 
     def readiness(self, now: float) -> tuple[int, dict[str, Any]]:
-        """`(status code, body)` of `GET /ready` at `time.monotonic()` `now`."""
-        code, body = self.liveness(now)
-        if code != 200:
-            return code, {**body, "status": "not ready"}
-        if self.draining:
-            return 503, {**body, "status": "not ready", "reason": "shutting down"}
-        if self.refusing:
-            return 503, {
-                **body,
-                "status": "not ready",
-                "reason": "admission refuses new requests in the default lane (a bound is full)",
-            }
-        return 200, {**body, "status": "ready"}
+        """`(status code, body)` of `GET /ready` at `now` (`_health_answer.readiness`)."""
+        return _health_answer.readiness(self._board.read(), now)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT_S
-    # HTTP/1.0: one answer per connection, then close (no thread waits on an
-    # idle keep-alive connection); the answer is written with one send.
-    wbufsize = 4096
+def _shared_memory() -> int:
+    """A file descriptor of a file in memory, for the board (inheritable only where passed)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("offload-vllm-health", os.MFD_CLOEXEC)
+    import tempfile
 
-    def do_GET(self) -> None:
-        answer = {"/health": HealthState.liveness, "/ready": HealthState.readiness}.get(self.path.split("?", 1)[0])
-        if answer is None:
-            code, body = 404, {"status": "not found", "paths": ["/health", "/ready"]}
-        else:
-            code, body = answer(self.server.state, time.monotonic())
-        payload = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Probes every few seconds: not worth a log line each.
-        return
-
-
-class _Server(http.server.HTTPServer):
-    """One probe at a time, on the server's own thread: each answer is a few
-    dozen bytecodes, and every thread started or woken costs a wait for the
-    GIL, which under a GIL-bound flood is what a probe's time is made of
-    (measured: four spinning threads, slowest of 50 probes 0.44 s with a
-    thread per connection). A client that connects and sends nothing holds
-    it for `REQUEST_TIMEOUT_S` at most."""
-
-    # A restarted server must get its port back at once (the connections of
-    # the last one's probes may linger in TIME_WAIT).
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], state: HealthState) -> None:
-        self.state = state
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A probe that hung up (or timed out) is no error of the server's.
-        return
+    with tempfile.TemporaryFile() as file:
+        return os.dup(file.fileno())
 
 
 @final
 class HealthServer:
-    """The health endpoints' HTTP server, in a daemon thread of its own."""
+    """The health endpoints' process: a child of the API server, answering on
+    a socket this process binds, from `state`'s board."""
 
     def __init__(self, host: str, port: int, state: HealthState, setting: str) -> None:
-        """Binds `host:port` now. Raises `OSError` whose message names
-        `setting` when the port cannot be had (taken, not allowed)."""
+        """Binds `host:port` now, and starts the process. Raises `OSError` whose
+        message names `setting` when the port cannot be had (taken, not allowed)."""
         self.state = state
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            self._server = _Server((host, port), state)
+            # A restarted server must get its port back at once (the connections
+            # of the last one's probes may linger in TIME_WAIT).
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(64)
         except OSError as exc:
+            listener.close()
             raise OSError(exc.errno, f"{setting}={port}: cannot listen on {host}:{port} for the health endpoints: {exc.strerror or exc}") from exc
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="offload-vllm-health", daemon=True
-        )
-        self._thread.start()
+        self.port = int(listener.getsockname()[1])
+        # The process reads the end of this pipe; when this process ends (or
+        # `close`s) the pipe closes and so does the answering process.
+        parent_end, self._pipe = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable, "-I", "-S", _health_answer.__file__,
+                    str(listener.fileno()), str(state.fd), str(parent_end), str(os.getpid()),
+                ],
+                pass_fds=(listener.fileno(), state.fd, parent_end),
+                stdin=subprocess.DEVNULL,
+                start_new_session=False,
+            )
+        finally:
+            listener.close()
+            os.close(parent_end)
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        """End the process (its connections with it) and wait for it."""
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)
+        self._process.kill()
+        self._process.wait()
 
 
 def _mark_draining_on_sigterm(state: HealthState) -> None:
@@ -210,9 +237,8 @@ async def keep_current(
     engine_due = 0.0
     while True:
         now = time.monotonic()
-        state.loop_turned_at = now
         executor = executor_of()
-        state.refusing = executor is not None and refuses_default_lane(executor)
+        state.publish(loop_turned_at=now, refusing=executor is not None and refuses_default_lane(executor))
         _mark_draining_on_sigterm(state)
         if now >= engine_due:
             engine_due = now + ENGINE_CHECK_INTERVAL_S
@@ -224,14 +250,13 @@ async def keep_current(
                 error = f"its health check did not answer within {state.max_stall:g}s"
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            state.engine_error = error
-            state.engine_checked_at = time.monotonic()
+            state.publish(engine_error=error, engine_checked_at=time.monotonic())
         await anyio.sleep(PUBLISH_INTERVAL_S)
 
 
 @final
 class Health:
-    """The health endpoints of one API server: the thread's server, bound when
+    """The health endpoints of one API server: the answering process, started when
     vLLM builds its app, and the loop's task, started when the first pooling
     entrypoint is built (with the engine client, inside the loop)."""
 
@@ -251,6 +276,16 @@ class Health:
                 host or "0.0.0.0",
                 self.server.port,
             )
+
+    def admission_changed(self, executor_of: Callable[[], offload.Executor | None]) -> None:
+        """Publish whether admission refuses now (on the loop's thread, when its
+        counts changed): readiness then follows admission within one probe,
+        not within `PUBLISH_INTERVAL_S`, in which a bound full under load may
+        fill and free many times (one request answered every ~7 ms at 128
+        clients here)."""
+        executor = executor_of()
+        if executor is not None:
+            self.state.publish(refusing=refuses_default_lane(executor))
 
     def watch(self, executor_of: Callable[[], offload.Executor | None], engine_client: Any) -> None:
         """Start the loop's task (once; on the running loop)."""

@@ -20,7 +20,8 @@ answered request into one histogram, labelled by `endpoint` (the route),
 A request refused at the door or at admission is observed in no phase (the
 refusals have their counters). A phase whose ends were not both seen (a
 request that failed, a serving class that renders on its own) is not
-observed. Everything here runs on the event loop's thread: the marks are
+observed. With vLLM's request tracing on, the same phases are recorded in the
+request's trace too (`_tracing.py`). Everything here runs on the event loop's thread: the marks are
 plain attributes of one object per request, kept in a context variable that
 the request's task (and nothing else) sees.
 """
@@ -36,6 +37,7 @@ from typing import Any, Final, final
 
 import offload
 
+from . import _tracing
 from ._lanes import DEFAULT_LANE
 from ._routes import is_pooling_request, route_of
 
@@ -98,6 +100,13 @@ class RequestPhases:
     def waited(self, start: int = 0) -> float:
         """Seconds the calls collected from index `start` on waited for a worker."""
         return sum(started - queued for queued, started, _ in self.calls[start:])
+
+    def marks(self, sent: float) -> dict[str, float]:
+        """The request's moments by name (0: not seen), its answer sent at `sent`."""
+        return {
+            "arrived": self.arrived, "admitted": self.admitted, "render_began": self.render_began,
+            "render_ended": self.render_ended, "response_began": self.response_began, "sent": sent,
+        }
 
     def durations(self, sent: float) -> dict[str, float]:
         """Each phase whose ends were seen, in seconds, the response sent at `sent`."""
@@ -179,6 +188,7 @@ class TimePhases:
         if family is None or not is_pooling_request(scope):
             await self.app(scope, receive, send)
             return
+        traced = _tracing.trace_headers(scope)
         with offload.collect_call_times() as calls:
             phases = RequestPhases(route_of(scope), calls)
             token = _current.set(phases)
@@ -187,9 +197,13 @@ class TimePhases:
                 await send(message)
                 last = message["type"] == "http.response.body" and not message.get("more_body", False)
                 if last and phases.admitted:
+                    sent = time.perf_counter()
                     lane = DEFAULT_LANE if phases.lane is None else phases.lane
-                    for phase, seconds in phases.durations(time.perf_counter()).items():
+                    durations = phases.durations(sent)
+                    for phase, seconds in durations.items():
                         family.labels(phases.endpoint, lane, phase).observe(seconds)
+                    if traced is not None:
+                        _tracing.record(traced, phases.endpoint, lane, phases.marks(sent), durations)
 
             try:
                 await self.app(scope, receive, send_observed)

@@ -59,7 +59,7 @@ MAX_REQUEST_COST_SETTING = "OFFLOAD_VLLM_MAX_REQUEST_COST"
 # The admission a request runs inside: a `__call__` it enters from there (a
 # subclass's calling the base one) must not admit it again, and its
 # preprocessing's end gives its held cost back (`preprocessed`).
-_admitted: contextvars.ContextVar[offload.Admission | None] = contextvars.ContextVar(
+_admitted: contextvars.ContextVar[tuple[offload.Admission, RequestPolicy] | None] = contextvars.ContextVar(
     "offload_vllm_admitted", default=None
 )
 
@@ -94,6 +94,10 @@ class RequestPolicy:
     #: Told `(lane, cost)` of each admitted request once it is answered (its
     #: admission ended): what the `Retry-After` is measured from.
     served: Callable[[str | None, float], None] = lambda lane, cost: None
+    #: Told, on the loop's thread, each time admission's counts changed: a
+    #: request admitted, its cost released, its admission ended; and after
+    #: each refusal (readiness publishes what admission would do now).
+    changed: Callable[[], None] = lambda: None
     #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
     max_request_cost: float | None = None
 
@@ -132,12 +136,14 @@ class RequestPolicy:
         if self.engine_priority and set_priority is not None:
             set_priority(engine_priority(cost, executor.lanes[DEFAULT_LANE if lane is None else lane]))
         with contextlib.ExitStack() as held:
+            held.callback(self.changed)  # last, once the admission has ended
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
                 return self.answers.overflow(self.retry_after(executor, lane, cost))
+            self.changed()
             held.callback(self.served, lane, cost)
-            held.callback(_admitted.reset, _admitted.set(admitted))
+            held.callback(_admitted.reset, _admitted.set((admitted, self)))
             phases.admitted(lane)
             return await call()
 
@@ -148,9 +154,11 @@ def preprocessed() -> None:
     rendering ran on the executor or on the event loop (where no executor
     call took the cost over), so a request that waits for the engine holds
     its place but no queued cost. Nothing outside an admitted request."""
-    admitted = _admitted.get()
-    if admitted is not None:
+    current = _admitted.get()
+    if current is not None:
+        admitted, policy = current
         admitted.release_cost()
+        policy.changed()
 
 
 def content_length(scope: Any) -> int:
