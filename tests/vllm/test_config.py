@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -367,57 +368,78 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_vllm_plugin_load_stops_on_bad_value() -> None:
+_LOAD = "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+#: What vLLM does at start, each in a fresh interpreter: (code, environment).
+PLUGIN_LOADS: dict[str, tuple[str, dict[str, str]]] = {
+    "bad value": (_LOAD, {"OFFLOAD_VLLM_STRATEGY": "bogus"}),
+    "seams": (
+        _LOAD
+        + "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
+        "import offload_vllm\n"
+        "print(offload_vllm.active_strategy(), PoolingIOProcessor.__init__.__offload_vllm__)",
+        {"OFFLOAD_VLLM_STRATEGY": "thread"},
+    ),
+    **{
+        f"shortcut {switch}": (
+            _LOAD
+            + "from vllm.entrypoints.launchers import app\n"
+            "print(getattr(app.init_entrypoints_middleware, '__offload_vllm_validation__', False))",
+            {"OFFLOAD_VLLM_STRATEGY": "thread", **({} if switch is None else {"OFFLOAD_VLLM_VALIDATION_SHORTCUT": switch})},
+        )
+        for switch in (None, "0")
+    },
+    "old name": (
+        _LOAD
+        + "import os, offload_vllm\n"
+        "offload_vllm.register()\n"
+        "print(offload_vllm.active_strategy(), os.environ.get('OFFLOAD_VLLM_STRATEGY'), "
+        "os.environ.get('VLLM_OFFLOAD_STRATEGY'))",
+        {"VLLM_OFFLOAD_STRATEGY": "thread"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def plugin_loads() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every `PLUGIN_LOADS` interpreter, all started at once on first use:
+    each spends tens of seconds importing vLLM, and one after another they
+    were a third of this machine's vLLM-free tests."""
+    with concurrent.futures.ThreadPoolExecutor(len(PLUGIN_LOADS)) as pool:
+        futures = {key: pool.submit(_python, code, **env) for key, (code, env) in PLUGIN_LOADS.items()}
+    return {key: future.result() for key, future in futures.items()}
+
+
+def test_vllm_plugin_load_stops_on_bad_value(plugin_loads: dict[str, subprocess.CompletedProcess[str]]) -> None:
     """What vLLM does at start (`load_general_plugins`) raises: the server never comes up."""
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()",
-        OFFLOAD_VLLM_STRATEGY="bogus",
-    )
+    proc = plugin_loads["bad value"]
     assert proc.returncode != 0
     assert "OffloadVLLMConfigError" in proc.stderr
     assert "OFFLOAD_VLLM_STRATEGY='bogus'" in proc.stderr
 
 
-def test_vllm_plugin_load_patches_seams() -> None:
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
-        "import offload_vllm\n"
-        "print(offload_vllm.active_strategy(), PoolingIOProcessor.__init__.__offload_vllm__)",
-        OFFLOAD_VLLM_STRATEGY="thread",
-    )
+def test_vllm_plugin_load_patches_seams(plugin_loads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    proc = plugin_loads["seams"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["thread", "True"]
 
 
 @pytest.mark.parametrize(("switch", "wrapped"), [(None, "True"), ("0", "False")])
-def test_vllm_plugin_load_installs_the_validation_shortcut_unless_off(switch: str | None, wrapped: str) -> None:
+def test_vllm_plugin_load_installs_the_validation_shortcut_unless_off(
+    switch: str | None, wrapped: str, plugin_loads: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
     """A fresh process, as vLLM starts one: the switch decides whether vLLM's
     app is built with the shortcut (`_seams/validation.py`)."""
-    env = {"OFFLOAD_VLLM_STRATEGY": "thread"}
-    if switch is not None:
-        env["OFFLOAD_VLLM_VALIDATION_SHORTCUT"] = switch
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.entrypoints.launchers import app\n"
-        "print(getattr(app.init_entrypoints_middleware, '__offload_vllm_validation__', False))",
-        **env,
-    )
+    proc = plugin_loads[f"shortcut {switch}"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == wrapped
 
 
-def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
+def test_vllm_plugin_load_warns_once_about_an_old_name(
+    plugin_loads: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     """Once: registering again (as vLLM does in the processes it starts, which
     inherit the environment) finds the new name only."""
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "import os, offload_vllm\n"
-        "offload_vllm.register()\n"
-        "print(offload_vllm.active_strategy(), os.environ.get('OFFLOAD_VLLM_STRATEGY'), "
-        "os.environ.get('VLLM_OFFLOAD_STRATEGY'))",
-        VLLM_OFFLOAD_STRATEGY="thread",
-    )
+    proc = plugin_loads["old name"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-3:] == ["thread", "thread", "None"]
     assert proc.stderr.count("offload-vllm: rename VLLM_OFFLOAD_STRATEGY -> OFFLOAD_VLLM_STRATEGY:") == 1
