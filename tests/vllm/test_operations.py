@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._server import Server, free_port, scrape, servers_started, start_server, total
+from ._module_servers import ModuleServers, register
+from ._server import Server, free_port, scrape, start_server, total
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "adapters" / "vllm" / "grafana" / "offload.json"
@@ -34,17 +35,11 @@ PHASES = ("door", "worker_wait", "render", "engine", "response")
 HOLD = {"input": "offload keeps the event loop alive " * 115_000, "truncate_prompt_tokens": 16}
 
 
-@pytest.fixture(scope="module")
-def health_port() -> int:
-    return free_port()
-
-
-@pytest.fixture(scope="module")
-def server(
-    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, health_port: int
-) -> Iterator[Server]:
+# Run whatever strategies the suite runs (the settings are the subject).
+@register(__name__, needs=(), servers=1)
+def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
     env = {
-        "OFFLOAD_VLLM_HEALTH_PORT": str(health_port),
+        "OFFLOAD_VLLM_HEALTH_PORT": str(free_port()),
         "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S),
         "OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST),
         # The hold above takes seconds only tokenized whole, on the one worker.
@@ -56,11 +51,22 @@ def server(
     }
     args = ("--middleware", "tests.vllm.operator_middleware.BlockLoop")
     start = lambda: start_server(  # noqa: E731
-        model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("operations"), workers=1,
+        model_dirs["embed"], "minilm", "thread", log_dir, workers=1,
         extra_env=env, extra_args=args,
     )
-    with servers_started({"operations": start}) as started:
+    return {"operations": start}
+
+
+@pytest.fixture(scope="module")
+def server(module_servers: ModuleServers) -> Iterator[Server]:
+    with module_servers.taken(__name__) as started:
         yield started["operations"]
+
+
+@pytest.fixture(scope="module")
+def health_port(server: Server) -> int:
+    """The server's health port, as its process was given it."""
+    return int(psutil.Process(server.proc.pid).environ()["OFFLOAD_VLLM_HEALTH_PORT"])
 
 
 def probe(port: int, path: str) -> tuple[int, dict[str, Any], float]:
