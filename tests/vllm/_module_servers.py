@@ -23,8 +23,9 @@ import pytest
 
 from ._server import Server, wait_ready
 
-#: Servers of registered modules running at once, at most: 8 of about 1.5 GiB
-#: each take about what the session's 9 shared servers do (15 GiB of 24).
+#: Servers of registered modules running at once, at most: 8 servers of one
+#: worker (about 1.5 GiB each) take less than the session's 9 shared servers
+#: (15 GiB of this machine's 24), which never run beside them.
 AT_ONCE = 8
 
 #: `(model_dirs, log_dir) -> {key: start}`: each `start()` starts one server and returns at once.

@@ -35,7 +35,7 @@ PHASES = ("door", "worker_wait", "render", "engine", "response")
 HOLD = {"input": "offload keeps the event loop alive " * 115_000, "truncate_prompt_tokens": 16}
 
 
-# Run whatever strategies the suite runs (the settings are the subject).
+# Needs no strategy from OFFLOAD_TEST_VLLM_STRATEGIES: the module always runs (its settings are the subject).
 @register(__name__, needs=(), servers=1)
 def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
     env = {
