@@ -100,8 +100,11 @@ test-ray: $(RAY_STAMP)
 	# (signal) method cannot interrupt, fails the run with every thread's stack.
 	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests -o timeout_method=thread $(PYTEST_ARGS)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
+	# Of test_config, only the cases about ray (named so): the others read no
+	# strategy's code and ran in `make test`'s vLLM suite already.
 	PYTHONPATH=$(RAY_ENV):adapters/ray/tests OFFLOAD_TEST_VLLM_STRATEGIES=ray $(BIN)/python -m pytest \
-		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py $(PYTEST_ARGS)
+		tests/vllm/test_config.py tests/vllm/test_e2e.py tests/vllm/test_overload.py \
+		-k 'ray or not test_config.py' $(PYTEST_ARGS)
 
 # The seams the vLLM adapter relies on, looked for in a release's source: the
 # wheel alone is downloaded (cached in $(WHEEL_CACHE)) and read with `ast`, never

@@ -8,12 +8,7 @@ import pytest
 
 import offload
 from offload._registry import _registry, option_names
-
-BACKENDS = [
-    pytest.param(("asyncio", {}), id="asyncio"),
-    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    pytest.param(("trio", {}), id="trio"),
-]
+from offload.testing import BACKENDS
 
 
 @pytest.fixture(params=BACKENDS)

@@ -16,6 +16,7 @@ from offload.testing._functions import (  # noqa: F401 (re-exported for the test
     count_init,
     echo_args,
     fail_init,
+    hold_slot,
     identity,
     make_state,
     pid,
@@ -44,22 +45,6 @@ def busy(seconds: float) -> int:
 
 def worker_identity() -> tuple[int, int]:
     return os.getpid(), threading.get_ident()
-
-
-def hold_slot(directory: str, hold: float) -> int:
-    """Mark this call as running (a file in `directory`), count the running calls,
-    hold for `hold` seconds, unmark. Works across threads and processes."""
-    import uuid
-
-    me = os.path.join(directory, uuid.uuid4().hex)
-    with open(me, "w"):
-        pass
-    try:
-        seen = len(os.listdir(directory))
-        time.sleep(hold)
-        return max(seen, len(os.listdir(directory)))
-    finally:
-        os.unlink(me)
 
 
 # ---- for the process strategy ------------------------------------------------

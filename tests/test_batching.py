@@ -26,12 +26,8 @@ from hypothesis import strategies as st
 import offload
 from offload._strategies._batch_form import BatchedFunction
 from offload._strategies._batching import BatchingStrategy
+from offload.testing import BACKENDS
 
-BACKENDS = [
-    pytest.param(("asyncio", {}), id="asyncio"),
-    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    pytest.param(("trio", {}), id="trio"),
-]
 PATIENCE = 30.0  # seconds to wait for something that should happen at once: only a hang fails
 
 

@@ -12,10 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 QUICK_FLAG = {"loop_lag_demo.py": ["--quick"]}
+#: Examples another test runs already, with more checks: vllm_offline.py runs in
+#: tests/vllm/test_offline.py under every strategy, its output compared with
+#: sentence-transformers' and a server's.
+RUN_ELSEWHERE = {"vllm_offline.py": "tests/vllm/test_offline.py"}
 
 
 @pytest.mark.timeout(330)
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", [p for p in EXAMPLES if p.name not in RUN_ELSEWHERE], ids=lambda p: p.name)
 def test_example_runs(example: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.pop("OFFLOAD_STRATEGY", None)

@@ -8,7 +8,8 @@ Memory: the shared servers take about 15 GiB of this 24 GiB machine. Modules
 that start servers or engines of their own run first (`pytest_collection_modifyitems`),
 and the shared servers start only after them, so the two never add up (they
 did: vLLM's start-up memory check failed, then the kernel's OOM killer took a
-shared server's model worker).
+shared server's model worker). Several modules' own servers start together
+(`module_servers`, `_module_servers.py`), each stopped when its module ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 
 import offload
 
+from ._module_servers import ModuleServers, module_run_order
 from ._server import Server, servers_started, start_server
 
 pytest.importorskip("vllm", reason="the vLLM adapter suite needs vLLM (make test installs it)")
@@ -110,9 +112,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def module_servers(
+    request: pytest.FixtureRequest, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ModuleServers]:
+    """The servers of modules registered in `_module_servers`, several modules' at once."""
+    pool = ModuleServers(model_dirs, tmp_path_factory.mktemp("module-servers"), module_run_order(request.session), AVAILABLE)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
 def servers(
-    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, module_servers: ModuleServers
 ) -> Iterator[dict[tuple[str | None, str], Server]]:
+    # Whatever modules' own servers are left stop first: the two never share memory.
+    module_servers.close()
     log_dir = tmp_path_factory.mktemp("server-logs")
     wanted: list[tuple[str | None, str]] = [(None, "embed")]
     wanted += [(s, kind) for s in AVAILABLE for kind in ("embed", "cross-encoder")]

@@ -6,8 +6,9 @@ text is charged. Real servers on 127.0.0.1, one worker and (but the last)
 `OFFLOAD_VLLM_MAX_QUEUE=0`: one request in flight at a time, so a request
 that held two places would be refused on its own.
 
-The module's servers start together, before the session's shared ones (module
-order), so that this 2-core machine runs only these four meanwhile.
+The module's servers start together (with other modules' own, `_module_servers`),
+before the session's shared ones (module order); each is idle but for the
+test that uses it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -25,12 +26,12 @@ import pytest
 from offload_vllm._request_policy import REQUEST_LABEL
 
 from ._heavy import heavy_body, in_flight, unbroken_heavy_body
+from ._module_servers import ModuleServers, register
 from ._server import (
     Server,
     good_retry_after,
     load_client,
     scrape,
-    servers_started,
     start_server,
     total,
 )
@@ -56,9 +57,8 @@ QUERY = "What is the capital of France?"
 DOCS = [f"document {i}: Paris is the capital of France, and Berlin is in Germany." for i in range(8)]
 
 
-@pytest.fixture(scope="module")
-def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    logs = tmp_path_factory.mktemp("admission")
+@register(__name__, needs=("thread",), servers=4)
+def starts(model_dirs: Mapping[str, Path], logs: Path) -> dict[str, Callable[[], Server]]:
     wanted = {
         # Late interaction: vLLM scores with flash_late_interaction (its default).
         "late": (model_dirs["late-interaction"], "tiny-colbert", ONE_AT_A_TIME, ()),
@@ -71,7 +71,7 @@ def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         # Prefix tokenization on (the default), a cost bound, lanes' places.
         "priced": (model_dirs["embed"], "minilm", {"OFFLOAD_VLLM_MAX_QUEUED_COST": str(PRICED_BOUND)}, ()),
     }
-    starts = {
+    return {
         key: functools.partial(
             start_server,
             model,
@@ -84,7 +84,11 @@ def bounded(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         )
         for key, (model, name, env, args) in wanted.items()
     }
-    with servers_started(starts) as started:
+
+
+@pytest.fixture(scope="module")
+def bounded(module_servers: ModuleServers) -> Iterator[dict[str, Server]]:
+    with module_servers.taken(__name__) as started:
         yield started
 
 

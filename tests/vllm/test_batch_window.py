@@ -14,13 +14,14 @@ import asyncio
 import functools
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ._server import Server, servers_started, start_server
+from ._module_servers import ModuleServers, register
+from ._server import Server, start_server
 from .conftest import AVAILABLE
 
 pytestmark = [
@@ -34,13 +35,18 @@ WINDOW_S = 1.0
 LONE_LIMIT_S = WINDOW_S / 2
 
 
-@pytest.fixture(scope="module")
-def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@register(__name__, needs=("async-renderer",), servers=1)
+def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
     start = functools.partial(
-        start_server, model_dirs["embed"], "minilm", "async-renderer", tmp_path_factory.mktemp("batch-window"),
+        start_server, model_dirs["embed"], "minilm", "async-renderer", log_dir,
         extra_args=("--offload-batch-wait", str(WINDOW_S)),
     )
-    with servers_started({"window": start}) as started:
+    return {"window": start}
+
+
+@pytest.fixture(scope="module")
+def server(module_servers: ModuleServers) -> Iterator[Server]:
+    with module_servers.taken(__name__) as started:
         yield started["window"]
 
 

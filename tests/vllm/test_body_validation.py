@@ -10,6 +10,7 @@ and fields set, or the same errors, word for word.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 from typing import Any
 
@@ -119,7 +120,10 @@ def answer(field: Any, body: Any) -> Any:
 # ---- the shortcut is taken, and only where it is proven -----------------------
 
 
+@functools.cache
 def shortcut() -> validation.UnionShortcut:
+    # One for the module: building one takes tens of milliseconds (a
+    # TypeAdapter per set of members ruled out), and it holds no state.
     return validation.UnionShortcut(protocol.EmbeddingRequest, [])
 
 

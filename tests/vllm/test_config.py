@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import re
@@ -397,67 +398,90 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_vllm_plugin_load_stops_on_bad_value() -> None:
+#: Settings, and the hooks the plugin then runs where vLLM builds its app, in order.
+APP_HOOKS: list[tuple[dict[str, str], str]] = [
+    ({}, "shortcut_validation,time_phases"),
+    ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "time_phases"),
+    (
+        {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "4"},
+        "count_requests,refuse_when_full,shortcut_validation,time_phases",
+    ),
+]
+_LOAD = "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+#: What vLLM does at start, each in a fresh interpreter: (code, environment).
+PLUGIN_LOADS: dict[str, tuple[str, dict[str, str]]] = {
+    "bad value": (_LOAD, {"OFFLOAD_VLLM_STRATEGY": "bogus"}),
+    "seams": (
+        _LOAD
+        + "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
+        "import offload_vllm\n"
+        "print(offload_vllm.active_strategy(), PoolingIOProcessor.__init__.__offload_vllm__)",
+        {"OFFLOAD_VLLM_STRATEGY": "thread"},
+    ),
+    **{
+        f"app hooks {hooks}": (
+            _LOAD
+            + "from vllm.entrypoints.launchers import app\n"
+            "print(','.join(app.init_entrypoints_middleware.__offload_vllm_app__))\n"
+            "print(app.init_entrypoints_middleware.__wrapped__.__module__.split('.')[0])",
+            {"OFFLOAD_VLLM_STRATEGY": "thread", **env},
+        )
+        for env, hooks in APP_HOOKS
+    },
+    "old name": (
+        _LOAD
+        + "import os, offload_vllm\n"
+        "offload_vllm.register()\n"
+        "print(offload_vllm.active_strategy(), os.environ.get('OFFLOAD_VLLM_STRATEGY'), "
+        "os.environ.get('VLLM_OFFLOAD_STRATEGY'))",
+        {"VLLM_OFFLOAD_STRATEGY": "thread"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def plugin_loads() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every `PLUGIN_LOADS` interpreter, all started at once on first use:
+    each spends tens of seconds importing vLLM, and one after another they
+    were a third of this machine's vLLM-free tests."""
+    with concurrent.futures.ThreadPoolExecutor(len(PLUGIN_LOADS)) as pool:
+        futures = {key: pool.submit(_python, code, **env) for key, (code, env) in PLUGIN_LOADS.items()}
+    return {key: future.result() for key, future in futures.items()}
+
+
+def test_vllm_plugin_load_stops_on_bad_value(plugin_loads: dict[str, subprocess.CompletedProcess[str]]) -> None:
     """What vLLM does at start (`load_general_plugins`) raises: the server never comes up."""
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()",
-        OFFLOAD_VLLM_STRATEGY="bogus",
-    )
+    proc = plugin_loads["bad value"]
     assert proc.returncode != 0
     assert "OffloadVLLMConfigError" in proc.stderr
     assert "OFFLOAD_VLLM_STRATEGY='bogus'" in proc.stderr
 
 
-def test_vllm_plugin_load_patches_seams() -> None:
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
-        "import offload_vllm\n"
-        "print(offload_vllm.active_strategy(), PoolingIOProcessor.__init__.__offload_vllm__)",
-        OFFLOAD_VLLM_STRATEGY="thread",
-    )
+def test_vllm_plugin_load_patches_seams(plugin_loads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    proc = plugin_loads["seams"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["thread", "True"]
 
 
-@pytest.mark.parametrize(
-    ("env", "hooks"),
-    [
-        ({}, "shortcut_validation,time_phases"),
-        ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "time_phases"),
-        (
-            {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "4"},
-            "count_requests,refuse_when_full,shortcut_validation,time_phases",
-        ),
-    ],
-)
-def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(env: dict[str, str], hooks: str) -> None:
+@pytest.mark.parametrize("hooks", [hooks for _, hooks in APP_HOOKS])
+def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(
+    hooks: str, plugin_loads: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
     """A fresh process, as vLLM starts one: `init_entrypoints_middleware` is
     replaced once (`_seams/app.py`), and runs the door's middlewares and the
     validation shortcut (`_seams/validation.py`) in the order `register` gives."""
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from vllm.entrypoints.launchers import app\n"
-        "print(','.join(app.init_entrypoints_middleware.__offload_vllm_app__))\n"
-        "print(app.init_entrypoints_middleware.__wrapped__.__module__.split('.')[0])",
-        **{"OFFLOAD_VLLM_STRATEGY": "thread", **env},
-    )
+    proc = plugin_loads[f"app hooks {hooks}"]
     assert proc.returncode == 0, proc.stderr
     # What it wraps is vLLM's own, not another wrapper of the adapter's.
     assert proc.stdout.split()[-2:] == [hooks, "vllm"]
 
 
-def test_vllm_plugin_load_warns_once_about_an_old_name() -> None:
+def test_vllm_plugin_load_warns_once_about_an_old_name(
+    plugin_loads: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     """Once: registering again (as vLLM does in the processes it starts, which
     inherit the environment) finds the new name only."""
-    proc = _python(
-        "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "import os, offload_vllm\n"
-        "offload_vllm.register()\n"
-        "print(offload_vllm.active_strategy(), os.environ.get('OFFLOAD_VLLM_STRATEGY'), "
-        "os.environ.get('VLLM_OFFLOAD_STRATEGY'))",
-        VLLM_OFFLOAD_STRATEGY="thread",
-    )
+    proc = plugin_loads["old name"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-3:] == ["thread", "thread", "None"]
     assert proc.stderr.count("offload-vllm: rename VLLM_OFFLOAD_STRATEGY -> OFFLOAD_VLLM_STRATEGY:") == 1

@@ -15,7 +15,7 @@ import concurrent.futures
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from ._images import forged_png
-from ._server import Server, scrape, servers_started, start_server, total
+from ._module_servers import ModuleServers, register
+from ._server import Server, scrape, start_server, total
 from .conftest import AVAILABLE
 
 pytestmark = [
@@ -39,8 +40,8 @@ MAX_REQUEST_COST = 5_000_000
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@register(__name__, needs=("thread",), servers=1)
+def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
     env = {
         "OFFLOAD_VLLM_LANES": "query=4,bulk=1",
         "OFFLOAD_VLLM_LANE_ROUTES": "/pooling=bulk",
@@ -61,10 +62,15 @@ def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     }
     args = ("--api-key", API_KEY, "--middleware", "tests.vllm.operator_middleware.StripLaneHeader")
     start = lambda: start_server(  # noqa: E731
-        model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("door"), workers=1, extra_env=env,
+        model_dirs["embed"], "minilm", "thread", log_dir, workers=1, extra_env=env,
         extra_args=args,
     )
-    with servers_started({"door": start}) as started:
+    return {"door": start}
+
+
+@pytest.fixture(scope="module")
+def server(module_servers: ModuleServers) -> Iterator[Server]:
+    with module_servers.taken(__name__) as started:
         yield started["door"]
 
 

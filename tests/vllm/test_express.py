@@ -10,14 +10,15 @@ import concurrent.futures
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from ._server import Server, scrape, servers_started, start_server, total
+from ._module_servers import ModuleServers, register
+from ._server import Server, scrape, start_server, total
 from .conftest import AVAILABLE
 from .test_process_crash import renderer_workers, wait_for_workers
 
@@ -28,15 +29,20 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@register(__name__, needs=("process",), servers=1)
+def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
     # The express worker is on by default (OFFLOAD_VLLM_EXPRESS_COST unset).
     # Every call on the executor: a one-sentence request would otherwise run on the loop.
     env = {"OFFLOAD_VLLM_INLINE_COST": "0"}
     start = lambda: start_server(  # noqa: E731
-        model_dirs["embed"], "minilm", "process", tmp_path_factory.mktemp("express"), workers=1, extra_env=env,
+        model_dirs["embed"], "minilm", "process", log_dir, workers=1, extra_env=env,
     )
-    with servers_started({"express": start}) as started:
+    return {"express": start}
+
+
+@pytest.fixture(scope="module")
+def server(module_servers: ModuleServers) -> Iterator[Server]:
+    with module_servers.taken(__name__) as started:
         yield started["express"]
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._server import Server, free_port, scrape, servers_started, start_server, total
+from ._module_servers import ModuleServers, register
+from ._server import Server, free_port, scrape, start_server, total
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "adapters" / "vllm" / "grafana" / "offload.json"
@@ -35,11 +36,6 @@ MAX_STALL_S = 2.0
 PHASES = ("door", "worker_wait", "render", "engine", "response")
 # Holds the one worker for seconds: one prompt of 4 M characters, tokenized whole.
 HOLD = {"input": "offload keeps the event loop alive " * 115_000, "truncate_prompt_tokens": 16}
-
-
-@pytest.fixture(scope="module")
-def health_port() -> int:
-    return free_port()
 
 
 class _Collector(http.server.ThreadingHTTPServer):
@@ -70,11 +66,21 @@ class _Receive(http.server.BaseHTTPRequestHandler):
         return
 
 
-@pytest.fixture(scope="module")
-def collector() -> Iterator[_Collector]:
+#: The module's trace collector: started with its server (`starts`, called
+#: before the module runs, with the other modules' servers), stopped after it.
+_collectors: list[_Collector] = []
+
+
+def _start_collector() -> _Collector:
     receiver = _Collector()
-    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _collectors.append(receiver)
+    return receiver
+
+
+@pytest.fixture(scope="module")
+def collector(server: Server) -> Iterator[_Collector]:
+    receiver = _collectors[-1]
     try:
         yield receiver
     finally:
@@ -82,13 +88,13 @@ def collector() -> Iterator[_Collector]:
         receiver.server_close()
 
 
-@pytest.fixture(scope="module")
-def server(
-    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, health_port: int, collector: _Collector
-) -> Iterator[Server]:
+# Needs no strategy from OFFLOAD_TEST_VLLM_STRATEGIES: the module always runs (its settings are the subject).
+@register(__name__, needs=(), servers=1)
+def starts(model_dirs: Mapping[str, Path], log_dir: Path) -> dict[str, Callable[[], Server]]:
+    collector = _start_collector()
     env = {
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-        "OFFLOAD_VLLM_HEALTH_PORT": str(health_port),
+        "OFFLOAD_VLLM_HEALTH_PORT": str(free_port()),
         "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S),
         "OFFLOAD_VLLM_MAX_QUEUED_COST": str(MAX_QUEUED_COST),
         # The hold above takes seconds only tokenized whole, on the one worker.
@@ -103,11 +109,22 @@ def server(
         "--otlp-traces-endpoint", f"http://127.0.0.1:{collector.server_address[1]}/v1/traces",
     )
     start = lambda: start_server(  # noqa: E731
-        model_dirs["embed"], "minilm", "thread", tmp_path_factory.mktemp("operations"), workers=1,
+        model_dirs["embed"], "minilm", "thread", log_dir, workers=1,
         extra_env=env, extra_args=args,
     )
-    with servers_started({"operations": start}) as started:
+    return {"operations": start}
+
+
+@pytest.fixture(scope="module")
+def server(module_servers: ModuleServers) -> Iterator[Server]:
+    with module_servers.taken(__name__) as started:
         yield started["operations"]
+
+
+@pytest.fixture(scope="module")
+def health_port(server: Server) -> int:
+    """The server's health port, as its process was given it."""
+    return int(psutil.Process(server.proc.pid).environ()["OFFLOAD_VLLM_HEALTH_PORT"])
 
 
 def probe(port: int, path: str) -> tuple[int, dict[str, Any], float]:
