@@ -40,6 +40,17 @@ def pair_truncation(tok_params: Any, tokenizer: Any) -> tuple[int | None, _prefi
     return keep, ("left" if side == "left" else "right"), priced
 
 
+_announced = False
+
+
+def _announce() -> None:
+    """Say once per process that a text pair was tokenized by prefix."""
+    global _announced
+    if not _announced:
+        _announced = True
+        _prefix.logger.info("offload-vllm: prefix tokenization on for text pairs (cross-encoder)")
+
+
 def install_pair_prefix_tokenization() -> None:
     """Make every cross-encoder in this process tokenize a truncated text
     pair by prefix: `CrossEncoderIOProcessor.render` and `get_score_prompt`
@@ -90,6 +101,7 @@ def install_pair_prefix_tokenization() -> None:
                     self.tokenizer, query, document, encode_kwargs, keep, side, priced
                 )
                 if encoded is not None:
+                    _announce()
                     engine_prompt = TokensPrompt(prompt_token_ids=encoded["input_ids"])
                     if "token_type_ids" in encoded:
                         engine_prompt["token_type_ids"] = encoded["token_type_ids"]
