@@ -59,6 +59,9 @@ normalized text by a form that holds what a cut's whitespace normalizes to
 (or with a normalizer that removes that whitespace); special tokens anywhere
 but before and after the text; a text with no safe cut. Each tokenizer is
 checked once (`plan`); a text is checked as it is tokenized.
+
+**Text pairs** (a cross-encoder's query and document, `encode_pair_truncated`)
+are cut by the same argument applied to the document: at the end of this module.
 """
 
 from __future__ import annotations
