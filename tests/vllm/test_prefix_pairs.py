@@ -218,3 +218,46 @@ def test_work_is_at_most_twice_the_whole_pairs_and_never_past_its_price(
         assert got == whole_pair(tokenizer, params, query, document)
     assert counted.characters <= 2 * (len(query) + len(document))
     assert counted.characters <= price, (counted.characters, price)
+
+
+def test_the_scoring_seam_gives_vllms_own_score_prompt() -> None:
+    """`CrossEncoderIOProcessor.get_score_prompt` as the scoring seam replaces
+    it, against vLLM's own on the same processor state (MiniLM's tokenizer,
+    long documents, both sides): the same prompt ids and token type ids.
+    The class is restored after, for the other tests in this process."""
+    import types
+
+    from vllm.entrypoints.pooling.scoring.io_processor import CrossEncoderIOProcessor
+    from vllm.renderers.params import TokenizeParams
+
+    saved = {name: CrossEncoderIOProcessor.__dict__[name] for name in ("render", "get_score_prompt")}
+    scoring.install_pair_prefix_tokenization()
+    try:
+        whole = getattr(CrossEncoderIOProcessor, scoring._WHOLE_PAIR)
+        tokenizer = family("minilm-wordpiece")
+        config = types.SimpleNamespace(enable_prompt_embeds=False, is_multimodal_model=False, multimodal_config=None)
+        processor = types.SimpleNamespace(
+            supports_score_template=False, use_sep_token=True, tokenizer=tokenizer, model=None, model_config=config
+        )
+        document = " ".join(f"word{i % 13} naïve text" for i in range(3000))
+        for side in (None, "left", "right"):
+            for tokenizer_side in ("right", "left"):
+                tokenizer.truncation_side = tokenizer_side
+                params = TokenizeParams(
+                    max_total_tokens=512, max_output_tokens=0, truncate_prompt_tokens=64, truncation_side=side
+                )
+                token = scoring._tok_params.set(params)
+                try:
+                    ours = CrossEncoderIOProcessor.get_score_prompt(processor, "what is it", document, params.get_encode_kwargs())
+                finally:
+                    scoring._tok_params.reset(token)
+                theirs = whole(processor, "what is it", document, params.get_encode_kwargs())
+                cut = [params.apply_post_tokenization(tokenizer, dict(p))["prompt_token_ids"] for p in (ours[1], theirs[1])]
+                assert cut[0] == cut[1], (side, tokenizer_side)
+                if side is None:  # vLLM does not cut the tokenizer's output further: all of it is the same
+                    assert ours[1] == theirs[1]
+    finally:
+        for name, value in saved.items():
+            setattr(CrossEncoderIOProcessor, name, value)
+        delattr(CrossEncoderIOProcessor, scoring._WHOLE_PAIR)
+        tokenizer.truncation_side = "right"
