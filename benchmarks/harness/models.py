@@ -185,6 +185,8 @@ def build_tiny_xlmr(dest: Path, seed: int = 0) -> Path:
     config = XLMRobertaConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, **{**TINY_BERT, "max_position_embeddings": 514},  # type: ignore[arg-type]
+        # vLLM 0.32.0's RoBERTa embedding reads it; transformers 5 no longer writes it.
+        position_embedding_type="absolute",
     )
     XLMRobertaModel(config).save_pretrained(dest, safe_serialization=True)
     return dest
