@@ -45,7 +45,7 @@ class Suite:
 SUITES: tuple[Suite, ...] = (
     Suite("paired", "benchmarks.suites.paired",
           "How much of the API server's CPU does each strategy take per request, against vLLM's default?",
-          10, "paired.{json,md} (paired-batch.*, paired-truncated.* with --workload)", vllm=True),
+          10, "paired.{json,md} (paired-<workload>.* with --workload batch|truncated|rerank|multilingual)", vllm=True),
     Suite("mixed", "benchmarks.suites.mixed",
           "How long does a small request wait under a flood of heavy ones, per strategy?",
           10, "mixed-<variant>.{json,md} (--variant preprocess|engine|score|token-ids|multimodal)", vllm=True),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 # vLLM's CPU attention rejects head_dim 16 ("Unsupported CPU attention
 # configuration"); hidden 64 with 2 heads gives head_dim 32, which it accepts.
@@ -110,6 +111,84 @@ def build_tiny_colbert(dest: Path, seed: int = 0) -> Path:
     # infers the width from `linear.weight` instead.
     (dest / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["HF_ColBERT"]}, indent=1))
     _copy_tokenizer(dest)
+    return dest
+
+
+XLMR_NAME = "tiny-xlmr-embed"
+
+#: Words of a few scripts and the characters an `nmt_nfkc` map rewrites
+#: (full-width forms, ligatures, compatibility characters, odd spaces): what
+#: a multilingual tokenizer is trained on here, and the texts its tests and
+#: benchmarks send.
+MULTILINGUAL_WORDS = (
+    "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "tokenization", "retrieval",
+    "café", "naïve", "Ångström", "résumé", "straße", "ΣΟΦΊΑ", "σοφός", "ﬁne", "ﬂow",
+    "東京", "日本語の文章", "你好世界", "한국어", "ｆｕｌｌｗｉｄｔｈ", "Ｔｏｋｙｏ", "①", "㍿", "™",
+    "москва", "привет", "नमस्ते", "مرحبا", "שלום", "ภาษาไทย", "42", "3.14",
+)
+MULTILINGUAL_SEPARATORS = (" ", " ", " ", "  ", "\u00a0", "\u3000", "\t", "\n")
+
+
+def multilingual_text(words: int, seed: int = 0) -> str:
+    """A text of `words` words of `MULTILINGUAL_WORDS`, drawn with `seed`."""
+    import random
+
+    rng = random.Random(seed)
+    return "".join(rng.choice(MULTILINGUAL_WORDS) + rng.choice(MULTILINGUAL_SEPARATORS) for _ in range(words))
+
+
+def train_nmt_nfkc_unigram(lines: list[str], vocab_size: int = 300) -> Any:
+    """A SentencePiece Unigram model trained on `lines` with the `nmt_nfkc`
+    rule, converted as `transformers` converts XLM-R's: a fast tokenizer with
+    a `Precompiled` character map and `Metaspace` (seconds; nothing downloaded)."""
+    import tempfile
+    import types
+
+    import sentencepiece
+    import transformers
+    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_file = f"{tmp}/corpus.txt"
+        with open(corpus_file, "w", encoding="utf-8") as corpus_out:
+            corpus_out.write("\n".join(lines))
+        sentencepiece.SentencePieceTrainer.train(
+            input=corpus_file, model_prefix=f"{tmp}/m", vocab_size=vocab_size, model_type="unigram",
+            normalization_rule_name="nmt_nfkc", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        )
+        model = f"{tmp}/m.model"
+        processor = sentencepiece.SentencePieceProcessor(model_file=model)
+        # What the converter reads of a slow tokenizer: its model file and its special tokens' ids.
+        slow = types.SimpleNamespace(
+            vocab_file=model, handle_byte_fallback=False, convert_tokens_to_ids=processor.piece_to_id
+        )
+        backend = XLMRobertaConverter(slow).converted()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        cls_token="<s>", sep_token="</s>", mask_token="<mask>",
+    )
+
+
+def build_tiny_xlmr(dest: Path, seed: int = 0) -> Path:
+    """A 1-layer `XLMRobertaModel` embedding model (CLS pooling, as bge-m3)
+    whose tokenizer is `train_nmt_nfkc_unigram`'s, trained on multilingual
+    text: the XLM-R family's tokenizer at a tiny model's forward cost."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_nmt_nfkc_unigram([multilingual_text(30, seed=i) for i in range(400)], vocab_size=600)
+    tokenizer.save_pretrained(dest)
+    torch.manual_seed(seed)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, **{**TINY_BERT, "max_position_embeddings": 514},  # type: ignore[arg-type]
+        # vLLM 0.32.0's RoBERTa embedding reads it; transformers 5 no longer writes it.
+        position_embedding_type="absolute",
+    )
+    XLMRobertaModel(config).save_pretrained(dest, safe_serialization=True)
     return dest
 
 

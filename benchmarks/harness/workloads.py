@@ -55,6 +55,28 @@ def truncated_texts_factory(
     return lambda i: {**embed_payload(model, batches[i % len(batches)]), "truncate_prompt_tokens": keep}
 
 
+def rerank_factory(model: str, documents: int = 32, words: int = 5000, keep: int = 512) -> Callable[[int], Payload]:
+    """One query and `documents` long documents per `/rerank` request, each
+    pair kept to `keep` tokens (`truncate_prompt_tokens`): what a cross-encoder
+    tokenizes of each document and then throws away is the work."""
+    batches = [long_texts(documents, words, seed=s) for s in range(4)]
+    query = "which of these passages says the most about the quick brown fox?"
+    return lambda i: {
+        "model": model, "query": query, "documents": batches[i % len(batches)], "truncate_prompt_tokens": keep,
+    }
+
+
+def multilingual_truncated_factory(
+    model: str, per_request: int = 16, words: int = 1500, keep: int = 32
+) -> Callable[[int], Payload]:
+    """`truncated_texts_factory` with multilingual texts (`models.multilingual_text`:
+    several scripts and the characters an `nmt_nfkc` map rewrites)."""
+    from .models import multilingual_text
+
+    batches = [[multilingual_text(words, seed=100 * s + j) for j in range(per_request)] for s in range(4)]
+    return lambda i: {**embed_payload(model, batches[i % len(batches)]), "truncate_prompt_tokens": keep}
+
+
 def jpeg_base64(size: int = 224, seed: int = 0) -> str:
     """A random-noise RGB JPEG, base64-encoded (noise does not compress: a realistic decode cost)."""
     import numpy as np

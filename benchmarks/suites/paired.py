@@ -27,8 +27,13 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
 Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
 texts of 24 words per request: what a request's several prompts cost) and
 `truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
-what tokenizing only the kept part saves; rows `thread`, `thread no prefix`).
-Writes paired.json and paired.md (paired-batch.* for `batch`) into --out
+what tokenizing only the kept part saves; rows `thread`, `thread no prefix`);
+on other tiny models (`MODEL_WORKLOADS`): `rerank` (`/rerank`, one query and
+32 documents of 5,000 words kept to 512 tokens, a BERT cross-encoder) and
+`multilingual` (`truncated` with multilingual texts on an XLM-R-style model
+whose SentencePiece tokenizer has a `Precompiled` map); these two also check
+that every row answers exactly as vLLM's default (scores or embeddings, `usage`).
+Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 (default benchmarks/results/).
 """
 
@@ -85,6 +90,27 @@ WORKLOADS: dict[str, tuple[str, Any]] = {
         lambda model: workloads.truncated_texts_factory(model, per_request=16, words=1500, keep=32),
     ),
 }
+#: Workloads on a model other than the tiny BERT embedding model:
+#: name -> (what the report says, payload factory of the model path and
+#: whether it is a smoke run, model builder, model's directory name, route).
+MODEL_WORKLOADS: dict[str, tuple[str, Any, Any, str, str]] = {
+    "rerank": (
+        ("`/rerank`, one query and 32 documents of 5,000 words per request, kept to 512 tokens "
+        "(tiny BERT cross-encoder, random weights, MiniLM's WordPiece tokenizer)"),
+        lambda model, smoke: workloads.rerank_factory(
+            model, documents=4 if smoke else 32, words=600 if smoke else 5000, keep=512
+        ),
+        models.build_tiny_cross_encoder, models.CROSS_ENCODER_NAME, "/rerank",
+    ),
+    "multilingual": (
+        ("16 multilingual inputs of 1500 words per request, kept to 32 tokens (tiny XLM-R embedding model, "
+        "random weights, a SentencePiece Unigram tokenizer trained here with `nmt_nfkc`)"),
+        lambda model, smoke: workloads.multilingual_truncated_factory(
+            model, per_request=4 if smoke else 16, words=300 if smoke else 1500, keep=32
+        ),
+        models.build_tiny_xlmr, models.XLMR_NAME, "/v1/embeddings",
+    ),
+}
 PART_NAMES = {
     "loop": "loop thread",
     "loop_kernel": "of which in the kernel",
@@ -112,9 +138,11 @@ def config(row: str) -> ServerConfig:
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 
 
-def measure_block(url: str, pid: int, clients: int, make_payload: Any, seconds: float) -> dict[str, Any]:
+def measure_block(
+    url: str, pid: int, clients: int, make_payload: Any, seconds: float, path: str = "/v1/embeddings"
+) -> dict[str, Any]:
     before = procstat.snapshot(pid)
-    level = load.run_level(url, "/v1/embeddings", clients, make_payload, seconds, max_requests=10**9)
+    level = load.run_level(url, path, clients, make_payload, seconds, max_requests=10**9)
     after = procstat.snapshot(pid)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
@@ -242,13 +270,55 @@ def truncated_targets(summary: dict[str, Any]) -> list[str]:
     return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — **{'met' if met else 'missed'}** (median)"]
 
 
+def answers(url: str, path: str, payload: dict[str, Any]) -> tuple[list[Any], int]:
+    """A server's answer to one request: its scores or embeddings, by index, and its prompt tokens."""
+    import httpx
+
+    r = httpx.post(url + path, json=payload, timeout=600)
+    r.raise_for_status()
+    data = r.json()
+    items = data["results"] if "results" in data else data["data"]
+    values = [item.get("relevance_score", item.get("score", item.get("embedding"))) for item in items]
+    order = sorted(range(len(items)), key=lambda k: items[k]["index"])
+    return [values[k] for k in order], int(data["usage"]["prompt_tokens"])
+
+
+def same_answers(servers: dict[str, tuple[str, int]], path: str, make_payload: Any) -> dict[str, bool]:
+    """Whether each row answers two requests as vLLM's default does: the same
+    prompt tokens, and scores or embeddings within 1e-5."""
+    import numpy as np
+
+    same = {}
+    for row, (url, _) in servers.items():
+        same[row] = True
+        for i in range(2):
+            payload = make_payload(i)
+            ours, our_tokens = answers(url, path, payload)
+            theirs, their_tokens = answers(servers[DEFAULT][0], path, payload)
+            same[row] &= our_tokens == their_tokens and bool(np.allclose(ours, theirs, atol=1e-5, rtol=0))
+    return same
+
+
 def _targets(result: dict[str, Any]) -> list[str]:
     workload = result.get("workload", "tiny")
     if workload == "tiny":
         return targets(result["summary"])
-    if workload == "truncated":
-        return truncated_targets(result["summary"])
+    if workload in ("truncated", *MODEL_WORKLOADS):
+        lines = truncated_targets(result["summary"])
+        same = result.get("same_answers")
+        if same is not None:
+            lines.append(
+                f"- every row answers exactly as vLLM's default (scores or embeddings within 1e-5, same `usage`): "
+                f"{same} — **{'met' if all(same.values()) else 'missed'}**"
+            )
+        return lines
     return loop_targets(result["summary"])
+
+
+def _what(workload: str) -> str:
+    if workload in MODEL_WORKLOADS:
+        return MODEL_WORKLOADS[workload][0]
+    return f"tiny BERT embedding (random weights), {WORKLOADS[workload][0]}"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -257,7 +327,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}: tiny BERT embedding (random weights), {WORKLOADS[result.get('workload', 'tiny')][0]}, "
+        f"{result['started']}: {_what(result.get('workload', 'tiny'))}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -337,12 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
+    p.add_argument("--workload", choices=sorted([*WORKLOADS, *MODEL_WORKLOADS]), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=_common.RESULTS / "paired")
     args = p.parse_args(argv)
     if args.smoke:
-        rows, rounds, seconds, clients = [DEFAULT, "process"], 2, 2.0, 8
+        rows, rounds, seconds, clients = [DEFAULT, "thread" if args.workload in MODEL_WORKLOADS else "process"], 2, 2.0, 8
     else:
         rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
@@ -351,7 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
+        path = "/v1/embeddings"
+        if args.workload in MODEL_WORKLOADS:
+            _, factory, build, name, path = MODEL_WORKLOADS[args.workload]
+            model = build(Path(tmp) / name)
+            make_payload = factory(str(model), args.smoke)
+        else:
+            model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
+            make_payload = WORKLOADS[args.workload][1](str(model))
         began = time.perf_counter()
         # Started together; all stay up.
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
@@ -363,10 +440,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         startup_s = time.perf_counter() - began
-        make_payload = WORKLOADS[args.workload][1](str(model))
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
-                measure_block(url, pid, min(clients, 8), make_payload, 2.0)
+                measure_block(url, pid, min(clients, 8), make_payload, 2.0, path)
+        same = same_answers(servers, path, make_payload) if args.workload in MODEL_WORKLOADS else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         with progress.Progress(rounds * len(rows), "paired blocks") as bar:
             for round_number in range(rounds):
@@ -374,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                 shuffle.shuffle(order)
                 for row in order:
                     url, pid = servers[row]
-                    block = measure_block(url, pid, clients, make_payload, seconds)
+                    block = measure_block(url, pid, clients, make_payload, seconds, path)
                     blocks[row].append(block)
                     bar.step(f"round {round_number + 1} {row}")
                     bar.note(
@@ -385,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "argv": argv, "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs",
         "started": started, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
         "startup_s": startup_s, "blocks": blocks, "summary": summarize(blocks),
+        **({"same_answers": same} if same is not None else {}),
     }
     stem = "paired" if args.workload == "tiny" else f"paired-{args.workload}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))

@@ -65,6 +65,28 @@ def test_suite_runs_in_smoke_mode(module: str, tmp_path: Path, monkeypatch: pyte
     assert any(name.endswith(".json") for name in written), written
 
 
+_PAIRED = _source("benchmarks.suites.paired")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(int(_constant(_PAIRED, "SMOKE_TIMEOUT_S")))
+@pytest.mark.parametrize("workload", ["rerank", "multilingual"])
+def test_paired_workloads_on_other_models_run_in_smoke_mode(
+    workload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paired suite's workloads on their own tiny models (a cross-encoder's
+    `/rerank`, an XLM-R-style tokenizer's embeddings), at smoke size: each runs,
+    and every row answered as vLLM's default did."""
+    pytest.importorskip("sentencepiece")
+    from benchmarks.suites import paired
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert paired.main(["--smoke", "--workload", workload, "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / f"paired-{workload}.json").read_text())
+    assert result["same_answers"] == {"vLLM default": True, "thread": True}
+    assert all(block["errors"] == 0 for blocks in result["blocks"].values() for block in blocks)
+
+
 _MIXED = _source(bench_mixed.__name__)
 
 

@@ -130,11 +130,10 @@ def servers(
     # Whatever modules' own servers are left stop first: the two never share memory.
     module_servers.close()
     log_dir = tmp_path_factory.mktemp("server-logs")
-    wanted: list[tuple[str | None, str]] = [(None, "embed")]
+    # vLLM without the plugin, for each kind: the reference for embeddings,
+    # error answers and scores (every strategy tokenizes truncated pairs by prefix).
+    wanted: list[tuple[str | None, str]] = [(None, "embed"), (None, "cross-encoder")]
     wanted += [(s, kind) for s in AVAILABLE for kind in ("embed", "cross-encoder")]
-    if len(AVAILABLE) < 2:
-        # One strategy alone (a plugin's run): its scores need vLLM's own to compare with.
-        wanted.append((None, "cross-encoder"))
     with contextlib.ExitStack() as stack:
         ray_env = stack.enter_context(ray_cluster()) if "ray" in AVAILABLE else {}
         starts = {

@@ -13,6 +13,7 @@ import sys
 import warnings
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -26,6 +27,7 @@ from offload_vllm._cost import (
     POSTPROCESS_COST_PER_VALUE,
     PROMPT_COST,
     URL_IMAGE_COST,
+    Images,
     TooDeep,
     body_floor,
     characters,
@@ -528,3 +530,40 @@ def test_a_truncated_text_that_prefix_tokenization_reads_whole_is_priced_whole()
     assert characters("a_ " * 10_000, cap) == 30_000
     far = "a" * 100 + " " + "b" * 2_000_000 + " " + "c" * 100
     assert characters(far, truncated_cap(1)) >= len(far)
+
+
+def test_truncated_pairs_are_priced_by_what_prefix_tokenization_reads() -> None:
+    """With prefix tokenization of pairs on, a rerank or score request with a
+    positive `truncate_prompt_tokens` costs each pair's `_prefix.pair_read_bound`
+    (or its sides' `read_bound`, where more): for long documents a small part
+    of their length; whole where vLLM cuts a side's text itself first
+    (`max_tokens_per_doc`), where the pair path is off for the served
+    tokenizer (the whole pair), and with no truncation."""
+    from offload_vllm import _prefix
+    from offload_vllm._cost import pair_cost
+    from offload_vllm._seams import requests as requests_seam
+    from vllm.entrypoints.pooling.scoring.protocol import (
+        RerankRequest,
+        ScoreQueriesDocumentsRequest,
+    )
+
+    documents = [("word " * 5000).strip(), ("other text " * 3000).strip()]
+    query = "what is it"
+    whole = 2 * len(query) + sum(map(len, documents)) + 2 * PROMPT_COST
+    with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
+        requests_seam, "pair_prefix_installed", return_value=True
+    ):
+        truncated = RerankRequest(query=query, documents=documents, truncate_prompt_tokens=64)
+        priced = request_cost(truncated)
+        assert priced == sum(pair_cost(query, d, Images.NONE, 64) for d in documents) + 2 * PROMPT_COST
+        assert priced == sum(_prefix.pair_read_bound(query, d, 64) for d in documents) + 2 * PROMPT_COST
+        assert priced < whole / 20
+        score = ScoreQueriesDocumentsRequest(queries=query, documents=documents, truncate_prompt_tokens=64)
+        assert request_cost(score) == priced
+        pair = {"data_1": query, "data_2": documents[0], "tok_params": SimpleNamespace(truncate_prompt_tokens=64)}
+        assert render_params_cost(pair) == _prefix.pair_read_bound(query, documents[0], 64) + PROMPT_COST
+        cut_first = RerankRequest(query=query, documents=documents, truncate_prompt_tokens=64, max_tokens_per_doc=8)
+        assert request_cost(cut_first) == whole
+        assert request_cost(RerankRequest(query=query, documents=documents)) == whole
+        with mock.patch.object(requests_seam, "pair_prefix_installed", return_value=False):
+            assert request_cost(truncated) >= whole

@@ -102,28 +102,10 @@ def _xlmr_nmt_nfkc(text: list[str]) -> Any:
     """A SentencePiece Unigram model trained here with the `nmt_nfkc` rule,
     converted as `transformers` converts XLM-R's (a `Precompiled` character
     map, `Metaspace`)."""
-    import tempfile
-    import types
+    pytest.importorskip("sentencepiece")
+    from benchmarks.harness.models import train_nmt_nfkc_unigram
 
-    sentencepiece = pytest.importorskip("sentencepiece")
-    from transformers.convert_slow_tokenizer import XLMRobertaConverter
-
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus_file = f"{tmp}/corpus.txt"
-        with open(corpus_file, "w", encoding="utf-8") as corpus_out:
-            corpus_out.write("\n".join(text))
-        sentencepiece.SentencePieceTrainer.train(
-            input=corpus_file, model_prefix=f"{tmp}/m", vocab_size=300, model_type="unigram",
-            normalization_rule_name="nmt_nfkc", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
-        )
-        model = f"{tmp}/m.model"
-        processor = sentencepiece.SentencePieceProcessor(model_file=model)
-        # What the converter reads of a slow tokenizer: its model file and its special tokens' ids.
-        slow = types.SimpleNamespace(vocab_file=model, handle_byte_fallback=False, convert_tokens_to_ids=processor.piece_to_id)
-        backend = XLMRobertaConverter(slow).converted()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
+    return train_nmt_nfkc_unigram(text, vocab_size=300)
 
 
 FAMILIES = [

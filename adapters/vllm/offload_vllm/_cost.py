@@ -252,17 +252,35 @@ def inputs_cost(value: Any, cap: int | None = None, images: Images = Images.NONE
     return float(characters(value, cap, images) + PROMPT_COST * prompts(value))
 
 
-def pairs_cost(queries: Any, documents: Any, images: Images = Images.NONE) -> float:
+def pairs_cost(
+    queries: Any, documents: Any, images: Images = Images.NONE, cap: int | None = None, *, whole_pairs: bool = False
+) -> float:
     """The cost of scoring `queries` against `documents` (vLLM pairs one query
     with every document, or the i-th query with the i-th document): every
-    pair renders its query and its document; `images` as `characters` takes it."""
+    pair renders its query and its document; `images` as `characters` takes it.
+    `cap`: the pairs are truncated to this many tokens (`truncated_cap`), and
+    a text pair counts the most characters prefix tokenization hands the
+    tokenizer for it, as a cross-encoder's pair (`_prefix.pair_read_bound`)
+    or as two prompts of a bi-encoder's (`_prefix.read_bound`), whichever is
+    more; `whole_pairs`: a cross-encoder tokenizes pairs whole (`_prefix.pair_plan`)."""
     query_list = _as_list(queries)
     document_list = _as_list(documents)
     pairs = len(document_list)
+    if cap is not None and len(query_list) in (1, pairs):
+        together = query_list * pairs if len(query_list) == 1 else query_list
+        return float(sum(pair_cost(q, d, images, cap, whole_pairs) for q, d in zip(together, document_list, strict=True)) + PROMPT_COST * pairs)
     query_characters = sum(characters(q, images=images) for q in query_list)
     if len(query_list) == 1:
         query_characters *= pairs
     return float(query_characters + sum(characters(d, images=images) for d in document_list) + PROMPT_COST * pairs)
+
+
+def pair_cost(query: Any, document: Any, images: Images, cap: int, whole_pairs: bool = False) -> float:
+    """The characters one scoring pair truncated to `cap` tokens costs (`pairs_cost`)."""
+    if type(query) is str and type(document) is str:
+        pair = len(query) + len(document) if whole_pairs else _prefix.pair_read_bound(query, document, cap)
+        return float(max(pair, _prefix.read_bound(query, cap) + _prefix.read_bound(document, cap)))
+    return characters(query, images=images) + characters(document, images=images)
 
 
 def _as_list(value: Any) -> list[Any]:

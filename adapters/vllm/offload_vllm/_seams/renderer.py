@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import _prefix
 from .io_processor import has_own_render
+from .scoring import install_pair_prefix_tokenization
 
 
 def renderer_from_config(vllm_config: Any) -> Any:
@@ -118,19 +119,23 @@ _WHOLE_TEXT = "_offload_vllm_whole_text_tokenize"
 
 #: Set once a served renderer's tokenizer is one prefix tokenization is not sound for.
 _served_unsound = False
+#: Set once a served renderer's tokenizer is one the pair path is not sound for (`_prefix.pair_plan`).
+_served_pairs_unsound = False
 
 
 def plan_served(renderer: Any) -> None:
     """Check the tokenizer of `renderer`, one the server renders with, once
     (`_prefix.plan`), before any request: where prefix tokenization is not
     sound for it, its truncated texts are tokenized whole, and priced so."""
-    global _served_unsound
+    global _served_unsound, _served_pairs_unsound
     try:
         tokenizer = renderer.get_tokenizer()
     except Exception:  # no tokenizer (`skip_tokenizer_init`): nothing is tokenized
         return
     if tokenizer is not None and _prefix.plan(tokenizer).reason is not None:
         _served_unsound = True
+    if tokenizer is not None and _prefix.pair_plan(tokenizer).reason is not None:
+        _served_pairs_unsound = True
 
 
 def prefix_installed() -> bool:
@@ -139,6 +144,12 @@ def prefix_installed() -> bool:
     # Not installed before vLLM's renderers are imported: no import here (costs read it).
     base = sys.modules.get("vllm.renderers.base")
     return base is not None and hasattr(base.BaseRenderer, _WHOLE_TEXT) and not _served_unsound
+
+
+def pair_prefix_installed() -> bool:
+    """Whether this process's cross-encoders tokenize truncated text pairs by
+    prefix (`prefix_installed`, and the pair path sound for every served tokenizer)."""
+    return prefix_installed() and not _served_pairs_unsound
 
 
 def install_prefix_tokenization() -> None:
@@ -163,6 +174,8 @@ def install_prefix_tokenization() -> None:
 
     setattr(BaseRenderer, _WHOLE_TEXT, whole)
     BaseRenderer._tokenize_prompt = _tokenize_prompt  # type: ignore[method-assign]
+    # A cross-encoder's text pairs (`scoring.py`).
+    install_pair_prefix_tokenization()
 
 
 # Set on a renderer whose tokenization this seam replaced; read by `install_batched_tokenizer` only.

@@ -30,10 +30,11 @@ from .._cost import (
     body_floor,
     characters,
     inputs_cost,
+    pair_cost,
     pairs_cost,
     truncated_cap,
 )
-from .renderer import prefix_installed
+from .renderer import pair_prefix_installed, prefix_installed
 
 #: The fields of a pooling request that may hold its inputs: `input` (texts or
 #: token ids: embeddings, pooling, classify), `texts`, `images`, `inputs`
@@ -77,10 +78,13 @@ def request_cost(request: Any, content_length: int = 0, *, multimodal: bool = Fa
 
 def _inputs_cost(request: Any, multimodal: bool) -> float:
     scoring_images = Images.PARTS if multimodal else Images.NONE
-    if isinstance(request, RerankRequest):
-        return pairs_cost(request.query, request.documents, scoring_images)
-    if isinstance(request, ScoringRequestMixin):  # every form of ScoreRequest names its sides so
-        return pairs_cost(request.data_1, request.data_2, scoring_images)  # type: ignore[attr-defined]
+    if isinstance(request, ScoringRequestMixin):
+        cap = _pair_cap(request.truncate_prompt_tokens, request.max_tokens_per_query, request.max_tokens_per_doc)
+        whole = not pair_prefix_installed()
+        if isinstance(request, RerankRequest):
+            return pairs_cost(request.query, request.documents, scoring_images, cap, whole_pairs=whole)
+        # Every form of ScoreRequest names its sides so.
+        return pairs_cost(request.data_1, request.data_2, scoring_images, cap, whole_pairs=whole)  # type: ignore[attr-defined]
     messages = getattr(request, "messages", None)
     if messages is not None:
         # One conversation (a list of messages), or a batch of them (a list of lists).
@@ -93,9 +97,27 @@ def _inputs_cost(request: Any, multimodal: bool) -> float:
     )
 
 
+def _pair_cap(truncate_prompt_tokens: Any, max_tokens_per_query: Any, max_tokens_per_doc: Any) -> int | None:
+    """The token count a scoring request's pairs are priced by (`_cost.pairs_cost`'s
+    `cap`): `None` (whole) where vLLM cuts a side's text itself first
+    (`max_tokens_per_query`, `max_tokens_per_doc`: it tokenizes it whole)."""
+    if not prefix_installed() or (max_tokens_per_query or 0) > 0 or (max_tokens_per_doc or 0) > 0:
+        return None
+    return truncated_cap(truncate_prompt_tokens)
+
+
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
     """What rendering one prompt's render parameters costs (a scoring pair's
     query and document together); a truncated text prompt's as `request_cost` prices it."""
+    if "data_1" in render_params:
+        cap = _pair_cap(
+            getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None),
+            render_params.get("max_tokens_per_query"),
+            render_params.get("max_tokens_per_doc"),
+        )
+        if cap is not None:
+            whole = not pair_prefix_installed()
+            return pair_cost(render_params["data_1"], render_params["data_2"], Images.PARTS, cap, whole) + PROMPT_COST
     cap = None
     if "prompts" in render_params and prefix_installed():
         cap = truncated_cap(getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None))

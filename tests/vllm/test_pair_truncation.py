@@ -1,0 +1,111 @@
+"""Truncated (query, document) pairs on real servers: a cross-encoder's
+`/score`, `/rerank` and `/v2/rerank` with long documents give vLLM's own
+scores and `usage` with prefix tokenization of pairs (on by default), and a
+bi-encoder's `/score` (each side a prompt of its own) gives vLLM's too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from ._server import Server
+from .conftest import AVAILABLE
+from .test_truncation import long_texts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+QUERY = "what is the quick brown fox's favourite tokenization?"
+#: A query longer than most limits: vLLM's longest-first cut takes from it too.
+LONG_QUERY = " ".join(["long query words"] * 60)
+
+#: 1 to the model's length (256 here; -1), and past the special tokens alone.
+LIMITS = (1, 2, 3, 4, 5, 16, 33, 64, 128, 255, -1)
+SOME_LIMITS = (3, 64, -1)
+
+
+def scored(server: Server, path: str, body: dict[str, Any]) -> tuple[object, list[float] | None, int | None]:
+    """(status, scores by document index, usage's prompt tokens) of one scoring
+    call, or (status, error message) for a refusal."""
+    r = httpx.post(f"{server.url}{path}", json={"model": server.model, **body}, timeout=120)
+    data = r.json()
+    if r.status_code != 200:
+        return r.status_code, data.get("error", {}).get("message"), None
+    if path == "/score":
+        scores = {d["index"]: d["score"] for d in data["data"]}
+    else:
+        scores = {d["index"]: d["relevance_score"] for d in data["results"]}
+    usage = data.get("usage") or data.get("meta", {}).get("billed_units", {})
+    tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+    return r.status_code, [scores[i] for i in sorted(scores)], tokens
+
+
+def assert_same(ours: tuple[object, Any, Any], theirs: tuple[object, Any, Any], what: str) -> None:
+    assert ours[0] == theirs[0], (what, ours, theirs)
+    if ours[0] != 200:
+        assert ours[1] == theirs[1], what
+        return
+    assert ours[2] == theirs[2], (what, "usage", ours[2], theirs[2])
+    np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5, err_msg=what)
+
+
+def bodies(path: str, query: str, documents: list[str]) -> dict[str, Any]:
+    if path == "/score":
+        return {"queries": query, "documents": documents}
+    return {"query": query, "documents": documents}
+
+
+@pytest.mark.parametrize("side", [None, "left", "right"])
+def test_truncated_pairs_score_as_vllm_does(
+    servers: dict[tuple[str | None, str], Server], strategy: str, side: str | None
+) -> None:
+    """Every text family of the truncation tests as documents of 600 words,
+    a short query and a long one, limits 1 to the model's length, on each
+    scoring route: vLLM's scores and prompt tokens, pair by pair."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    ours_server, vllm_server = servers[(strategy, "cross-encoder")], servers[(None, "cross-encoder")]
+    documents = long_texts()
+    for limit in LIMITS if strategy == "thread" else SOME_LIMITS:
+        for query in (QUERY, LONG_QUERY):
+            for path in ("/score", "/rerank", "/v2/rerank"):
+                body = {**bodies(path, query, documents), "truncate_prompt_tokens": limit}
+                if side is not None:
+                    body["truncation_side"] = side
+                what = f"{path} limit={limit} side={side} query={query[:12]!r}"
+                assert_same(scored(ours_server, path, body), scored(vllm_server, path, body), what)
+    if strategy in ("inline", "thread", "async-renderer"):  # remote workers log in their own processes
+        # The pair path answered (it logs once), not only whole-pair tokenization.
+        assert "prefix tokenization on for text pairs" in ours_server.log.read_text(errors="replace")
+
+
+def test_untruncated_long_pairs_are_refused_alike(servers: dict[tuple[str | None, str], Server], strategy: str) -> None:
+    """No `truncate_prompt_tokens`: vLLM's tokenizer stops at one past the
+    model's length and vLLM refuses the pair; so does the server with the adapter."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    ours_server, vllm_server = servers[(strategy, "cross-encoder")], servers[(None, "cross-encoder")]
+    body = bodies("/rerank", QUERY, long_texts(words=300)[:2])
+    ours, theirs = scored(ours_server, "/rerank", body), scored(vllm_server, "/rerank", body)
+    assert ours == theirs
+    assert theirs[0] == 400, theirs
+
+
+def test_a_bi_encoders_truncated_pairs_score_as_vllm_does(
+    servers: dict[tuple[str | None, str], Server], strategy: str
+) -> None:
+    """An embedding model's `/score` tokenizes the query and each document as
+    prompts of their own (prefix tokenization of single texts): vLLM's scores and usage."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    ours_server, vllm_server = servers[(strategy, "embed")], servers[(None, "embed")]
+    documents = long_texts()
+    for limit in SOME_LIMITS:
+        for side in (None, "left"):
+            body: dict[str, Any] = {**bodies("/score", QUERY, documents), "truncate_prompt_tokens": limit}
+            if side is not None:
+                body["truncation_side"] = side
+            what = f"bi-encoder limit={limit} side={side}"
+            assert_same(scored(ours_server, "/score", body), scored(vllm_server, "/score", body), what)
