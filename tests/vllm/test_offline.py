@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from offload_vllm._kinds import STRATEGIES
+from offload_vllm._kinds import STRATEGY_ROWS
 
 from ._server import Server
 from .conftest import AVAILABLE
@@ -24,8 +24,8 @@ from .conftest import AVAILABLE
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "vllm_offline.py"
-QUEUED = [s for s, row in STRATEGIES.items() if row.kind.queue]
-POOLED = [s for s, row in STRATEGIES.items() if row.kind.pool]
+QUEUED = [s for s, row in STRATEGY_ROWS.items() if row.kind.queue]
+POOLED = [s for s, row in STRATEGY_ROWS.items() if row.kind.pool]
 
 
 def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:

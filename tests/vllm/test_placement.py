@@ -1,4 +1,4 @@
-"""One placement per kind, chosen from one table (`_kinds.STRATEGIES`): every
+"""One placement per kind, chosen from one table (`_kinds.STRATEGY_ROWS`): every
 strategy has one, settings follow from its kind, and a new strategy is one row.
 No server."""
 
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.timeout(600)
 
 def test_every_strategy_has_a_placement_of_its_kind() -> None:
     expected = {"inline": OnLoop, "thread": InThread, "process": Remote, "async-renderer": Batched, "ray": Remote}
-    assert {s: placement_class(s) for s in _kinds.STRATEGIES} == expected
-    assert _config.ADAPTER_STRATEGIES == tuple(_kinds.STRATEGIES)
-    for strategy, row in _kinds.STRATEGIES.items():
+    assert {s: placement_class(s) for s in _kinds.STRATEGY_ROWS} == expected
+    assert _config.ADAPTER_STRATEGIES == tuple(_kinds.STRATEGY_ROWS)
+    for strategy, row in _kinds.STRATEGY_ROWS.items():
         assert placement_class(strategy).kind is row.kind
 
 
@@ -36,15 +36,15 @@ def test_a_new_strategy_is_one_row(
 ) -> None:
     """A strategy added to the table alone gets its kind's placement and the
     settings that kind takes, and is refused the others, by name."""
-    monkeypatch.setattr(_kinds, "STRATEGIES", {**_kinds.STRATEGIES, "newcomer": _kinds.StrategyRow(kind)})
-    monkeypatch.setattr(_config, "STRATEGIES", _kinds.STRATEGIES)
-    monkeypatch.setattr(_config, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGIES))
-    monkeypatch.setattr(_options, "STRATEGIES", _kinds.STRATEGIES)
-    monkeypatch.setattr(_options, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGIES))
-    monkeypatch.setattr(offload, "STRATEGIES", (*offload.STRATEGIES, "newcomer"))
+    monkeypatch.setattr(_kinds, "STRATEGY_ROWS", {**_kinds.STRATEGY_ROWS, "newcomer": _kinds.StrategyRow(kind)})
+    monkeypatch.setattr(_config, "STRATEGY_ROWS", _kinds.STRATEGY_ROWS)
+    monkeypatch.setattr(_config, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGY_ROWS))
+    monkeypatch.setattr(_options, "STRATEGY_ROWS", _kinds.STRATEGY_ROWS)
+    monkeypatch.setattr(_options, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGY_ROWS))
+    monkeypatch.setattr(offload, "STRATEGY_ROWS", (*offload.STRATEGIES, "newcomer"))
     import offload_vllm._placements as placements
 
-    monkeypatch.setattr(placements, "STRATEGIES", _kinds.STRATEGIES)
+    monkeypatch.setattr(placements, "STRATEGY_ROWS", _kinds.STRATEGY_ROWS)
     assert placement_class("newcomer") is placement
     base = {"OFFLOAD_VLLM_STRATEGY": "newcomer"}
     for env, applies in (("OFFLOAD_VLLM_WORKERS", kind.pool), ("OFFLOAD_VLLM_MAX_QUEUE", kind.queue)):

@@ -15,7 +15,7 @@ from typing import Any
 import offload
 
 from . import _parsers as parse
-from ._kinds import STRATEGIES, StrategyRow
+from ._kinds import STRATEGY_ROWS, StrategyRow
 from ._lanes import DEFAULT_LANE, LaneRouter
 from ._options import (
     ADAPTER_STRATEGIES,
@@ -95,10 +95,10 @@ class Settings:
 
     @property
     def row(self) -> StrategyRow:
-        """The strategy's row of `_kinds.STRATEGIES` (a strategy must be set)."""
+        """The strategy's row of `_kinds.STRATEGY_ROWS` (a strategy must be set)."""
         if self.strategy is None:
             raise ValueError("no strategy is set")
-        return STRATEGIES[self.strategy]
+        return STRATEGY_ROWS[self.strategy]
 
     def lane_weights(self) -> dict[str, float]:
         """The executor's `lanes=` option."""

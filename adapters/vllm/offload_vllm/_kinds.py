@@ -11,7 +11,7 @@ A *placement* is where a strategy runs a pooling request's vLLM work
 - **batched** (`async-renderer`): vLLM's async renderer on the loop, its
   tokenization micro-batched on the strategy's worker.
 
-Adding a strategy is one row of `STRATEGIES`. Everything else is derived from
+Adding a strategy is one row of `STRATEGY_ROWS`. Everything else is derived from
 its kind: the settings it takes (`_options.py`), the executor's options and
 the calls it makes (`_placements/`). This module imports no vLLM, so that
 settings are checked where vLLM is not loaded (the launcher, `check-seams`).
@@ -67,7 +67,7 @@ class StrategyRow:
 #: Every strategy the adapter supports, in the order messages list them. A
 #: strategy must also be in `offload.STRATEGIES` (`ray` is there once the
 #: `offload-ray` plugin is installed).
-STRATEGIES: Mapping[str, StrategyRow] = {
+STRATEGY_ROWS: Mapping[str, StrategyRow] = {
     "inline": StrategyRow(ON_LOOP),
     "thread": StrategyRow(IN_THREAD, own_options={"worker_nice": "nice", "express_cost": "express_cost"}),
     "process": StrategyRow(

@@ -3,7 +3,7 @@
 A row (`Option`) holds a setting's name (from which its variable
 `OFFLOAD_VLLM_<NAME>` and its launcher flag `--offload-<name>` are made), its
 parser (`_parsers.py`), the `Settings` field it fills, which strategies it
-applies to (read from the strategy's placement kind, `_kinds.STRATEGIES`),
+applies to (read from the strategy's placement kind, `_kinds.STRATEGY_ROWS`),
 and its one-line doc. Everything else is read from the table:
 `read_settings` and `Settings.summary` (`_config.py`), the launcher's flags
 and `serve --help` (`__main__.py`), and the settings tables of docs/vllm.md
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _parsers as parse
-from ._kinds import STRATEGIES, StrategyRow
+from ._kinds import STRATEGY_ROWS, StrategyRow
 
 # `OFFLOAD_VLLM_*`, not `VLLM_*`: vLLM warns about every `VLLM_*` variable it does
 # not know, at every start, and refuses them when told to fail hard
@@ -25,7 +25,7 @@ from ._kinds import STRATEGIES, StrategyRow
 PREFIX = "OFFLOAD_VLLM_"
 
 #: The names the adapter knows how to wire into vLLM.
-ADAPTER_STRATEGIES = tuple(STRATEGIES)
+ADAPTER_STRATEGIES = tuple(STRATEGY_ROWS)
 
 #: Calls priced at most this run on the event loop (`OFFLOAD_VLLM_INLINE_COST`).
 #: Why: docs/decisions/0002-small-calls-on-the-loop-inline-cost-1024.md
@@ -94,7 +94,7 @@ class Option:
         return self.field or self.name
 
     def applies_to(self, strategy: str) -> bool:
-        return self.applies is None or self.applies(STRATEGIES[strategy])
+        return self.applies is None or self.applies(STRATEGY_ROWS[strategy])
 
     def usage(self) -> str:
         return f"[{self.flag}]" if self.metavar is None else f"[{self.flag} {self.metavar}]"

@@ -27,7 +27,7 @@ class Placement(abc.ABC):
     """Where one strategy runs a pooling request's vLLM work (rendering, post-processing).
 
     One per executor, its class chosen by the strategy's kind
-    (`_kinds.STRATEGIES`, `_placements.placement_class`). Every call is made on
+    (`_kinds.STRATEGY_ROWS`, `_placements.placement_class`). Every call is made on
     `executor` with a cost (`_cost.py`), except a call priced at most
     `inline_cost`, which runs on the event loop with vLLM's own objects: a
     small request then waits neither behind pieces already running on the
