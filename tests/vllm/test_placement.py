@@ -41,7 +41,7 @@ def test_a_new_strategy_is_one_row(
     monkeypatch.setattr(_config, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGY_ROWS))
     monkeypatch.setattr(_options, "STRATEGY_ROWS", _kinds.STRATEGY_ROWS)
     monkeypatch.setattr(_options, "ADAPTER_STRATEGIES", tuple(_kinds.STRATEGY_ROWS))
-    monkeypatch.setattr(offload, "STRATEGY_ROWS", (*offload.STRATEGIES, "newcomer"))
+    monkeypatch.setattr(offload, "STRATEGIES", (*offload.STRATEGIES, "newcomer"))
     import offload_vllm._placements as placements
 
     monkeypatch.setattr(placements, "STRATEGY_ROWS", _kinds.STRATEGY_ROWS)
