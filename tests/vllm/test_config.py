@@ -14,6 +14,7 @@ import offload_vllm
 import pytest
 from offload_vllm import (
     OffloadVLLMConfigError,
+    _seamcheck,
     _seams,
     read_settings,
 )
@@ -374,7 +375,7 @@ def test_strategy_missing_from_offload_is_refused(strategy: str, monkeypatch: py
 
 
 def test_installed_vllm_has_every_seam() -> None:
-    assert _seams.check_seams() == []
+    assert _seamcheck.check_seams() == []
     assert _seams.vllm_version() in _seams.TESTED_VLLM_VERSIONS
 
 
@@ -384,7 +385,7 @@ def test_missing_seam_fails_naming_the_version(monkeypatch: pytest.MonkeyPatch) 
     )
     monkeypatch.setattr(_seams, "vllm_version", lambda: "9.9.9")
     with pytest.raises(offload_vllm.UnsupportedVLLMVersion) as info:
-        _seams.require_supported_vllm()
+        _seamcheck.require_supported_vllm()
     text = str(info.value)
     assert "vLLM 9.9.9" in text
     assert "vllm.renderers.base.BaseRenderer.no_such_seam" in text

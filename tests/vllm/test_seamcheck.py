@@ -1,6 +1,6 @@
 """The seam checker (`_seamcheck`, vLLM's source read with `ast`), run on a
 release's source and, at plugin load, on the installed vLLM's
-(`_seams.check_seams`): on a small fake package and on the installed vLLM. No server."""
+(`_seamcheck.check_seams`): on a small fake package and on the installed vLLM. No server."""
 
 from __future__ import annotations
 
@@ -157,15 +157,16 @@ def test_check_at_plugin_load_is_the_static_check_of_the_installed_source(
     `check-seams` does, in the installed vLLM's source (here, the fake package's)."""
     _write_package(tmp_path / "tree", "vllm")
     monkeypatch.setattr(_seamcheck, "installed_vllm", lambda: tmp_path / "tree" / "vllm")
-    assert [(seam, _seams.check_seams((seam,)) == []) for seam, _ in CASES] == CASES
-    assert _seams.check_seams((Seam("vllm.base", "Thing", "absent", "instance"),)) == [
+    assert [(seam, _seamcheck.check_seams((seam,)) == []) for seam, _ in CASES] == CASES
+    assert _seamcheck.check_seams((Seam("vllm.base", "Thing", "absent", "instance"),)) == [
         "vllm.base.Thing.absent (Thing.__init__ does not set self.absent; instance attribute set in Thing.__init__)"
     ]
 
 
 def test_one_seam_checker() -> None:
-    """The check at plugin load has no rules of its own: it imports nothing of
-    vLLM's and runs `_seamcheck`'s (no `inspect` of vLLM's objects)."""
+    """The check at plugin load has no rules of its own: it is `_seamcheck`'s
+    (vLLM's source read with `ast`, no `inspect` of vLLM's objects), and the
+    seams' table imports nothing to check with."""
     import ast
     import inspect
 
@@ -174,7 +175,10 @@ def test_one_seam_checker() -> None:
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "inspect" not in imported
     assert "importlib" not in imported
-    assert "_seamcheck" in imported
+    # The plugin-load check lives with the checker, which reads the seams' table.
+    assert not hasattr(_seams, "check_seams")
+    assert "check_source(" in inspect.getsource(_seamcheck.check_seams)
+    assert "check_seams()" in inspect.getsource(_seamcheck.require_supported_vllm)
 
 
 def test_both_checks_find_every_seam_in_the_installed_vllm() -> None:
@@ -183,7 +187,7 @@ def test_both_checks_find_every_seam_in_the_installed_vllm() -> None:
         findings = _seamcheck.check_source(source)
         assert source.version == _seams.vllm_version()
     assert [f.seam.qualname for f in findings if f.location is None] == []
-    assert _seams.check_seams() == []
+    assert _seamcheck.check_seams() == []
     assert len(findings) == len(_seams.REQUIRED)
 
 
@@ -195,7 +199,7 @@ def test_cli_reports_found_and_missing(tmp_path: Path, capsys: pytest.CaptureFix
     wheel = _fake_wheel(tmp_path, drop="reexport.py")
     seams = (Seam("vllm.base", "Thing", "present", "instance"), Seam("vllm.reexport", None, "Thing"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_seamcheck, "REQUIRED", seams)
+        patch.setattr(_seams, "REQUIRED", seams)
         assert main(["check-seams", str(wheel)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out == [
@@ -208,7 +212,7 @@ def test_cli_reports_found_and_missing(tmp_path: Path, capsys: pytest.CaptureFix
 def test_cli_all_found_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _write_package(tmp_path / "tree", "vllm")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_seamcheck, "REQUIRED", (Seam("vllm.base", None, "function"),))
+        patch.setattr(_seams, "REQUIRED", (Seam("vllm.base", None, "function"),))
         assert main(["check-seams", str(tmp_path / "tree")]) == 0
     assert "1 of 1 seams found" in capsys.readouterr().out
     not_a_wheel = tmp_path / "x.whl"

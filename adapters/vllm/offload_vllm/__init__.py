@@ -110,7 +110,7 @@ def register() -> None:
         logger.debug("offload-vllm: no strategy set; vLLM keeps its own behaviour")
         return
 
-    from ._seams import require_supported_vllm
+    from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
     from ._config import HEALTH_PORT_ENV

@@ -8,7 +8,7 @@ found (file and line) or missing (why). It answers "are the names still
 there", not "does the adapter still work": behaviour is only tested end to
 end, on the CPU build (docs/vllm.md#compatibility).
 
-The one seam checker: the check at plugin load (`_seams.check_seams`) is
+The one seam checker: the check at plugin load (`check_seams`) is
 this one, run on the installed vLLM's source. Its rules, kind by kind
 (`_seams.SeamKind`): a name a module binds, or that a class or one of its
 bases binds; an annotated field; `self.<name> = ...` in a class's own
@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, final
 
-from ._seams import REQUIRED, Seam
+from . import _seams
+from ._seams import Seam
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -257,9 +258,9 @@ def download(requirement: str, cache: Path) -> Path:
 
 
 def check_source(source: Source, required: tuple[Seam, ...] | None = None) -> list[Finding]:
-    """Each seam of `required` (default `REQUIRED`), found (with its location) or
+    """Each seam of `required` (default `_seams.REQUIRED`), found (with its location) or
     missing (with why), in order."""
-    return [_find(source, seam) for seam in (REQUIRED if required is None else required)]
+    return [_find(source, seam) for seam in (_seams.REQUIRED if required is None else required)]
 
 
 def _find(source: Source, seam: Seam) -> Finding:
@@ -387,3 +388,25 @@ def format_report(source: Source, findings: list[Finding]) -> str:
         else:
             lines.append(f"MISSING  {finding.seam.qualname}  ({finding.problem}; {finding.seam.description})")
     return "\n".join(lines)
+
+
+def check_seams(required: tuple[Seam, ...] | None = None) -> list[str]:
+    """The seams of `required` (default `_seams.REQUIRED`) missing from the installed vLLM,
+    as `qualname (why; what)`; empty when all are there. Read from its source,
+    by the same checker as `check-seams` (`check_source`)."""
+    with open_source(installed_vllm()) as source:
+        findings = check_source(source, _seams.REQUIRED if required is None else required)
+    return [f"{f.seam.qualname} ({f.problem}; {f.seam.description})" for f in findings if f.location is None]
+
+
+def require_supported_vllm() -> str:
+    """Fail loudly, naming the version, if the seams are not where this adapter expects."""
+    found = _seams.vllm_version()
+    missing = check_seams()
+    if missing:
+        raise _seams.UnsupportedVLLMVersion(
+            f"offload-vllm cannot work with vLLM {found}: missing {'; '.join(missing)}. "
+            f"Tested versions: {', '.join(_seams.TESTED_VLLM_VERSIONS)}. Unset OFFLOAD_VLLM_STRATEGY "
+            "and OFFLOAD_STRATEGY to serve with vLLM's own behaviour."
+        )
+    return found

@@ -14,7 +14,7 @@ is not here: `_request_policy.py` and `_door.py`, which import no vLLM.
 A vLLM upgrade is a diff here and in `TESTED_VLLM_VERSIONS`, nowhere else.
 `REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py`
 rely on. One checker reads them in vLLM's source (`_seamcheck.py`): at
-plugin load in the installed vLLM's (`check_seams`), and in any release's
+plugin load in the installed vLLM's (`_seamcheck.check_seams`), and in any release's
 without installing it (`python -m offload_vllm check-seams`).
 """
 
@@ -102,7 +102,7 @@ _SCORING_SIDES: tuple[tuple[str, SeamKind, tuple[str, ...]], ...] = (
     ("ScoreTextRequest", "attribute", ("data_1", "data_2")),
 )
 
-#: Every vLLM name the adapter relies on, checked at plugin load (`check_seams`)
+#: Every vLLM name the adapter relies on, checked at plugin load (`_seamcheck.check_seams`)
 #: and against a release's source (`_seamcheck`). Names are given where vLLM
 #: defines them, so that a move is reported too.
 REQUIRED: tuple[Seam, ...] = (
@@ -230,27 +230,3 @@ def vllm_version() -> str:
     import vllm
 
     return str(getattr(vllm, "__version__", "unknown"))
-
-
-def check_seams(required: tuple[Seam, ...] | None = None) -> list[str]:
-    """The seams of `required` (default `REQUIRED`) missing from the installed vLLM,
-    as `qualname (why; what)`; empty when all are there. Read from its source,
-    by the same checker as `check-seams` (`_seamcheck.check_source`)."""
-    from .._seamcheck import check_source, installed_vllm, open_source
-
-    with open_source(installed_vllm()) as source:
-        findings = check_source(source, REQUIRED if required is None else required)
-    return [f"{f.seam.qualname} ({f.problem}; {f.seam.description})" for f in findings if f.location is None]
-
-
-def require_supported_vllm() -> str:
-    """Fail loudly, naming the version, if the seams are not where this adapter expects."""
-    found = vllm_version()
-    missing = check_seams()
-    if missing:
-        raise UnsupportedVLLMVersion(
-            f"offload-vllm cannot work with vLLM {found}: missing {'; '.join(missing)}. "
-            f"Tested versions: {', '.join(TESTED_VLLM_VERSIONS)}. Unset OFFLOAD_VLLM_STRATEGY "
-            "and OFFLOAD_STRATEGY to serve with vLLM's own behaviour."
-        )
-    return found
