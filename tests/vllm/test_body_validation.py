@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from offload_vllm._seams import app as app_seam
 from offload_vllm._seams import validation
 from pydantic import BaseModel, ValidationError
 from vllm.entrypoints.launchers import app as app_module
@@ -213,11 +214,12 @@ def test_fastapi_takes_the_shortcut(fields: tuple[Any, Any], monkeypatch: pytest
 
 
 def test_installed_where_vllm_builds_its_app(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`install` gives the routes their shortcut when vLLM adds its middleware
-    (its routes are in by then), then runs vLLM's own function; twice is once."""
+    """The app seam with the shortcut's hook gives the routes their shortcut
+    when vLLM adds its middleware (its routes are in by then), then runs
+    vLLM's own function; installed twice is once."""
     monkeypatch.setattr(app_module, "init_entrypoints_middleware", app_module.init_entrypoints_middleware)
-    validation.install()
-    validation.install()
+    app_seam.install(validation.shortcut_validation)
+    app_seam.install(validation.shortcut_validation)
     app = vllm_app()
     args = make_arg_parser(FlexibleArgumentParser()).parse_args([])  # `vllm serve`'s defaults
     app_module.init_entrypoints_middleware(args, app, ("embed",))
