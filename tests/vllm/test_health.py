@@ -49,32 +49,32 @@ def served() -> Iterator[tuple[HealthState, str]]:
 
 def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[HealthState, str]) -> None:
     state, url = served
-    state.loop_turned_at = time.monotonic()
-    state.engine_checked_at = time.monotonic()
+    state.publish(loop_turned_at=time.monotonic())
+    state.publish(engine_checked_at=time.monotonic())
     live, ready = httpx.get(f"{url}/health"), httpx.get(f"{url}/ready")
     assert (live.status_code, live.json()["status"]) == (200, "ok")
     assert (ready.status_code, ready.json()["status"]) == (200, "ready")
     assert live.headers["content-type"] == "application/json"
 
-    state.refusing = True
+    state.publish(refusing=True)
     ready = httpx.get(f"{url}/ready")
     assert ready.status_code == 503
     assert "admission refuses" in ready.json()["reason"]
     assert httpx.get(f"{url}/health").status_code == 200  # busy is alive
-    state.refusing = False
+    state.publish(refusing=False)
 
     state.draining = True
     assert httpx.get(f"{url}/ready").json()["reason"] == "shutting down"
     state.draining = False
 
-    state.engine_error = "EngineDeadError"
+    state.publish(engine_error="EngineDeadError")
     live = httpx.get(f"{url}/health")
     assert live.status_code == 503
     assert live.json()["reason"] == "the engine is not alive: EngineDeadError"
     assert httpx.get(f"{url}/ready").status_code == 503
-    state.engine_error = None
+    state.publish(engine_error=None)
 
-    state.loop_turned_at = time.monotonic() - 3
+    state.publish(loop_turned_at=time.monotonic() - 3)
     live = httpx.get(f"{url}/health")
     assert live.status_code == 503
     assert live.json()["reason"].startswith("the event loop has not turned for 3.")
@@ -141,7 +141,7 @@ def test_probes_are_answered_while_threads_flood_the_gil(served: tuple[HealthSta
     the server's answering took 44 ms, and up to 0.4 s when the machine was
     loaded, each GIL hand-off waiting for the spinners' switch interval)."""
     state, url = served
-    state.max_stall = 3600.0  # the loop's side is not under test here
+    state.publish(max_stall=3600.0)  # the loop's side is not under test here
     stop = threading.Event()
     spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(2)]
     for spinner in spinners:
@@ -163,7 +163,7 @@ def test_probes_are_answered_while_the_servers_gil_is_held(served: tuple[HealthS
     answering needs nothing of that interpreter (a thread of it answered
     none until the call returned)."""
     state, url = served
-    state.max_stall = 3600.0
+    state.publish(max_stall=3600.0)
     began = time.perf_counter()
     sum(range(10**6))
     per_item = (time.perf_counter() - began) / 10**6
@@ -247,18 +247,18 @@ async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(keep_current, state, lambda: executor, engine)
             await anyio.sleep(0.1)
-            assert time.monotonic() - state.loop_turned_at < 0.1
-            assert state.engine_error is None
-            assert state.engine_checked_at > 0
-            assert not state.refusing
+            assert time.monotonic() - state.published.loop_turned_at < 0.1
+            assert state.published.engine_error is None
+            assert state.published.engine_checked_at > 0
+            assert not state.published.refusing
             with executor.admission("test", cost=1):
                 await anyio.sleep(0.1)
-                assert state.refusing  # the one place is held
+                assert state.published.refusing  # the one place is held
             await anyio.sleep(0.1)
-            assert not state.refusing
+            assert not state.published.refusing
             engine.dead = True
             await anyio.sleep(ENGINE_CHECK_INTERVAL_S + 0.2)
-            assert state.engine_error == "RuntimeError: engine core died"
+            assert state.published.engine_error == "RuntimeError: engine core died"
             tg.cancel_scope.cancel()
     finally:
         executor.shutdown()

@@ -91,44 +91,9 @@ class HealthState:
         self._board.write(self._values)
 
     @property
-    def max_stall(self) -> float:
-        return self._values.max_stall
-
-    @max_stall.setter
-    def max_stall(self, value: float) -> None:
-        self.publish(max_stall=value)
-
-    @property
-    def loop_turned_at(self) -> float:
-        return self._values.loop_turned_at
-
-    @loop_turned_at.setter
-    def loop_turned_at(self, value: float) -> None:
-        self.publish(loop_turned_at=value)
-
-    @property
-    def engine_checked_at(self) -> float:
-        return self._values.engine_checked_at
-
-    @engine_checked_at.setter
-    def engine_checked_at(self, value: float) -> None:
-        self.publish(engine_checked_at=value)
-
-    @property
-    def engine_error(self) -> str | None:
-        return self._values.engine_error
-
-    @engine_error.setter
-    def engine_error(self, value: str | None) -> None:
-        self.publish(engine_error=value)
-
-    @property
-    def refusing(self) -> bool:
-        return self._values.refusing
-
-    @refusing.setter
-    def refusing(self, value: bool) -> None:
-        self.publish(refusing=value)
+    def published(self) -> Snapshot:
+        """What was last published (`draining` aside: read it from the board)."""
+        return self._values
 
     @property
     def draining(self) -> bool:
@@ -244,10 +209,10 @@ async def keep_current(
             engine_due = now + ENGINE_CHECK_INTERVAL_S
             error: str | None = None
             try:
-                with anyio.fail_after(state.max_stall):
+                with anyio.fail_after(state.published.max_stall):
                     await engine_seam.check_health(engine_client)
             except TimeoutError:
-                error = f"its health check did not answer within {state.max_stall:g}s"
+                error = f"its health check did not answer within {state.published.max_stall:g}s"
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             state.publish(engine_error=error, engine_checked_at=time.monotonic())
