@@ -387,17 +387,25 @@ def read_bound(text: str, count: int) -> int:
     Scans at most `2 * _WINDOW * max(_MIN_CHARS, 6 * (count + 1))` characters
     (and two thirds of the text): this runs on the event loop, per text."""
     bound = 0
-    sides: tuple[Side, ...] = ("right", "left")
-    for side in sides:
-        pieces = _pieces(_reach(text, count, side), count)
-        read = 0
-        try:
-            while True:
-                read += next(pieces)
-        except StopIteration as end:  # its value: whether the pieces end at the sure piece
-            read += 0 if end.value else len(text)
-        bound = max(bound, read)
+    for side in _SIDES:
+        read, sure = _piece_reads(text, count, side)
+        bound = max(bound, read + (0 if sure else len(text)))
     return bound
+
+
+_SIDES: tuple[Side, ...] = ("right", "left")
+
+
+def _piece_reads(text: str, count: int, side: Side) -> tuple[int, bool]:
+    """The characters of every piece `encode_truncated` may try on `side`, and
+    whether those pieces end at the sure piece (else the whole text follows)."""
+    pieces = _pieces(_reach(text, count, side), count)
+    read = 0
+    try:
+        while True:
+            read += next(pieces)
+    except StopIteration as end:  # its value: whether the pieces end at the sure piece
+        return read, bool(end.value)
 
 
 def _stable(encoding: Any, index: int, need: int, side: Side) -> bool | None:
@@ -576,15 +584,8 @@ def pair_read_bound(query: str, document: str, count: int) -> int:
         return whole  # tokenized whole (`encode_pair_truncated`)
     grows = _may_outgrow(query, count)
     bound = 0
-    sides: tuple[Side, ...] = ("right", "left")
-    for side in sides:
-        pieces = _pieces(_reach(document, count, side), count)
-        read = 0
-        try:
-            while True:
-                read += next(pieces)
-        except StopIteration as end:  # its value: whether the pieces end at the sure piece
-            sure = bool(end.value)
+    for side in _SIDES:
+        read, sure = _piece_reads(document, count, side)
         read += len(query) if read else 0
         read += whole if grows or not sure else 0
         bound = max(bound, read)
