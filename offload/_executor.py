@@ -13,7 +13,7 @@ import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
 from . import _admission
-from ._admission import AdmissionControl
+from ._admission import ExecutorAdmission
 from ._call import Call
 from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
@@ -31,7 +31,7 @@ P = ParamSpec("P")
 SCHEDULING = ("fair", "fifo")
 
 @final
-class Executor(AdmissionControl, concurrent.futures.Executor):
+class Executor(ExecutorAdmission, concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
     Build one with `offload.get_executor(name, **options)`, or from a

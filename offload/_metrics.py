@@ -5,7 +5,7 @@ default registry, so the usual exposition (`prometheus_client.start_http_server`
 `make_asgi_app`, vLLM's own `/metrics`) shows them, multiprocess mode
 included. `prometheus_client` is optional (`pip install offload[metrics]`; vLLM
 depends on it): without it, or with `OFFLOAD_METRICS=0`, metrics are off and
-cost nothing, while admission control (`_bounds.py`) works the same.
+cost nothing, while the bounds (`_bounds.py`, counting and refusing) work the same.
 `CallMetrics` holds one executor's metric children; `_tracker.CallTracker`
 feeds it each call's moves.
 """
