@@ -11,7 +11,7 @@ The map (one module each):
 - `_lanes`: `Lane`, `Lanes`, `Flow`. `_checks`: argument checks.
   `_admission`: the executor's `admission()` and its hints, and
   `Admission`, a unit of work admitted once. `_bounds`: counting and refusing
-  (`max_queue`, `max_queued_cost`). `_metrics`: the Prometheus side.
+  (`max_queue`, `max_queued_cost`): the admission rule. `_metrics`: the Prometheus side.
   `_tracker`: the two fed by each call's moves.
 - `_lag`: the loop-lag sampler (`LoopLagMonitor`, `sample_loop_lag`).
 - `_call`: `Call`, one call's state. `_outcome`: its outcome as its caller waits

@@ -1,7 +1,8 @@
-"""Admission: the executor's side of it (`AdmissionControl`: the
-`admission()` block and the hints that tell what it would do now), and
-`Admission`, a unit of work made of several calls (a server request),
-admitted once, with the block of code it covers."""
+"""Admission as the executor offers it: `ExecutorAdmission`, `Executor`'s
+methods (the `admission()` block and the hints that tell what admission
+would do now), and `Admission`, a unit of work made of several calls (a
+server request), admitted once, with the block of code it covers. The rule
+that admits or refuses is `_bounds.Bounds._refuses`."""
 
 from __future__ import annotations
 
@@ -83,10 +84,10 @@ def calls_hold(admission: Admission) -> Hold:
     return hold
 
 
-class AdmissionControl:
-    """`Executor`'s admission: the `admission()` block and the hints that say
-    what it would do now, read from the executor's bounds (none are kept
-    where the executor counts nothing)."""
+class ExecutorAdmission:
+    """`Executor`'s admission methods: the `admission()` block and the hints
+    that say what admission would do now, read from the executor's bounds
+    (none are kept where the executor counts nothing)."""
 
     _tracker: CallTracker | None
     _lanes: Lanes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import final
+from typing import NamedTuple, final
 
 from ._errors import Overloaded
 from ._lanes import Lane, Lanes
@@ -62,6 +62,16 @@ class _LaneCount:
         self.share_calls: float | None = None
 
 
+class Limits(NamedTuple):
+    """An executor's bounds as set: `capacity`, the calls that run at once
+    (`Strategy.capacity()`; `None`: no queue, so `max_queue` bounds nothing),
+    `max_queue` and `max_queued_cost` (`None`: unbounded)."""
+
+    capacity: int | None
+    max_queue: int | None
+    max_queued_cost: float | None
+
+
 @final
 class Bounds:
     """Counts calls in flight and the cost queued, in total and by lane, and
@@ -79,11 +89,10 @@ class Bounds:
         self,
         strategy: str,
         lanes: Lanes,
-        capacity: int | None,
-        max_queue: int | None,
-        max_queued_cost: float | None,
+        limits: Limits,
         on_lane_cost: Callable[[Lane, float], None] | None = None,
     ) -> None:
+        capacity, max_queue, max_queued_cost = limits
         self._strategy = strategy
         self._limit = None if max_queue is None or capacity is None else capacity + max_queue
         self._max_queue = max_queue

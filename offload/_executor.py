@@ -13,7 +13,8 @@ import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
 from . import _admission
-from ._admission import AdmissionControl
+from ._admission import ExecutorAdmission
+from ._bounds import Limits
 from ._call import Call
 from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
@@ -31,7 +32,7 @@ P = ParamSpec("P")
 SCHEDULING = ("fair", "fifo")
 
 @final
-class Executor(AdmissionControl, concurrent.futures.Executor):
+class Executor(ExecutorAdmission, concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
     Build one with `offload.get_executor(name, **options)`, or from a
@@ -109,14 +110,8 @@ class Executor(AdmissionControl, concurrent.futures.Executor):
         metrics = metrics_enabled()
         if self._max_queue is None and self._max_queued_cost is None and not metrics:
             return None  # nothing to count: the hot path stays bare
-        return CallTracker(
-            self.name,
-            self._lanes,
-            self._strategy.capacity(),
-            self._max_queue,
-            self._max_queued_cost,
-            metrics=metrics,
-        )
+        limits = Limits(self._strategy.capacity(), self._max_queue, self._max_queued_cost)
+        return CallTracker(self.name, self._lanes, limits, metrics=metrics)
 
     # ---- what it is ------------------------------------------------------------
 

@@ -5,13 +5,14 @@ default registry, so the usual exposition (`prometheus_client.start_http_server`
 `make_asgi_app`, vLLM's own `/metrics`) shows them, multiprocess mode
 included. `prometheus_client` is optional (`pip install offload[metrics]`; vLLM
 depends on it): without it, or with `OFFLOAD_METRICS=0`, metrics are off and
-cost nothing, while admission control (`_bounds.py`) works the same.
+cost nothing, while the bounds (`_bounds.py`, counting and refusing) work the same.
 `CallMetrics` holds one executor's metric children; `_tracker.CallTracker`
 feeds it each call's moves.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -80,73 +81,54 @@ class _Families:
     _lock = threading.Lock()
 
     def __init__(self, prometheus: Any) -> None:
-        call = ["strategy", "function"]
-        self.queue_wait = prometheus.Histogram(
-            "offload_queue_wait_seconds",
-            "Time a call waited in the executor's queue before a worker started it.",
-            call, buckets=LATENCY_BUCKETS,
+        call, lane = ["strategy", "function"], ["strategy", "lane"]
+        latency = functools.partial(prometheus.Histogram, buckets=LATENCY_BUCKETS)
+        # Summed over a multiprocess server's processes, the live ones only.
+        gauge = functools.partial(prometheus.Gauge, multiprocess_mode="livesum")
+        counter = prometheus.Counter
+        self.queue_wait = latency(
+            "offload_queue_wait_seconds", "Time a call waited in the executor's queue before a worker started it.", call
         )
-        self.run_time = prometheus.Histogram(
-            "offload_run_seconds",
-            "Time a call ran in its worker (start to result).",
-            call, buckets=LATENCY_BUCKETS,
+        self.run_time = latency("offload_run_seconds", "Time a call ran in its worker (start to result).", call)
+        self.queued = gauge("offload_queued_calls", "Calls admitted and waiting for a worker.", call)
+        self.running = gauge("offload_running_calls", "Calls running in a worker now.", call)
+        self.rejected = counter(
+            "offload_rejected_calls", "Calls refused at admission (reason: overloaded, closed).", [*call, "reason"]
         )
-        self.queued = prometheus.Gauge(
-            "offload_queued_calls",
-            "Calls admitted and waiting for a worker.",
-            call, multiprocess_mode="livesum",
-        )
-        self.running = prometheus.Gauge(
-            "offload_running_calls",
-            "Calls running in a worker now.",
-            call, multiprocess_mode="livesum",
-        )
-        self.rejected = prometheus.Counter(
-            "offload_rejected_calls",
-            "Calls refused at admission (reason: overloaded, closed).",
-            [*call, "reason"],
-        )
-        self.dropped = prometheus.Counter(
+        self.dropped = counter(
             "offload_dropped_calls",
             "Admitted calls that offload withdrew before they started, or stopped while "
             "they ran by killing their worker (reason: deadline, cancelled, shutdown).",
             [*call, "reason"],
         )
-        self.crashed = prometheus.Counter(
-            "offload_crashed_calls",
-            "Calls that failed with WorkerCrashed (their worker died under them).",
-            call,
+        self.crashed = counter(
+            "offload_crashed_calls", "Calls that failed with WorkerCrashed (their worker died under them).", call
         )
-        self.restarts = prometheus.Counter(
+        self.restarts = counter(
             "offload_worker_restarts",
             "Workers replaced after they died, were retired, or were killed by offload "
             "(reason: crashed, retired, killed).",
             ["strategy", "reason"],
         )
         self.batch_size = prometheus.Histogram(
-            "offload_batch_size",
-            "Calls run together as one batch by the async-renderer strategy.",
+            "offload_batch_size", "Calls run together as one batch by the async-renderer strategy.",
             call, buckets=BATCH_BUCKETS,
         )
-        lane = ["strategy", "lane"]
-        self.lane_queued_cost = prometheus.Gauge(
-            "offload_lane_queued_cost",
-            "Cost admitted to a lane and not started yet (requests held, calls queued).",
-            lane, multiprocess_mode="livesum",
+        self.lane_queued_cost = gauge(
+            "offload_lane_queued_cost", "Cost admitted to a lane and not started yet (requests held, calls queued).", lane
         )
-        self.lane_queue_wait = prometheus.Histogram(
+        self.lane_queue_wait = latency(
             "offload_lane_queue_wait_seconds",
             "Time a call of a lane waited in the executor's queue before a worker started it.",
-            lane, buckets=LATENCY_BUCKETS,
+            lane,
         )
-        self.lane_rejected = prometheus.Counter(
+        self.lane_rejected = counter(
             "offload_lane_rejected",
             "Calls and requests refused at admission, by lane (reason: overloaded, closed).",
             [*lane, "reason"],
         )
         self.loop_lag = prometheus.Histogram(
-            "offload_loop_lag_seconds",
-            "How late the event loop woke a sleeping task (sampled continuously).",
+            "offload_loop_lag_seconds", "How late the event loop woke a sleeping task (sampled continuously).",
             ["loop"], buckets=LAG_BUCKETS,
         )
 

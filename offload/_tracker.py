@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, final
 
-from ._bounds import Bounds, Hold
+from ._bounds import Bounds, Hold, Limits
 from ._call import Call
 from ._errors import Overloaded
 from ._lanes import Lane, Lanes
@@ -26,21 +26,14 @@ class CallTracker:
         self,
         strategy: str,
         lanes: Lanes,
-        capacity: int | None,
-        max_queue: int | None,
-        max_queued_cost: float | None,
+        limits: Limits,
         *,
         metrics: bool,
     ) -> None:
         families = _Families.get() if metrics else None
         self.metrics = None if families is None else CallMetrics(families, strategy, lanes)
         self.bounds = Bounds(
-            strategy,
-            lanes,
-            capacity,
-            max_queue,
-            max_queued_cost,
-            on_lane_cost=None if self.metrics is None else self.metrics.lane_cost,
+            strategy, lanes, limits, on_lane_cost=None if self.metrics is None else self.metrics.lane_cost
         )
 
     # ---- the executor's ------------------------------------------------------------

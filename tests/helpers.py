@@ -1,4 +1,5 @@
-"""Module-level functions for tests: the `process` strategy needs them picklable."""
+"""Module-level functions for tests (the `process` strategy needs them
+picklable), and the tests' own waits."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import threading
 import time
 from typing import Any
+
+import anyio
 
 import offload
 
@@ -26,6 +29,9 @@ from offload.testing._functions import (  # noqa: F401 (re-exported for the test
     sleep_and_return,
     write_marker,
 )
+
+#: Generous: bounds a wait that hangs on a regression; it measures nothing.
+TIMEOUT = 60
 
 
 def fail_if(x: int, bad: int) -> int:
@@ -154,7 +160,7 @@ def doubled_in_a_process(x: int) -> tuple[int, int]:
     return 2 * x, os.getpid()
 
 
-# ---- for the failure-path tests (tests/test_failures.py) ----------------------
+# ---- for the tests of failures (rlimits, deep tracebacks, initializers) ----------
 
 
 def limit_open_files() -> int:
@@ -344,3 +350,11 @@ def wait_for_file(path: str, timeout: float = 60.0) -> str:
 def where_and_niceness() -> tuple[int, str, int]:
     """(pid, thread name, niceness) of the worker running the call."""
     return os.getpid(), threading.current_thread().name, own_niceness()
+
+
+async def wait_until(predicate: Any, seconds: float = 30.0) -> None:
+    """Wait in the event loop until `predicate()` (state that other threads
+    and processes change) is true; fail after `seconds`."""
+    with anyio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 (state other threads and processes change)
+            await anyio.sleep(0.005)

@@ -7,6 +7,7 @@ call sets, and "no batching window" through the worker's own waits.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import dataclasses
 import importlib.util
@@ -27,6 +28,8 @@ import offload
 from offload._strategies._batch_form import BatchedFunction
 from offload._strategies._batching import BatchingStrategy
 from offload.testing import BACKENDS
+
+from . import helpers
 
 PATIENCE = 30.0  # seconds to wait for something that should happen at once: only a hang fails
 
@@ -750,3 +753,50 @@ def test_batches_honour_lane_weights_and_charge_each_lane(recorder: Recorder) ->
     assert 60 <= sum(1 for x in first if x < 1000) <= 68, first
     # Each lane was charged for its part: the second batch has the rest of query's.
     assert sum(1 for x in second if x < 1000) == 80 - sum(1 for x in first if x < 1000), second
+
+
+def _batching_with_busy_lane() -> tuple[offload.Executor, Any, concurrent.futures.Future[Any]]:
+    helpers.GATE.clear()
+    ex = offload.get_executor("async-renderer")
+    # What `make_async(tag_item, batch=tag_items)` hands this executor.
+    target = ex.strategy.batch_form(helpers.tag_item, helpers.tag_items)
+    busy = ex.submit(helpers.wait_gate)  # the lane is busy: the next calls queue
+    return ex, target, busy
+
+
+@pytest.mark.parametrize("kind", ["ambiguous", "tensor"])
+def test_keyword_values_whose_equality_raises_never_kill_the_lane(kind: str) -> None:
+    if kind == "tensor":
+        torch = pytest.importorskip("torch")
+        values: list[Any] = [torch.ones(3), torch.ones(3)]
+    else:
+        values = [helpers.Ambiguous(), helpers.Ambiguous()]
+    ex, target, busy = _batching_with_busy_lane()
+    try:
+        futures = [ex.submit(target, i, k=values[i % 2]) for i in range(4)]
+        helpers.GATE.set()
+        _, pending = concurrent.futures.wait([busy, *futures], timeout=PATIENCE)
+        assert not pending
+        for i, future in enumerate(futures):
+            item, k = future.result()
+            assert item == i
+            assert k is values[i % 2]
+        assert ex.submit(helpers.add, 1, 2).result(timeout=PATIENCE) == 3
+    finally:
+        helpers.GATE.set()
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def test_batch_keys_compare_types_all_the_way_down() -> None:
+    ex, target, _ = _batching_with_busy_lane()
+    values: list[Any] = [(1,), (True,), (1.0,), ((1, "a"),), ((True, "a"),), -0.0, 0.0, 0]
+    try:
+        futures = [ex.submit(target, i, k=value) for i, value in enumerate(values)]
+        helpers.GATE.set()
+        for i, (future, value) in enumerate(zip(futures, values, strict=True)):
+            item, k = future.result(timeout=PATIENCE)
+            assert item == i
+            assert repr(k) == repr(value)  # (True,) is not (1,), -0.0 is not 0.0
+    finally:
+        helpers.GATE.set()
+        ex.shutdown(wait=True, cancel_futures=True)

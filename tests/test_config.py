@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import offload
+from offload._config import max_workers_from_env
 from offload._registry import _Registry
 
 from . import helpers
@@ -198,3 +199,10 @@ def test_broken_entry_point_fails_loudly(tmp_path: Path, monkeypatch: pytest.Mon
     _install_plugin(tmp_path, monkeypatch, "offload_plugin_missing:Nothing")
     with pytest.raises(offload.ConfigError, match=r"'demo'.*failed to load"):
         _Registry().get("demo")
+
+
+@pytest.mark.parametrize("raw", ["1_0", "+4", "\u0664", "0x10", " 1 0 "])
+def test_max_workers_env_takes_plain_digits_only(raw: str) -> None:
+    with pytest.raises(offload.ConfigError, match="not an integer"):
+        max_workers_from_env({"OFFLOAD_MAX_WORKERS": raw})
+    assert max_workers_from_env({"OFFLOAD_MAX_WORKERS": " 10 "}) == 10

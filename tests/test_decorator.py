@@ -80,3 +80,18 @@ def test_rejects_coroutine_functions() -> None:
 
     with pytest.raises(offload.ConfigError, match="already a coroutine"):
         offload.make_async(already_async)
+
+
+async def test_functions_survive_their_shared_executor_being_shut_down() -> None:
+    options = {"strategy": "thread", "max_workers": 3, "thread_name_prefix": "failures-shared"}
+    first = offload.make_async(helpers.add, **options)
+    second = offload.make_async(helpers.identity, **options)
+    assert first.executor is second.executor  # type: ignore[attr-defined]
+    first.executor.shutdown()  # type: ignore[attr-defined]
+    assert await second("still here") == "still here"
+    assert await first(1, 2) == 3
+    offload.shutdown_shared_executors()
+    assert await first(2, 2) == 4
+    assert await second("again") == "again"
+    assert first.executor is second.executor  # type: ignore[attr-defined]
+    assert not first.executor.closed  # type: ignore[attr-defined]

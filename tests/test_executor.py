@@ -33,3 +33,10 @@ def test_submit_future_cancelled_before_start_never_runs(tmp_path: Path) -> None
         assert _markers(tmp_path / "q") == 0
     finally:
         ex.shutdown()
+
+
+async def test_deep_traceback_keeps_the_exception_type(executor: offload.Executor) -> None:
+    with pytest.raises(ValueError, match="bottom of 0"):
+        await executor.run(helpers.recurse_then_raise, 700)
+    with pytest.raises(RecursionError):
+        await executor.run(helpers.recurse_forever)

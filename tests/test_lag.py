@@ -71,3 +71,14 @@ def test_the_monitor_and_the_metrics_sampler_share_one_default_interval() -> Non
     do when not told an interval is the same."""
     default = inspect.signature(offload.sample_loop_lag).parameters["interval"].default
     assert offload.LoopLagMonitor().interval == default
+
+
+async def _raise_in_monitor() -> None:
+    async with offload.LoopLagMonitor():
+        await anyio.sleep(0.01)
+        raise KeyError("body")
+
+
+async def test_lag_monitor_raises_the_body_exception_unchanged() -> None:
+    with pytest.raises(KeyError, match="body"):
+        await _raise_in_monitor()

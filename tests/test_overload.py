@@ -14,9 +14,11 @@ import anyio
 import pytest
 
 import offload
+from offload import _metrics
 from offload._call import Call
 
 from . import faults, helpers
+from .helpers import TIMEOUT
 
 pytestmark = pytest.mark.anyio
 
@@ -26,14 +28,6 @@ REGISTRY = prometheus_client.REGISTRY
 
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-async def wait_until(predicate: Any, seconds: float = 30.0) -> None:
-    for _ in range(int(seconds / 0.005)):
-        if predicate():
-            return
-        await anyio.sleep(0.005)
-    raise AssertionError(f"still not true after {seconds} s")
 
 
 def test_inline_refuses_max_queue() -> None:
@@ -95,10 +89,10 @@ async def test_async_renderer_observes_batch_sizes(tmp_path: Path) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run, faults.gated, gate, str(tmp_path), "hold")
-            await wait_until(lambda: ex.in_flight == 1)
+            await helpers.wait_until(lambda: ex.in_flight == 1)
             for i in range(8):
                 tg.start_soon(batched, i)
-            await wait_until(lambda: ex.in_flight == 9)
+            await helpers.wait_until(lambda: ex.in_flight == 9)
             await anyio.Path(gate).touch()
     finally:
         await ex.aclose()
@@ -168,7 +162,7 @@ async def test_aclose_timeout_kills_process_workers_still_running(tmp_path: Path
     async with anyio.create_task_group() as tg:
         for _ in range(2):
             tg.start_soon(one)
-        await wait_until(lambda: len(ex.strategy.worker_pids()) == 2)
+        await helpers.wait_until(lambda: len(ex.strategy.worker_pids()) == 2)
         pids = ex.strategy.worker_pids()
         await anyio.sleep(0.2)
         started = time.perf_counter()
@@ -180,3 +174,41 @@ async def test_aclose_timeout_kills_process_workers_still_running(tmp_path: Path
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+async def test_kills_offload_orders_are_counted_as_stopped_calls_not_crashes(tmp_path: Path) -> None:
+    ex = offload.get_executor("process", max_workers=1, cancel="kill")
+    fn = _metrics.function_label(helpers.sleep_and_return)
+    crashed = sample("offload_crashed_calls_total", strategy="process", function=fn)
+    dropped = {
+        reason: sample("offload_dropped_calls_total", strategy="process", function=fn, reason=reason)
+        for reason in ("deadline", "cancelled", "shutdown")
+    }
+    restarts = {
+        reason: sample("offload_worker_restarts_total", strategy="process", reason=reason)
+        for reason in ("crashed", "killed")
+    }
+    try:
+        await ex.run(helpers.pid)  # a worker up
+        with pytest.raises(TimeoutError):
+            await ex.run_with_timeout(0.5, helpers.sleep_and_return, 60)
+        with anyio.move_on_after(0.5):
+            await ex.run(helpers.sleep_and_return, 60)
+        await helpers.wait_until(
+            lambda: sample("offload_worker_restarts_total", strategy="process", reason="killed")
+            == restarts["killed"] + 2
+        )
+        pending = ex.submit(helpers.sleep_and_return, 60)
+        await helpers.wait_until(lambda: ex.in_flight == 1)
+        # Claimed by its slot (a busy machine can take a while to restart the
+        # killed worker), then sent to the worker.
+        await helpers.wait_until(pending.running)
+        await anyio.sleep(0.2)
+    finally:
+        await ex.aclose(timeout=0.2)
+    with pytest.raises(offload.WorkerCrashed):
+        pending.result(TIMEOUT)
+    assert sample("offload_crashed_calls_total", strategy="process", function=fn) == crashed
+    assert sample("offload_worker_restarts_total", strategy="process", reason="crashed") == restarts["crashed"]
+    for reason in ("deadline", "cancelled", "shutdown"):
+        assert sample(
+            "offload_dropped_calls_total", strategy="process", function=fn, reason=reason
+        ) == dropped[reason] + 1, reason

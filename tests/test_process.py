@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
 import psutil
 import pytest
@@ -26,6 +27,8 @@ from offload._strategies import _wire
 from offload._strategies._process import ProcessStrategy
 
 from . import helpers
+from .helpers import TIMEOUT
+from .in_subprocess import check, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -430,3 +433,45 @@ def test_workers_exit_when_the_parent_dies(tmp_path: Path) -> None:
             parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_worker_is_quiet_when_the_parent_goes_away() -> None:
+    result = run_python(
+        """
+        import multiprocessing, pickle, time
+        from offload._strategies import _in_worker
+
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context("spawn")
+            parent_end, child_end = ctx.Pipe()
+            alive_r, alive_w = ctx.Pipe(duplex=False)
+            worker = ctx.Process(target=_in_worker.main, args=(child_end, alive_r, None, (), None, None))
+            worker.start()
+            child_end.close()
+            assert pickle.loads(parent_end.recv_bytes()) == ("ready",)
+            parent_end.send_bytes(pickle.dumps((time.sleep, (0.5,), {})))
+            parent_end.close()  # gone before the reply
+            worker.join(30)
+            print("exit", worker.exitcode)
+        """
+    )
+    assert check(result).strip() == "exit 0"
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "BrokenPipe" not in result.stderr
+
+
+@pytest.mark.anyio
+async def test_kill_on_cancel_catches_a_call_cancelled_before_it_reached_its_worker(tmp_path: Path) -> None:
+    marker = str(tmp_path / "ran")
+    helpers.PICKLING.clear()
+    ex = offload.get_executor("process", max_workers=1, cancel="kill")
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ex.run, helpers.mark, marker, helpers.SlowToPickle())
+            # Claimed, and being pickled in the slot's thread.
+            await anyio.to_thread.run_sync(helpers.PICKLING.wait, TIMEOUT)
+            tg.cancel_scope.cancel()
+        assert await ex.run(helpers.add, 1, 2) == 3  # the slot is past that call
+    finally:
+        ex.shutdown(wait=True)
+    assert not Path(marker).exists()  # noqa: ASYNC240 (after the executor is gone)

@@ -657,11 +657,12 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
     """The per-lane rule exactly: admitted when the total stays within the
     bound or the lane within its share; never refused otherwise; the queued
     cost returns to exactly 0 once every call has left."""
+    from offload._bounds import Limits
     from offload._tracker import CallTracker
 
     weights = {"default": 1.0, "query": 4.0, "bulk": 1.0}
     lanes = Lanes(weights)
-    tracker = CallTracker("thread", lanes, 1, None, 3.0, metrics=False)
+    tracker = CallTracker("thread", lanes, Limits(1, None, 3.0), metrics=False)
     share = {name: 3.0 * weight / 6.0 for name, weight in weights.items()}
     queued: list[Call[Any]] = []
     for op, lane, cost in ops:

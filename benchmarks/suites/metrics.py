@@ -20,6 +20,7 @@ from typing import Any
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress
+from offload._bounds import Limits
 from offload._call import Call
 from offload._lanes import Lanes
 from offload._tracker import CallTracker
@@ -32,7 +33,7 @@ def _identity(x: int) -> int:
 
 def per_call_us(metrics: bool, n: int) -> float:
     lanes = Lanes()
-    tracker = CallTracker("thread", lanes, 2, None, None, metrics=metrics)
+    tracker = CallTracker("thread", lanes, Limits(2, None, None), metrics=metrics)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from offload_vllm import _prefix
+from offload_vllm._prefix import _pairs
 from offload_vllm._seams import scoring
 
 from .test_prefix_tokenize import (
@@ -160,11 +161,11 @@ def test_longest_first_is_the_tokenizers_librarys() -> None:
             for max_length in range(3, 16):
                 encoded = tokenizer(" ".join(["a"] * query), " ".join(["b"] * document), truncation=True, max_length=max_length)
                 kept = encoded.sequence_ids().count(0), encoded.sequence_ids().count(1)
-                assert kept == _prefix._pair_kept(query, document, max_length - 3)
+                assert kept == _pairs._pair_kept(query, document, max_length - 3)
     for query in range(40):
         for room in range(40):
-            threshold = _prefix._pair_threshold(query, room)
-            assert len({_prefix._pair_kept(query, d, room) for d in range(threshold, threshold + 60)}) == 1
+            threshold = _pairs._pair_threshold(query, room)
+            assert len({_pairs._pair_kept(query, d, room) for d in range(threshold, threshold + 60)}) == 1
 
 
 class CountedPairs:

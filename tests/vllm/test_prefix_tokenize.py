@@ -1,4 +1,4 @@
-"""Prefix tokenization (`offload_vllm/_prefix.py`) gives exactly what vLLM's
+"""Prefix tokenization (`offload_vllm/_prefix/`) gives exactly what vLLM's
 whole-text tokenization gives once truncated: properties on each tokenizer
 family, built here from a generated corpus (nothing downloaded), plus the
 packaged MiniLM's real WordPiece tokenizer.
@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from offload_vllm import _prefix
+from offload_vllm._prefix import _cuts
 from offload_vllm._seams import renderer as renderer_seam
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -129,12 +130,12 @@ def vllm_result(tokenizer: Any, params: Any, ids: list[int]) -> list[int]:
 def first_guess(chars_per_token: int, min_chars: int) -> Iterator[None]:
     """Prefix tokenization's first prefix: small ones make it cut at many more
     places and grow more often (the defaults mostly find the first cut enough)."""
-    saved = _prefix._CHARS_PER_TOKEN, _prefix._MIN_CHARS
-    _prefix._CHARS_PER_TOKEN, _prefix._MIN_CHARS = chars_per_token, min_chars
+    saved = _cuts._CHARS_PER_TOKEN, _cuts._MIN_CHARS
+    _cuts._CHARS_PER_TOKEN, _cuts._MIN_CHARS = chars_per_token, min_chars
     try:
         yield
     finally:
-        _prefix._CHARS_PER_TOKEN, _prefix._MIN_CHARS = saved
+        _cuts._CHARS_PER_TOKEN, _cuts._MIN_CHARS = saved
 
 
 GUESSES = st.sampled_from([(6, 64), (1, 1), (2, 8)])
@@ -285,8 +286,8 @@ def test_unknown_normalizers_and_pre_tokenizers_fall_back_to_the_whole_text(buil
 def safe_cuts(text: str, side: str) -> list[int]:
     """Every cut `_prefix` may make in `text` (prefix ends, or suffix starts)."""
     if side == "right":
-        return [m.start() + 1 for m in _prefix._SAFE_CUT.finditer(text)]
-    return sorted(len(text) - m.start() - 1 for m in _prefix._SAFE_CUT.finditer(text[::-1]))
+        return [m.start() + 1 for m in _cuts._SAFE_CUT.finditer(text)]
+    return sorted(len(text) - m.start() - 1 for m in _cuts._SAFE_CUT.finditer(text[::-1]))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

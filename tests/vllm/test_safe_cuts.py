@@ -1,6 +1,6 @@
 """The safe-cut rule of prefix tokenization, against its plain definition.
 
-`_prefix` writes the rule once, as two regular expressions, and finds
+`_prefix._cuts` writes the rule once, as two regular expressions, and finds
 cuts with them: `_piece_at_least`, and `_pieces`, the cuts prefix
 tokenization tries, which `read_bound` prices a truncated text by on
 the event loop. These properties hold them to the rule as `_prefix`'s docstring states
@@ -18,6 +18,7 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from offload_vllm import _prefix
+from offload_vllm._prefix import _cuts
 
 WHITESPACE = " \t\n\r"
 
@@ -32,7 +33,7 @@ def position(data: st.DataObject, text: str) -> int:
 
 
 def cuttable(ch: str) -> bool:
-    return ch.isalnum() and ch not in _prefix.GRAPHEME_JOINED
+    return ch.isalnum() and ch not in _cuts.GRAPHEME_JOINED
 
 
 def prefix_ends(text: str) -> list[int]:
@@ -52,10 +53,10 @@ def piece_ends(text: str, side: str) -> list[int]:
 @given(texts, st.data(), st.sampled_from(["right", "left"]))
 def test_the_next_piece_is_the_shortest_safe_cut_in_range(text: str, data: st.DataObject, side: str) -> None:
     count = data.draw(st.integers(0, 40))
-    reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
+    reach = _cuts._reach(text, count, side)  # type: ignore[arg-type]
     at = data.draw(st.integers(-2, len(text) + 2))
     within = [e for e in piece_ends(text, side) if at <= e <= reach.limit]
-    assert _prefix._piece_at_least(reach, at) == (within[0] if within else None)
+    assert _cuts._piece_at_least(reach, at) == (within[0] if within else None)
 
 
 @settings(max_examples=500)
@@ -69,13 +70,13 @@ def test_pieces_end_at_safe_cuts_and_at_least_double(text: str, count: int, side
     the text."""
     n = len(text)
     ends = piece_ends(text, side)
-    with mock.patch.multiple(_prefix, _CHARS_PER_TOKEN=guess[0], _MIN_CHARS=guess[1]):
-        reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
-        lengths = list(_prefix._pieces(reach, count))
-        sure = _prefix._sure_piece(reach, count)
+    with mock.patch.multiple(_cuts, _CHARS_PER_TOKEN=guess[0], _MIN_CHARS=guess[1]):
+        reach = _cuts._reach(text, count, side)  # type: ignore[arg-type]
+        lengths = list(_cuts._pieces(reach, count))
+        sure = _cuts._sure_piece(reach, count)
         bound = _prefix.read_bound(text, count)
     first = max(guess[1], (count + 1) * guess[0])
-    limit = min(n // 3, _prefix._WINDOW * first)
+    limit = min(n // 3, _cuts._WINDOW * first)
     within = [e for e in ends if e <= limit]
     assert sure == (within[count + 1] if len(within) > count + 1 else None)
     assert all(e in ends and e <= limit for e in lengths)
@@ -94,13 +95,13 @@ def test_a_cut_past_the_window_is_never_taken() -> None:
     the text is tokenized whole, never a piece past four first guesses; one
     within them is; and none in a text with no whitespace at all."""
     text = "word " + "x" * 10_000 + " tail " + "y" * 40_000
-    right, left = _prefix._reach(text, 0, "right"), _prefix._reach(text[::-1], 0, "left")
+    right, left = _cuts._reach(text, 0, "right"), _cuts._reach(text[::-1], 0, "left")
     assert right.limit == left.limit == 4 * 64
-    assert _prefix._piece_at_least(right, 5) is None
-    assert _prefix._piece_at_least(left, 5) is None
-    assert _prefix._piece_at_least(_prefix._reach("x" * 50_000, 0, "left"), 1) is None
+    assert _cuts._piece_at_least(right, 5) is None
+    assert _cuts._piece_at_least(left, 5) is None
+    assert _cuts._piece_at_least(_cuts._reach("x" * 50_000, 0, "left"), 1) is None
     near = "word " * 20 + "x" * 10_000
-    assert _prefix._piece_at_least(_prefix._reach(near, 0, "right"), 64) == 64
+    assert _cuts._piece_at_least(_cuts._reach(near, 0, "right"), 64) == 64
 
 
 def test_no_cut_splits_a_grapheme_cluster() -> None:
@@ -110,5 +111,5 @@ def test_no_cut_splits_a_grapheme_cluster() -> None:
     then drops the combining mark after it in the suffix alone)."""
     text = "word a \u0e33\u0301 b " + "x" * 20
     assert suffix_starts(text) == [text.index("a "), text.index("b "), text.index("x")]
-    pieces = {_prefix._piece_at_least(_prefix._reach(text, 0, "left"), at) for at in range(len(text))}
+    pieces = {_cuts._piece_at_least(_cuts._reach(text, 0, "left"), at) for at in range(len(text))}
     assert len(text) - text.index("\u0e33") not in pieces

@@ -36,7 +36,12 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
 Settings: one table, `_options.py` (parsed by `_parsers.py`, read into
 `Settings` by `_config.py`); `register` below wires the rest. Every touch
 of vLLM's internals is in `_seams/`, each vLLM function patched from one
-module there; nothing outside `_seams/` imports vLLM.
+module there; nothing outside `_seams/` imports vLLM. Beside the path:
+`_prefix/`, prefix tokenization of truncated texts and pairs (run by
+`_seams/renderer.py` and `_seams/scoring.py`, priced by `_cost.py`);
+`_seamcheck.py`, the seams looked for in vLLM's source (`_vllm_source.py`
+reads it); `_health.py`, the health port; `_phases.py` and `_loop_calls.py`,
+the adapter's metrics (made once per process, `_metric_family.py`).
 """
 
 from __future__ import annotations

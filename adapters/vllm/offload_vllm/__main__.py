@@ -108,7 +108,7 @@ def serve(args: list[str]) -> int:
 
 
 def check_seams(args: list[str]) -> int:
-    from . import _seamcheck
+    from . import _seamcheck, _vllm_source
 
     parser = argparse.ArgumentParser(
         prog="python -m offload_vllm check-seams",
@@ -128,15 +128,15 @@ def check_seams(args: list[str]) -> int:
     ours = parser.parse_args(args)
     try:
         if ours.installed:
-            path = _seamcheck.installed_vllm()
+            path = _vllm_source.installed_vllm()
         elif Path(ours.source).exists():
             path = Path(ours.source)
         else:
-            path = _seamcheck.download(ours.source, ours.cache)
-        with _seamcheck.open_source(path) as source:
+            path = _vllm_source.download(ours.source, ours.cache)
+        with _vllm_source.open_source(path) as source:
             findings = _seamcheck.check_source(source)
             print(_seamcheck.format_report(source, findings))
-    except _seamcheck.SeamCheckError as exc:
+    except _vllm_source.SeamCheckError as exc:
         print(f"offload-vllm check-seams: {exc}", file=sys.stderr)
         return 2
     return 1 if any(f.location is None for f in findings) else 0

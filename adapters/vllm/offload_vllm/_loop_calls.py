@@ -12,33 +12,24 @@ reads it when it is built).
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Final, Literal
 
 import offload
+
+from ._metric_family import once_per_process
 
 LOOP_CALLS: Final = "offload_vllm_loop_calls"
 
 LoopCall = Literal["render", "postprocess"]
 
-_lock = threading.Lock()
-_family: Any = None
-
-
-def _counter_family() -> Any:
-    # Once per process: a second registration of the name would raise.
-    global _family
-    with _lock:
-        if _family is None:
-            import prometheus_client
-
-            _family = prometheus_client.Counter(
-                LOOP_CALLS,
-                "Calls priced at most OFFLOAD_VLLM_INLINE_COST that ran on the event loop "
-                "instead of on a worker (call: render, postprocess).",
-                ["call"],
-            )
-    return _family
+_counter_family = once_per_process(
+    lambda prometheus_client: prometheus_client.Counter(
+        LOOP_CALLS,
+        "Calls priced at most OFFLOAD_VLLM_INLINE_COST that ran on the event loop "
+        "instead of on a worker (call: render, postprocess).",
+        ["call"],
+    )
+)
 
 
 def loop_call_counters() -> dict[LoopCall, Any] | None:

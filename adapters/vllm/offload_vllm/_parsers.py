@@ -75,30 +75,34 @@ def integer(low: int, high: int | None, noun: str, give: str) -> Parser:
     return parse
 
 
+def _checked(check: Callable[[object, str], float], name: str, value: float, refusal: str) -> float:
+    """`value` as the core's `check` takes it, else `OffloadVLLMConfigError(refusal)`:
+    the core decides the range, the adapter words the answer."""
+    try:
+        return check(value, name)
+    except offload.ConfigError:
+        raise OffloadVLLMConfigError(refusal) from None
+
+
 def positive(what: str) -> Parser:
-    """A finite number > 0."""
+    """A finite number > 0 (`offload.strategy.check_positive_number`)."""
 
     def parse(name: str, raw: str) -> float:
         value = _number(raw)
         if math.isnan(value):
             raise OffloadVLLMConfigError(f"{name}={raw!r} is not a number; give {what} (> 0)")
-        if not 0 < value < math.inf:
-            raise OffloadVLLMConfigError(f"{name}={raw!r}: {what} must be a finite number > 0")
-        return value
+        refusal = f"{name}={raw!r}: {what} must be a finite number > 0"
+        return _checked(offload.strategy.check_positive_number, name, value, refusal)
 
     return parse
 
 
 def cost_bound(zero_means: str) -> Parser:
-    """A bound in the cost unit: a finite number >= 0."""
+    """A bound in the cost unit: a finite number >= 0 (`offload.strategy.check_non_negative_number`)."""
 
     def parse(name: str, raw: str) -> float:
-        value = _number(raw)
-        if not 0 <= value < math.inf:
-            raise OffloadVLLMConfigError(
-                f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: {zero_means})"
-            )
-        return value
+        refusal = f"{name}={raw!r} is not a cost; give a number of characters >= 0 (0: {zero_means})"
+        return _checked(offload.strategy.check_non_negative_number, name, _number(raw), refusal)
 
     return parse
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, final
@@ -39,6 +38,7 @@ import offload
 
 from . import _tracing
 from ._lanes import DEFAULT_LANE
+from ._metric_family import once_per_process
 from ._routes import is_pooling_request, route_of
 
 PHASE_SECONDS: Final = "offload_vllm_request_phase_seconds"
@@ -52,25 +52,15 @@ PHASE_BUCKETS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0,
 )
 
-_lock = threading.Lock()
-_family: Any = None
-
-
-def _histogram_family() -> Any:
-    # Once per process: a second registration of the name would raise.
-    global _family
-    with _lock:
-        if _family is None:
-            import prometheus_client
-
-            _family = prometheus_client.Histogram(
-                PHASE_SECONDS,
-                "Time a pooling request spent in each phase on the API server (phase: door, "
-                "worker_wait, render, engine, response).",
-                ["endpoint", "lane", "phase"],
-                buckets=PHASE_BUCKETS,
-            )
-    return _family
+_histogram_family = once_per_process(
+    lambda prometheus_client: prometheus_client.Histogram(
+        PHASE_SECONDS,
+        "Time a pooling request spent in each phase on the API server (phase: door, "
+        "worker_wait, render, engine, response).",
+        ["endpoint", "lane", "phase"],
+        buckets=PHASE_BUCKETS,
+    )
+)
 
 
 @final

@@ -117,7 +117,7 @@ def init_remote_worker(vllm_config: Any, retitle: bool, prefix_tokenize: bool = 
     vLLM runs here, then builds its renderer. `retitle`: show `PROCESS_TITLE`
     in `ps` (`process`; a Ray actor keeps Ray's title, which Ray's tools show).
     `prefix_tokenize`: its renderers tokenize truncated prompts by prefix, as the
-    server's do (`_prefix.py`); the plugin patches nothing in a worker process."""
+    server's do (`_prefix/`); the plugin patches nothing in a worker process."""
     mark_worker_process()
     if prefix_tokenize:
         renderer_seam.install_prefix_tokenization()

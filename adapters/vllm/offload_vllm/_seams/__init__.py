@@ -93,6 +93,11 @@ def _fields(module: str, owner: str, names: tuple[str, ...], used_by: str) -> tu
     return tuple(Seam(module, owner, name, "field", used_by=used_by) for name in names)
 
 
+def _instance_attributes(module: str, owner: str, names: tuple[str, ...], used_by: str) -> tuple[Seam, ...]:
+    """Attributes `names` that `owner.__init__` sets on `self`, as seams."""
+    return tuple(Seam(module, owner, name, "instance", used_by=used_by) for name in names)
+
+
 # Where each scoring request form keeps its two sides.
 _SCORING_SIDES: tuple[tuple[str, SeamKind, tuple[str, ...]], ...] = (
     ("RerankRequest", "field", ("query", "documents")),
@@ -126,13 +131,10 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_SERVING, "PoolingBaseServing", "vllm_config", "instance", used_by="_runtime.py"),
     # The live parts of a serving object, left out of (or set again on) the
     # shell a worker process rebuilds (`serving.LIVE_ATTRIBUTES`).
-    Seam(_SERVING, "PoolingBaseServing", "renderer", "instance", used_by=_S_SERVING),
-    Seam(_SERVING, "PoolingBaseServing", "engine_client", "instance", used_by=_S_SERVING),
-    Seam(_SERVING, "PoolingBaseServing", "_executor", "instance", used_by=_S_SERVING),
+    *_instance_attributes(_SERVING, "PoolingBaseServing", ("renderer", "engine_client", "_executor"), _S_SERVING),
     Seam(_SERVING, "PoolingServing", "io_processor", "instance", used_by=_S_SERVING),
     Seam("vllm.entrypoints.pooling.pooling.serving", "ServingPooling", "io_processors", "instance", used_by=_S_SERVING),
-    Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "models", "instance", used_by=_S_SERVING),
-    Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "request_logger", "instance", used_by=_S_SERVING),
+    *_instance_attributes("vllm.entrypoints.serve.engine.serving", "BaseServing", ("models", "request_logger"), _S_SERVING),
     # The serve context: rendered into, stripped for a worker process, and
     # (its engine outputs' values) post-processing's cost.
     *_fields(_TYPING, "PoolingServeContext", ("engine_inputs", "raw_request", "result_generator", "final_res_batch"), _S_SERVING),
@@ -199,17 +201,14 @@ REQUIRED: tuple[Seam, ...] = (
         ("tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities"), _S_RENDERER,
     ),
     Seam(_TYPING, "EncodeCMPLRenderParams", "prompts", "field", used_by=_S_RENDERER),
-    Seam(_TYPING, "EncodeChatRenderParams", "conversations", "field", used_by=_S_RENDERER),
-    Seam(_TYPING, "EncodeChatRenderParams", "chat_params", "field", used_by=_S_RENDERER),
+    *_fields(_TYPING, "EncodeChatRenderParams", ("conversations", "chat_params"), _S_RENDERER),
     *_fields(_TYPING, "PoolingEngineInput", ("prompts", "params", "lora_requests", "priorities"), _S_RENDERER),
     # Config read at start: the multimodal cache check, the scheduling policy
     # (engine priority), worker process titles.
-    Seam("vllm.config.vllm", "VllmConfig", "model_config", "field", used_by=_S_CONFIG),
-    Seam("vllm.config.vllm", "VllmConfig", "scheduler_config", "field", used_by=_S_CONFIG),
+    *_fields("vllm.config.vllm", "VllmConfig", ("model_config", "scheduler_config"), _S_CONFIG),
     Seam("vllm.config.scheduler", "SchedulerConfig", "policy", "field", used_by=_S_CONFIG),
-    Seam("vllm.config.model", "ModelConfig", "multimodal_config", "field", used_by=_S_CONFIG),
+    *_fields("vllm.config.model", "ModelConfig", ("multimodal_config", "served_model_name"), _S_CONFIG),
     Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_CONFIG),
-    Seam("vllm.config.model", "ModelConfig", "served_model_name", "field", used_by=_S_CONFIG),
     # Pricing: which models vLLM loads scoring inputs' images for.
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "model_config", "instance", used_by=_S_REQUESTS),
     Seam("vllm.config.model", "ModelConfig", "is_multimodal_model", used_by=_S_REQUESTS),

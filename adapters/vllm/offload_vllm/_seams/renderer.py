@@ -8,7 +8,7 @@
   methods (`render_cmpl_async`, `render_chat_async`), whose tokenization step
   (`BaseRenderer._tokenize_prompt_async`, an instance attribute set in `__init__`)
   we replace with a micro-batched one.
-- Prefix tokenization (`_prefix.py`): `BaseRenderer._tokenize_prompt` replaced,
+- Prefix tokenization (`_prefix/`): `BaseRenderer._tokenize_prompt` replaced,
   on the class, by one that tokenizes only what vLLM's truncation keeps.
 """
 
@@ -154,7 +154,7 @@ def pair_prefix_installed() -> bool:
 
 def install_prefix_tokenization() -> None:
     """Make every renderer in this process tokenize truncated text prompts by
-    prefix (`_prefix.py`): `BaseRenderer._tokenize_prompt` replaced on the class,
+    prefix (`_prefix/`): `BaseRenderer._tokenize_prompt` replaced on the class,
     so copies (thread workers' renderers) and renderers built later (remote
     workers') have it too. Idempotent. The ids are exactly vLLM's own once
     truncated; prompts that want character offsets, and tokenizers prefix

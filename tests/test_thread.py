@@ -1,5 +1,6 @@
-"""Hypothesis properties of the thread pool (every strategy's: the contract
-suite, `offload.testing`)."""
+"""The `thread` strategy's pool, as Hypothesis properties: the bound on
+concurrency holds, and calls cancelled before they start never run (every
+strategy's examples: the contract suite, `offload.testing`)."""
 
 from __future__ import annotations
 
