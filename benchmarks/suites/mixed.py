@@ -1020,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
                 running = stack.enter_context(
-                    running_servers({row: c.eager() if args.smoke else c for row, c in with_variant.items()}, model, logs)
+                    running_servers({row: c.for_smoke() if args.smoke else c for row, c in with_variant.items()}, model, logs)
                 )
         except ServerFailed as exc:
             if args.variant != "multimodal":

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             name: url
             for name, (url, _) in stack.enter_context(
                 running_servers(
-                    {name: config.eager() if args.smoke else config for name, config in configs.items()},
+                    {name: config.for_smoke() if args.smoke else config for name, config in configs.items()},
                     model,
                     {name: args.out / "logs" / f"overload-{name}.log" for name in configs},
                 )
@@ -322,7 +322,7 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         servers = stack.enter_context(
             running_servers(
-                {"bounded": config.eager() if args.smoke else config}, model,
+                {"bounded": config.for_smoke() if args.smoke else config}, model,
                 {"bounded": args.out / "logs" / "overload-retry-after.log"},
             )
         )

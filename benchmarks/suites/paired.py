@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
             servers = stack.enter_context(
                 running_servers(
-                    {row: config(row).eager() if args.smoke else config(row) for row in rows},
+                    {row: config(row).for_smoke() if args.smoke else config(row) for row in rows},
                     model,
                     {row: args.out / "logs" / f"paired-{row.replace(' ', '-')}.log" for row in rows},
                 )

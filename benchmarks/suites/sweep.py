@@ -165,7 +165,7 @@ def measure_row(
 ) -> dict[str, Any]:
     config = dataclasses.replace(config, extra_args=(*config.extra_args, *workload.server_args))
     if args.smoke:
-        config = config.eager()
+        config = config.for_smoke()
     row: dict[str, Any] = {"strategy": config.strategy, "args": list(config.extra_args), "status": "ok"}
     started = time.monotonic()
     served = str(model)
