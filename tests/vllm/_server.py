@@ -26,6 +26,21 @@ K = TypeVar("K")
 
 READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420"))
 
+#: The engine's model worker runs in the engine core's process (vLLM's `uni`
+#: executor) rather than a process of its own (the CPU build's `mp` executor).
+#: That executor pins the worker's threads to one core, reserving the other
+#: for the frontend (`reserved_cpus=[1]` in the engine's log; every
+#: `VLLM::Worker` thread's `Cpus_allowed_list` is `0`): with the suite's ten
+#: servers up, every forward pass of every server ran on core 0, beside the
+#: other lane of `make test`. A third process also costs its import of vLLM:
+#: one thread server took 36 CPU-seconds to its /health, 24 with this
+#: (`/proc/<pid>/stat`, alone).
+#: The API server and its engine core stay two processes (vLLM's server
+#: always runs them apart), and the adapter runs in the first: nothing it does
+#: is left out. (`LLM(...)` with it runs its engine in the caller's process:
+#: test_offline.)
+ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
 
 def load_client(connections: int, timeout: float = 300) -> httpx.AsyncClient:
     """An async client for load on a loopback server.
@@ -125,7 +140,7 @@ def start_server(
 ) -> Server:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **ENGINE_IN_ONE_PROCESS)
     env.update(extra_env or {})
     args = [sys.executable, "-m", "offload_vllm", "serve", str(model_dir)]
     if strategy is not None:
