@@ -33,18 +33,22 @@ from ._server import free_port
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[HealthState, str]]:
+def health_server() -> Iterator[HealthServer]:
     state = HealthState(max_stall=3600.0)
     server = HealthServer("127.0.0.1", 0, state, "OFFLOAD_VLLM_HEALTH_PORT")
     try:
-        url = f"http://127.0.0.1:{server.port}"
         # Once the process answers (it starts in ~0.1 s, longer on a loaded
         # machine), the bound the tests read.
-        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=60).status_code == 200
         state.publish(max_stall=1.0, loop_turned_at=time.monotonic())
-        yield state, url
+        yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def served(health_server: HealthServer) -> tuple[HealthState, str]:
+    return health_server.state, f"http://127.0.0.1:{health_server.port}"
 
 
 def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[HealthState, str]) -> None:
@@ -214,7 +218,7 @@ ORPHAN = """
 import os, sys
 from offload_vllm._health import HealthServer, HealthState
 server = HealthServer("127.0.0.1", 0, HealthState(1.0), "OFFLOAD_VLLM_HEALTH_PORT")
-print(server._process.pid, flush=True)
+print(server.pid, flush=True)
 os._exit(0)
 """
 
@@ -226,6 +230,23 @@ def test_the_answering_process_ends_with_the_server() -> None:
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the health process outlived its server"
         time.sleep(0.05)
+
+
+def test_a_killed_answering_process_is_started_again(health_server: HealthServer) -> None:
+    """SIGKILL the answering process: the port answers again within a few
+    seconds (the process is started again; a probe sent meanwhile waits on the
+    socket, which stays bound, and is answered too), and again after a second kill."""
+    server, url = health_server, f"http://127.0.0.1:{health_server.port}"
+    # No loop publishes here: the bound must outlast the restarts.
+    server.state.publish(max_stall=3600.0, loop_turned_at=time.monotonic())
+    for _ in range(2):
+        killed = server.pid
+        os.kill(killed, signal.SIGKILL)
+        began = time.monotonic()
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        assert time.monotonic() - began < 10
+        assert server.pid != killed
+    assert server.restarts == 2
 
 
 class _Engine:

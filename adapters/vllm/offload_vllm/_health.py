@@ -124,10 +124,19 @@ def _shared_memory() -> int:
         return os.dup(file.fileno())
 
 
+#: A health process that ended within this of its start is started again only
+#: this long after that start: one that cannot run (a broken interpreter)
+#: costs a start a second, not a loop of them.
+RESTART_MIN_INTERVAL_S = 1.0
+
+
 @final
 class HealthServer:
     """The health endpoints' process: a child of the API server, answering on
-    a socket this process binds, from `state`'s board."""
+    a socket this process binds, from `state`'s board. Started again whenever
+    it ends before `close` (killed, out of memory), by a thread that waits on
+    it: the socket stays bound here meanwhile, so probes sent in between
+    queue on it and are answered by the next process, not refused."""
 
     def __init__(self, host: str, port: int, state: HealthState, setting: str) -> None:
         """Binds `host:port` now, and starts the process. Raises `OSError` whose
@@ -143,30 +152,71 @@ class HealthServer:
         except OSError as exc:
             listener.close()
             raise OSError(exc.errno, f"{setting}={port}: cannot listen on {host}:{port} for the health endpoints: {exc.strerror or exc}") from exc
+        self._listener = listener
         self.port = int(listener.getsockname()[1])
+        #: How many times the process was started again after it ended.
+        self.restarts = 0
         # The process reads the end of this pipe; when this process ends (or
         # `close`s) the pipe closes and so does the answering process.
-        parent_end, self._pipe = os.pipe()
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable, "-I", "-S", _health_answer.__file__,
-                    str(listener.fileno()), str(state.fd), str(parent_end), str(os.getpid()),
-                ],
-                pass_fds=(listener.fileno(), state.fd, parent_end),
-                stdin=subprocess.DEVNULL,
-                start_new_session=False,
+        self._pipe_end, self._pipe = os.pipe()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._started_at = time.monotonic()
+        self._process = self._start()
+        self._keeper = threading.Thread(target=self._keep_running, name="offload-vllm-health-keeper", daemon=True)
+        self._keeper.start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self._started_at = time.monotonic()
+        return subprocess.Popen(
+            [
+                sys.executable, "-I", "-S", _health_answer.__file__,
+                str(self._listener.fileno()), str(self.state.fd), str(self._pipe_end), str(os.getpid()),
+            ],
+            pass_fds=(self._listener.fileno(), self.state.fd, self._pipe_end),
+            stdin=subprocess.DEVNULL,
+            start_new_session=False,
+        )
+
+    def _keep_running(self) -> None:
+        """Wait for the process; start it again if it ended before `close`."""
+        while True:
+            code = self._process.wait()
+            if self._closing.wait(max(0.0, self._started_at + RESTART_MIN_INTERVAL_S - time.monotonic())):
+                return
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                how = f"signal {-code}" if code < 0 else f"exit status {code}"
+                try:
+                    self._process = self._start()
+                except OSError as exc:
+                    logger.error("offload-vllm: the health endpoints' process ended (%s) and could not be started again: %s", how, exc)
+                    self._started_at = time.monotonic()
+                    continue
+                self.restarts += 1
+            logger.warning(
+                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d)",
+                how, self._process.pid, self.restarts,
             )
-        finally:
-            listener.close()
-            os.close(parent_end)
+
+    @property
+    def pid(self) -> int:
+        """The answering process's id (it changes when the process is started again)."""
+        return self._process.pid
 
     def close(self) -> None:
         """End the process (its connections with it) and wait for it."""
+        with self._lock:
+            self._closing.set()
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._process.kill()
+            self._process.wait()
+        self._keeper.join()
         with contextlib.suppress(OSError):
-            os.close(self._pipe)
-        self._process.kill()
-        self._process.wait()
+            os.close(self._pipe_end)
+        self._listener.close()
 
 
 def _mark_draining_on_sigterm(state: HealthState) -> None:
