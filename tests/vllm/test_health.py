@@ -26,6 +26,7 @@ from offload_vllm._health import (
     _mark_draining_on_sigterm,
     keep_current,
 )
+from offload_vllm._retry_after import DrainRates
 
 import offload
 
@@ -330,5 +331,34 @@ def test_readiness_follows_admission_as_it_changes() -> None:
             assert health.state.readiness(time.monotonic())[0] == 503
         health.admission_changed(lambda: executor)
         assert health.state.readiness(time.monotonic())[0] == 200
+    finally:
+        executor.shutdown()
+
+
+def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> None:
+    """Under a cost bound, readiness turns 503 once a request of the typical
+    recent cost would be refused (one of cost 1 would still pass), and turns
+    200 again only once twice that cost would be admitted."""
+    rates = DrainRates()
+    for _ in range(5):
+        rates.served(None, 300.0)
+    assert rates.typical_cost(None) == pytest.approx(300.0)
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", rates.typical_cost)
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
+
+    def ready() -> int:
+        health.admission_changed(lambda: executor)
+        return health.state.readiness(time.monotonic())[0]
+
+    try:
+        assert ready() == 200
+        with executor.admission("test", cost=600):
+            assert ready() == 200  # room 400: a typical request (300) fits
+            with executor.admission("test", cost=200) as second:
+                assert not executor.overloaded  # room 200: cost 1 would pass,
+                assert ready() == 503  # a typical request would not
+                second.release()
+                assert ready() == 503  # room 400 again, but not 2 x 300
+        assert ready() == 200  # room 1000
     finally:
         executor.shutdown()

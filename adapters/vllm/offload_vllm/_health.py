@@ -10,8 +10,9 @@ paths from what the event loop last published (`HealthState`):
   alive; else 503. A busy loop still turns (offload keeps it free), so a
   server under load stays alive to its probe; a loop blocked for real stops
   publishing, and is reported once the bound has passed.
-- `GET /ready` (readiness): 503 while admission would refuse a unit of cost
-  in the default lane (a bound is full), during shutdown (from SIGTERM until
+- `GET /ready` (readiness): 503 while admission would refuse a request of
+  the typical recent cost in the default lane, until it would admit twice
+  that (`_admission_view.Readiness`), during shutdown (from SIGTERM until
   the process ends, while vLLM drains), and while liveness fails; else 200.
 
 Both answer a JSON body: `status`, the `reason` of a 503, and the ages of
@@ -45,7 +46,7 @@ import anyio
 import offload
 
 from . import _health_answer
-from ._admission_view import refuses_default_lane
+from ._admission_view import Readiness
 from ._health_answer import Board, Snapshot
 from ._seams import engine as engine_seam
 
@@ -246,14 +247,17 @@ async def keep_current(
     state: HealthState,
     executor_of: Callable[[], offload.Executor | None],
     engine_client: Any,
+    readiness: Readiness | None = None,
 ) -> None:
-    """Publish the loop's turns, admission's refusals and the engine's health
-    into `state`, forever (a task on the API server's loop; cancel it to stop)."""
+    """Publish the loop's turns, readiness's rule (`readiness`, default: the
+    typical cost 1) and the engine's health into `state`, forever (a task on
+    the API server's loop; cancel it to stop)."""
+    readiness = Readiness() if readiness is None else readiness
     engine_due = 0.0
     while True:
         now = time.monotonic()
         executor = executor_of()
-        state.publish(loop_turned_at=now, refusing=executor is not None and refuses_default_lane(executor))
+        state.publish(loop_turned_at=now, refusing=executor is not None and readiness.refuses(executor))
         _mark_draining_on_sigterm(state)
         if now >= engine_due:
             engine_due = now + ENGINE_CHECK_INTERVAL_S
@@ -275,8 +279,13 @@ class Health:
     vLLM builds its app, and the loop's task, started when the first pooling
     entrypoint is built (with the engine client, inside the loop)."""
 
-    def __init__(self, port: int, max_stall: float, setting: str) -> None:
+    def __init__(
+        self, port: int, max_stall: float, setting: str, typical_cost: Callable[[], float] = lambda: 1.0
+    ) -> None:
+        """`typical_cost()`: the cost of a typical request of the default lane now
+        (readiness's rule: `_admission_view.Readiness`)."""
         self.state = HealthState(max_stall)
+        self.readiness = Readiness(typical_cost)
         self._port = port
         self._setting = setting
         self.server: HealthServer | None = None
@@ -300,7 +309,7 @@ class Health:
         clients here)."""
         executor = executor_of()
         if executor is not None:
-            self.state.publish(refusing=refuses_default_lane(executor))
+            self.state.publish(refusing=self.readiness.refuses(executor))
 
     def watch(self, executor_of: Callable[[], offload.Executor | None], engine_client: Any) -> None:
         """Start the loop's task (once; on the running loop)."""
@@ -310,5 +319,5 @@ class Health:
             loop = asyncio.get_running_loop()
             if self._task is None or self._task.done():
                 self._task = loop.create_task(
-                    keep_current(self.state, executor_of, engine_client), name="offload-vllm-health"
+                    keep_current(self.state, executor_of, engine_client, self.readiness), name="offload-vllm-health"
                 )
