@@ -1,7 +1,8 @@
 """Liveness and readiness answered off the event loop, on a port of their own.
 
 `OFFLOAD_VLLM_HEALTH_PORT` starts a small process beside the API server
-(`HealthServer`; what it runs is `_health_answer.py`), listening on vLLM's
+(`HealthServer`, which starts it again if it ends; what it runs is
+`_health_answer.py`), listening on vLLM's
 `--host` (all interfaces when vLLM has none, as vLLM binds), which answers two
 paths from what the event loop last published (`HealthState`):
 
