@@ -26,6 +26,7 @@ from offload_vllm._health import (
     _mark_draining_on_sigterm,
     keep_current,
 )
+from offload_vllm._retry_after import DrainRates
 
 import offload
 
@@ -33,18 +34,22 @@ from ._server import free_port
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[HealthState, str]]:
+def health_server() -> Iterator[HealthServer]:
     state = HealthState(max_stall=3600.0)
     server = HealthServer("127.0.0.1", 0, state, "OFFLOAD_VLLM_HEALTH_PORT")
     try:
-        url = f"http://127.0.0.1:{server.port}"
         # Once the process answers (it starts in ~0.1 s, longer on a loaded
         # machine), the bound the tests read.
-        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=60).status_code == 200
         state.publish(max_stall=1.0, loop_turned_at=time.monotonic())
-        yield state, url
+        yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def served(health_server: HealthServer) -> tuple[HealthState, str]:
+    return health_server.state, f"http://127.0.0.1:{health_server.port}"
 
 
 def test_liveness_and_readiness_read_what_the_loop_published(served: tuple[HealthState, str]) -> None:
@@ -214,7 +219,7 @@ ORPHAN = """
 import os, sys
 from offload_vllm._health import HealthServer, HealthState
 server = HealthServer("127.0.0.1", 0, HealthState(1.0), "OFFLOAD_VLLM_HEALTH_PORT")
-print(server._process.pid, flush=True)
+print(server.pid, flush=True)
 os._exit(0)
 """
 
@@ -226,6 +231,23 @@ def test_the_answering_process_ends_with_the_server() -> None:
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the health process outlived its server"
         time.sleep(0.05)
+
+
+def test_a_killed_answering_process_is_started_again(health_server: HealthServer) -> None:
+    """SIGKILL the answering process: the port answers again within a few
+    seconds (the process is started again; a probe sent meanwhile waits on the
+    socket, which stays bound, and is answered too), and again after a second kill."""
+    server, url = health_server, f"http://127.0.0.1:{health_server.port}"
+    # No loop publishes here: the bound must outlast the restarts.
+    server.state.publish(max_stall=3600.0, loop_turned_at=time.monotonic())
+    for _ in range(2):
+        killed = server.pid
+        os.kill(killed, signal.SIGKILL)
+        began = time.monotonic()
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        assert time.monotonic() - began < 10
+        assert server.pid != killed
+    assert server.restarts == 2
 
 
 class _Engine:
@@ -309,5 +331,34 @@ def test_readiness_follows_admission_as_it_changes() -> None:
             assert health.state.readiness(time.monotonic())[0] == 503
         health.admission_changed(lambda: executor)
         assert health.state.readiness(time.monotonic())[0] == 200
+    finally:
+        executor.shutdown()
+
+
+def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> None:
+    """Under a cost bound, readiness turns 503 once a request of the typical
+    recent cost would be refused (one of cost 1 would still pass), and turns
+    200 again only once twice that cost would be admitted."""
+    rates = DrainRates()
+    for _ in range(5):
+        rates.served(None, 300.0)
+    assert rates.typical_cost(None) == pytest.approx(300.0)
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", rates.typical_cost)
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
+
+    def ready() -> int:
+        health.admission_changed(lambda: executor)
+        return health.state.readiness(time.monotonic())[0]
+
+    try:
+        assert ready() == 200
+        with executor.admission("test", cost=600):
+            assert ready() == 200  # room 400: a typical request (300) fits
+            with executor.admission("test", cost=200) as second:
+                assert not executor.overloaded  # room 200: cost 1 would pass,
+                assert ready() == 503  # a typical request would not
+                second.release()
+                assert ready() == 503  # room 400 again, but not 2 x 300
+        assert ready() == 200  # room 1000
     finally:
         executor.shutdown()

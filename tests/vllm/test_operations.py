@@ -11,6 +11,7 @@ kills its engine.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.server
 import json
 import os
@@ -266,6 +267,29 @@ def test_a_blocked_loop_is_reported_within_twice_the_bound(server: Server, healt
     while probe(health_port, "/health")[0] != 200:
         assert time.monotonic() < deadline, "liveness did not come back"
         time.sleep(0.05)
+
+
+def _health_processes(server: Server) -> list[psutil.Process]:
+    return [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if any(part.endswith("_health_answer.py") for part in p.cmdline())
+    ]
+
+
+def test_a_killed_health_process_is_started_again(server: Server, health_port: int) -> None:
+    """SIGKILL the server's health process: the health port answers 200 again
+    within 10 s, from a new process (the server logs the restart)."""
+    [answering] = _health_processes(server)
+    answering.kill()
+    began = time.monotonic()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        while answering.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - began < 10
+            time.sleep(0.01)
+    code, body, _ = probe(health_port, "/health")
+    assert code == 200, body
+    assert time.monotonic() - began < 10
+    assert [p.pid for p in _health_processes(server) if p.status() != psutil.STATUS_ZOMBIE] not in ([], [answering.pid])
 
 
 def test_a_dead_engine_is_reported(server: Server, health_port: int) -> None:

@@ -136,7 +136,7 @@ def register() -> None:
     health = (
         None
         if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV)
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, rates.typical_cost)
     )
     policy = RequestPolicy(
         executor_of=runtime.current_executor,

@@ -1,7 +1,8 @@
 """Liveness and readiness answered off the event loop, on a port of their own.
 
 `OFFLOAD_VLLM_HEALTH_PORT` starts a small process beside the API server
-(`HealthServer`; what it runs is `_health_answer.py`), listening on vLLM's
+(`HealthServer`, which starts it again if it ends; what it runs is
+`_health_answer.py`), listening on vLLM's
 `--host` (all interfaces when vLLM has none, as vLLM binds), which answers two
 paths from what the event loop last published (`HealthState`):
 
@@ -10,8 +11,9 @@ paths from what the event loop last published (`HealthState`):
   alive; else 503. A busy loop still turns (offload keeps it free), so a
   server under load stays alive to its probe; a loop blocked for real stops
   publishing, and is reported once the bound has passed.
-- `GET /ready` (readiness): 503 while admission would refuse a unit of cost
-  in the default lane (a bound is full), during shutdown (from SIGTERM until
+- `GET /ready` (readiness): 503 while admission would refuse a request of
+  the typical recent cost in the default lane, until it would admit twice
+  that (`_admission_view.Readiness`), during shutdown (from SIGTERM until
   the process ends, while vLLM drains), and while liveness fails; else 200.
 
 Both answer a JSON body: `status`, the `reason` of a 503, and the ages of
@@ -45,7 +47,7 @@ import anyio
 import offload
 
 from . import _health_answer
-from ._admission_view import refuses_default_lane
+from ._admission_view import Readiness
 from ._health_answer import Board, Snapshot
 from ._seams import engine as engine_seam
 
@@ -124,10 +126,19 @@ def _shared_memory() -> int:
         return os.dup(file.fileno())
 
 
+#: A health process that ended within this of its start is started again only
+#: this long after that start: one that cannot run (a broken interpreter)
+#: costs a start a second, not a loop of them.
+RESTART_MIN_INTERVAL_S = 1.0
+
+
 @final
 class HealthServer:
     """The health endpoints' process: a child of the API server, answering on
-    a socket this process binds, from `state`'s board."""
+    a socket this process binds, from `state`'s board. Started again whenever
+    it ends before `close` (killed, out of memory), by a thread that waits on
+    it: the socket stays bound here meanwhile, so probes sent in between
+    queue on it and are answered by the next process, not refused."""
 
     def __init__(self, host: str, port: int, state: HealthState, setting: str) -> None:
         """Binds `host:port` now, and starts the process. Raises `OSError` whose
@@ -143,30 +154,71 @@ class HealthServer:
         except OSError as exc:
             listener.close()
             raise OSError(exc.errno, f"{setting}={port}: cannot listen on {host}:{port} for the health endpoints: {exc.strerror or exc}") from exc
+        self._listener = listener
         self.port = int(listener.getsockname()[1])
+        #: How many times the process was started again after it ended.
+        self.restarts = 0
         # The process reads the end of this pipe; when this process ends (or
         # `close`s) the pipe closes and so does the answering process.
-        parent_end, self._pipe = os.pipe()
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable, "-I", "-S", _health_answer.__file__,
-                    str(listener.fileno()), str(state.fd), str(parent_end), str(os.getpid()),
-                ],
-                pass_fds=(listener.fileno(), state.fd, parent_end),
-                stdin=subprocess.DEVNULL,
-                start_new_session=False,
+        self._pipe_end, self._pipe = os.pipe()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._started_at = time.monotonic()
+        self._process = self._start()
+        self._keeper = threading.Thread(target=self._keep_running, name="offload-vllm-health-keeper", daemon=True)
+        self._keeper.start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self._started_at = time.monotonic()
+        return subprocess.Popen(
+            [
+                sys.executable, "-I", "-S", _health_answer.__file__,
+                str(self._listener.fileno()), str(self.state.fd), str(self._pipe_end), str(os.getpid()),
+            ],
+            pass_fds=(self._listener.fileno(), self.state.fd, self._pipe_end),
+            stdin=subprocess.DEVNULL,
+            start_new_session=False,
+        )
+
+    def _keep_running(self) -> None:
+        """Wait for the process; start it again if it ended before `close`."""
+        while True:
+            code = self._process.wait()
+            if self._closing.wait(max(0.0, self._started_at + RESTART_MIN_INTERVAL_S - time.monotonic())):
+                return
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                how = f"signal {-code}" if code < 0 else f"exit status {code}"
+                try:
+                    self._process = self._start()
+                except OSError as exc:
+                    logger.error("offload-vllm: the health endpoints' process ended (%s) and could not be started again: %s", how, exc)
+                    self._started_at = time.monotonic()
+                    continue
+                self.restarts += 1
+            logger.warning(
+                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d)",
+                how, self._process.pid, self.restarts,
             )
-        finally:
-            listener.close()
-            os.close(parent_end)
+
+    @property
+    def pid(self) -> int:
+        """The answering process's id (it changes when the process is started again)."""
+        return self._process.pid
 
     def close(self) -> None:
         """End the process (its connections with it) and wait for it."""
+        with self._lock:
+            self._closing.set()
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._process.kill()
+            self._process.wait()
+        self._keeper.join()
         with contextlib.suppress(OSError):
-            os.close(self._pipe)
-        self._process.kill()
-        self._process.wait()
+            os.close(self._pipe_end)
+        self._listener.close()
 
 
 def _mark_draining_on_sigterm(state: HealthState) -> None:
@@ -196,14 +248,17 @@ async def keep_current(
     state: HealthState,
     executor_of: Callable[[], offload.Executor | None],
     engine_client: Any,
+    readiness: Readiness | None = None,
 ) -> None:
-    """Publish the loop's turns, admission's refusals and the engine's health
-    into `state`, forever (a task on the API server's loop; cancel it to stop)."""
+    """Publish the loop's turns, readiness's rule (`readiness`, default: the
+    typical cost 1) and the engine's health into `state`, forever (a task on
+    the API server's loop; cancel it to stop)."""
+    readiness = Readiness() if readiness is None else readiness
     engine_due = 0.0
     while True:
         now = time.monotonic()
         executor = executor_of()
-        state.publish(loop_turned_at=now, refusing=executor is not None and refuses_default_lane(executor))
+        state.publish(loop_turned_at=now, refusing=executor is not None and readiness.refuses(executor))
         _mark_draining_on_sigterm(state)
         if now >= engine_due:
             engine_due = now + ENGINE_CHECK_INTERVAL_S
@@ -225,8 +280,13 @@ class Health:
     vLLM builds its app, and the loop's task, started when the first pooling
     entrypoint is built (with the engine client, inside the loop)."""
 
-    def __init__(self, port: int, max_stall: float, setting: str) -> None:
+    def __init__(
+        self, port: int, max_stall: float, setting: str, typical_cost: Callable[[], float] = lambda: 1.0
+    ) -> None:
+        """`typical_cost()`: the cost of a typical request of the default lane now
+        (readiness's rule: `_admission_view.Readiness`)."""
         self.state = HealthState(max_stall)
+        self.readiness = Readiness(typical_cost)
         self._port = port
         self._setting = setting
         self.server: HealthServer | None = None
@@ -250,7 +310,7 @@ class Health:
         clients here)."""
         executor = executor_of()
         if executor is not None:
-            self.state.publish(refusing=refuses_default_lane(executor))
+            self.state.publish(refusing=self.readiness.refuses(executor))
 
     def watch(self, executor_of: Callable[[], offload.Executor | None], engine_client: Any) -> None:
         """Start the loop's task (once; on the running loop)."""
@@ -260,5 +320,5 @@ class Health:
             loop = asyncio.get_running_loop()
             if self._task is None or self._task.done():
                 self._task = loop.create_task(
-                    keep_current(self.state, executor_of, engine_client), name="offload-vllm-health"
+                    keep_current(self.state, executor_of, engine_client, self.readiness), name="offload-vllm-health"
                 )

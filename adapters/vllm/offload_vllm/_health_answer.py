@@ -156,7 +156,7 @@ def readiness(state: Snapshot, now: float) -> tuple[int, dict[str, Any]]:
         return 503, {
             **body,
             "status": "not ready",
-            "reason": "admission refuses new requests in the default lane (a bound is full)",
+            "reason": "admission refuses new requests in the default lane (no room for a typical request)",
         }
     return 200, {**body, "status": "ready"}
 

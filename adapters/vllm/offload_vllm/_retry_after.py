@@ -106,6 +106,14 @@ class DrainRates:
         rates.served_cost.add(cost, now)
         rates.served_requests.add(1.0, now)
 
+    def typical_cost(self, lane: str | None = None) -> float:
+        """The mean cost of the requests of `lane` answered of late, weighted as
+        the served rates are (over `RATE_TIME_CONSTANT_S`); 1 before any."""
+        now = self._clock()
+        rates = self._lane(lane)
+        requests = rates.served_requests.per_second(now)
+        return rates.served_cost.per_second(now) / requests if requests > 0 else 1.0
+
     def retry_after(self, executor: offload.Executor, lane: str | None, cost: float) -> int:
         """`Retry-After` for a request of `cost` in `lane` just refused: the
         seconds its lane takes, at the rate it has been served, to serve what
