@@ -20,6 +20,7 @@ import pytest
 from offload_vllm import _health_answer as health_answer
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
+    PUBLISH_INTERVAL_S,
     Health,
     HealthServer,
     HealthState,
@@ -259,6 +260,10 @@ class _Engine:
             raise RuntimeError("engine core died")
 
 
+#: Longer than one turn of the loop's publishing task.
+_TURN = PUBLISH_INTERVAL_S + 0.1
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
@@ -268,15 +273,15 @@ async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(keep_current, state, lambda: executor, engine)
-            await anyio.sleep(0.1)
-            assert time.monotonic() - state.published.loop_turned_at < 0.1
+            await anyio.sleep(_TURN)
+            assert time.monotonic() - state.published.loop_turned_at < _TURN
             assert state.published.engine_error is None
             assert state.published.engine_checked_at > 0
             assert not state.published.refusing
             with executor.admission("test", cost=1):
-                await anyio.sleep(0.1)
+                await anyio.sleep(_TURN)
                 assert state.published.refusing  # the one place is held
-            await anyio.sleep(0.1)
+            await anyio.sleep(_TURN)
             assert not state.published.refusing
             engine.dead = True
             await anyio.sleep(ENGINE_CHECK_INTERVAL_S + 0.2)

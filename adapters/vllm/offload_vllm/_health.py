@@ -53,10 +53,12 @@ from ._seams import engine as engine_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
 
-#: How often the loop publishes its state: readiness follows admission to
-#: within this (a refusal lasts at least as long as one request's render, tens
-#: of ms), and 40 wake-ups a second cost the loop a few hundredths of a percent.
-PUBLISH_INTERVAL_S = 0.025
+#: How often the loop publishes its turn (and readiness, whose typical cost
+#: decays with time): liveness is judged over seconds, and admission changes
+#: are published at once (`admission_changed`), so a few wake-ups a second do.
+#: An idle server's loop wakes for this and the lag sampler alone (at 25 ms,
+#: an idle adapter server used ~10x the CPU of plain vLLM's).
+PUBLISH_INTERVAL_S = 0.25
 
 #: How often the loop runs vLLM's engine check (a flag read on vLLM's
 #: `AsyncLLM`): a dead engine is reported within this plus a probe period.
