@@ -615,3 +615,19 @@ def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
     )
     found = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum() and joined.fullmatch(chr(c))}
     assert found == set(_prefix.GRAPHEME_JOINED)
+
+
+@PROPERTY
+@given(
+    text=text_strategy | hostile_texts | st.text(alphabet="ab .\t", max_size=600),
+    count=st.integers(0, 60),
+    side=st.sampled_from(["left", "right"]),
+)
+def test_a_piece_holds_the_sure_piece_exactly_when_it_reaches_it(text: str, count: int, side: str) -> None:
+    """`_holds_sure` (what pricing asks after a text's first piece, reading
+    that piece alone) agrees with `_sure_piece` (where the sure piece ends,
+    read up to the limit) for every piece length, ASCII or not."""
+    reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
+    sure = _prefix._sure_piece(reach, count) or reach.limit + 1
+    for length in range(1, reach.limit + 1):
+        assert _prefix._holds_sure(reach, count, length) == (length >= sure), length

@@ -356,6 +356,18 @@ def _sure_piece(reach: _Reach, count: int) -> int | None:
     return len(classes) - len(parts[-1]) - 1
 
 
+def _holds_sure(reach: _Reach, count: int, length: int) -> bool:
+    """Whether the piece of `length` (at most the limit) is at least the sure
+    piece (`_sure_piece`), reading only the piece: for an ASCII one, its
+    safe cuts counted at memory speed (pricing asks this of every text on
+    the loop; finding where the sure piece ends reads up to the limit)."""
+    view = reach.view[: length + 1]
+    if not view.isascii():
+        found = _sure_piece(reach, count)
+        return found is not None and length >= found
+    return view.encode("ascii").translate(_ASCII_CLASSES).count(b"a ") >= count + 2
+
+
 def _pieces(reach: _Reach, count: int) -> Generator[int, None, bool]:
     """The lengths of the pieces to tokenize, in order, while none holds
     enough stable tokens; when they run out, the text is tokenized whole.
@@ -368,7 +380,9 @@ def _pieces(reach: _Reach, count: int) -> Generator[int, None, bool]:
     sure: int | None = None
     while length is not None:
         yield length
-        if sure is None:  # found only when the first guess was too short: most texts never look
+        if sure is None:
+            if _holds_sure(reach, count, length):  # most texts: the first guess was long enough
+                return True
             sure = _sure_piece(reach, count) or reach.limit + 1
         if length >= sure:
             return True
@@ -579,17 +593,25 @@ def pair_read_bound(query: str, document: str, count: int) -> int:
     pieces run out (`read_bound`), and where the query may hold more tokens
     than `count` (`_may_outgrow`: where `_pair_threshold` may pass the sure
     piece). At most twice the pair's length."""
+    return pair_read_bounds(query, document, count)[0]
+
+
+def pair_read_bounds(query: str, document: str, count: int) -> tuple[int, int]:
+    """`pair_read_bound(query, document, count)` and `read_bound(document,
+    count)`, the document's pieces on each side found once: pricing a pair
+    takes both (a cross-encoder's and a bi-encoder's reads)."""
+    reads = [_piece_reads(document, count, side) for side in _SIDES]
+    alone = max(read + (0 if sure else len(document)) for read, sure in reads)
     whole = len(query) + len(document)
     if not (query and document and _encodable(query) and _encodable(document)):
-        return whole  # tokenized whole (`encode_pair_truncated`)
+        return whole, alone  # tokenized whole (`encode_pair_truncated`)
     grows = _may_outgrow(query, count)
     bound = 0
-    for side in _SIDES:
-        read, sure = _piece_reads(document, count, side)
+    for read, sure in reads:
         read += len(query) if read else 0
         read += whole if grows or not sure else 0
         bound = max(bound, read)
-    return bound
+    return bound, alone
 
 
 #: More than the tokens per character of an ASCII query, besides three (a
@@ -663,15 +685,19 @@ def _layout(encoding: Any) -> _Layout | None:
     sequence_ids = list(encoding.sequence_ids(0))
     word_ids = encoding.word_ids(0)
     spans: list[slice] = []
+    # `list.count` and `index` rather than a Python loop over the tokens: this runs per pair.
     for sequence in (1, 0):
-        at = [i for i, s in enumerate(sequence_ids) if s == sequence]
-        if not at and sequence == 0:  # a query of no tokens (whitespace): just before the document's specials
+        tokens = sequence_ids.count(sequence)
+        if not tokens and sequence == 0:  # a query of no tokens (whitespace): just before the document's specials
             at_document = spans[0].start
             spans.append(slice(at_document, at_document))
             continue
-        if not at or at[-1] - at[0] + 1 != len(at) or any(word_ids[i] is None for i in at):
+        if not tokens:
             return None
-        spans.append(slice(at[0], at[-1] + 1))
+        span = slice(start := sequence_ids.index(sequence), start + tokens)
+        if sequence_ids[span].count(sequence) != tokens or None in word_ids[span]:
+            return None  # not contiguous, or a content token from no word
+        spans.append(span)
     document, query = spans
     if query.stop > document.start:
         return None
@@ -684,7 +710,7 @@ def _stable_words(word_ids: Sequence[int], side: Side) -> int:
     if not word_ids:
         return 0
     edge = max(word_ids) if side == "right" else min(word_ids)
-    return sum(1 for w in word_ids if w != edge)
+    return len(word_ids) - word_ids.count(edge)
 
 
 def encode_pair_truncated(
