@@ -624,10 +624,15 @@ def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
     side=st.sampled_from(["left", "right"]),
 )
 def test_a_piece_holds_the_sure_piece_exactly_when_it_reaches_it(text: str, count: int, side: str) -> None:
-    """`_holds_sure` (what pricing asks after a text's first piece, reading
-    that piece alone) agrees with `_sure_piece` (where the sure piece ends,
-    read up to the limit) for every piece length, ASCII or not."""
+    """`_sure_piece` ends past `count + 1` safe cuts (`_SAFE_CUT`), and
+    `_holds_sure` (what pricing asks after a text's first piece, reading
+    that piece alone) agrees with it for every piece length, ASCII or not."""
+    import itertools
+
     reach = _prefix._reach(text, count, side)  # type: ignore[arg-type]
+    cuts = _prefix._SAFE_CUT.finditer(reach.view, 0, reach.limit + 1)  # the rule, as it is written
+    last = next(itertools.islice(cuts, count + 1, None), None)
+    assert _prefix._sure_piece(reach, count) == (None if last is None else last.start() + 1)
     sure = _prefix._sure_piece(reach, count) or reach.limit + 1
     for length in range(1, reach.limit + 1):
         assert _prefix._holds_sure(reach, count, length) == (length >= sure), length
