@@ -221,6 +221,32 @@ def test_work_is_at_most_twice_the_whole_pairs_and_never_past_its_price(
     assert counted.characters <= price, (counted.characters, price)
 
 
+def test_vllms_render_drops_the_score_prompts_text() -> None:
+    """The scoring seam's `get_score_prompt` returns no text for a pair it
+    tokenizes by prefix (decoding the ids costs ~40% of tokenizing them):
+    sound only while vLLM's `CrossEncoderIOProcessor.render`, the one caller
+    that hands it the `TokenizeParams`, throws the text away."""
+    import ast
+    import inspect
+
+    from vllm.entrypoints.pooling.scoring import io_processor
+
+    # vLLM's source, not the class, which the seam may have patched in this process.
+    module = ast.parse(inspect.getsource(io_processor))
+    processor = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "CrossEncoderIOProcessor")
+    render = next(n for n in processor.body if isinstance(n, ast.FunctionDef) and n.name == "render")
+    calls = [
+        node for node in ast.walk(render)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "attr", None) == "get_score_prompt"
+    ]
+    assert len(calls) == 1
+    target = calls[0].targets[0]
+    assert isinstance(target, ast.Tuple)
+    assert isinstance(target.elts[0], ast.Name)
+    assert target.elts[0].id == "_"
+
+
 def test_the_scoring_seam_gives_vllms_own_score_prompt() -> None:
     """`CrossEncoderIOProcessor.get_score_prompt` as the scoring seam replaces
     it, against vLLM's own on the same processor state (MiniLM's tokenizer,

@@ -616,3 +616,24 @@ def test_the_letters_no_cut_is_next_to_are_unicodes() -> None:
     )
     found = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isalnum() and joined.fullmatch(chr(c))}
     assert found == set(_prefix.GRAPHEME_JOINED)
+
+
+@PROPERTY
+@given(
+    text=text_strategy | hostile_texts | st.text(alphabet="ab .\t", max_size=600),
+    count=st.integers(0, 60),
+    side=st.sampled_from(["left", "right"]),
+)
+def test_a_piece_holds_the_sure_piece_exactly_when_it_reaches_it(text: str, count: int, side: str) -> None:
+    """`_sure_piece` ends past `count + 1` safe cuts (`_SAFE_CUT`), and
+    `_holds_sure` (what pricing asks after a text's first piece, reading
+    that piece alone) agrees with it for every piece length, ASCII or not."""
+    import itertools
+
+    reach = _cuts._reach(text, count, side)  # type: ignore[arg-type]
+    cuts = _cuts._SAFE_CUT.finditer(reach.view, 0, reach.limit + 1)  # the rule, as it is written
+    last = next(itertools.islice(cuts, count + 1, None), None)
+    assert _cuts._sure_piece(reach, count) == (None if last is None else last.start() + 1)
+    sure = _cuts._sure_piece(reach, count) or reach.limit + 1
+    for length in range(1, reach.limit + 1):
+        assert _cuts._holds_sure(reach, count, length) == (length >= sure), length

@@ -278,8 +278,11 @@ def pairs_cost(
 def pair_cost(query: Any, document: Any, images: Images, cap: int, whole_pairs: bool = False) -> float:
     """The characters one scoring pair truncated to `cap` tokens costs (`pairs_cost`)."""
     if type(query) is str and type(document) is str:
-        pair = len(query) + len(document) if whole_pairs else _prefix.pair_read_bound(query, document, cap)
-        return float(max(pair, _prefix.read_bound(query, cap) + _prefix.read_bound(document, cap)))
+        if whole_pairs:
+            pair, alone = len(query) + len(document), _prefix.read_bound(document, cap)
+        else:
+            pair, alone = _prefix.pair_read_bounds(query, document, cap)
+        return float(max(pair, _prefix.read_bound(query, cap) + alone))
     return characters(query, images=images) + characters(document, images=images)
 
 

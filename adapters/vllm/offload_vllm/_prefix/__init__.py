@@ -65,7 +65,7 @@ are cut by the same argument applied to the document (`_pairs`).
 
 The map (one module each): `_plan`: whether a tokenizer is one this is sound
 for (`plan`, `pair_plan`). `_cuts`: safe cuts and the pieces tried.
-`_reads`: the characters read at most (`read_bound`, `pair_read_bound`),
+`_reads`: the characters read at most (`read_bound`, `pair_read_bound`, `pair_read_bounds`),
 which pricing uses. `_texts`: single texts (`encode_truncated`). `_pairs`:
 text pairs (`encode_pair_truncated`).
 """
@@ -81,5 +81,6 @@ from ._plan import pair_plan as pair_plan
 from ._plan import plan as plan
 from ._plan import unsound_because as unsound_because
 from ._reads import pair_read_bound as pair_read_bound
+from ._reads import pair_read_bounds as pair_read_bounds
 from ._reads import read_bound as read_bound
 from ._texts import encode_truncated as encode_truncated

@@ -64,15 +64,19 @@ def _layout(encoding: Any) -> _Layout | None:
     sequence_ids = list(encoding.sequence_ids(0))
     word_ids = encoding.word_ids(0)
     spans: list[slice] = []
+    # `list.count` and `index` rather than a Python loop over the tokens: this runs per pair.
     for sequence in (1, 0):
-        at = [i for i, s in enumerate(sequence_ids) if s == sequence]
-        if not at and sequence == 0:  # a query of no tokens (whitespace): just before the document's specials
+        tokens = sequence_ids.count(sequence)
+        if not tokens and sequence == 0:  # a query of no tokens (whitespace): just before the document's specials
             at_document = spans[0].start
             spans.append(slice(at_document, at_document))
             continue
-        if not at or at[-1] - at[0] + 1 != len(at) or any(word_ids[i] is None for i in at):
+        if not tokens:
             return None
-        spans.append(slice(at[0], at[-1] + 1))
+        span = slice(start := sequence_ids.index(sequence), start + tokens)
+        if sequence_ids[span].count(sequence) != tokens or None in word_ids[span]:
+            return None  # not contiguous, or a content token from no word
+        spans.append(span)
     document, query = spans
     if query.stop > document.start:
         return None
@@ -85,7 +89,7 @@ def _stable_words(word_ids: Sequence[int], side: Side) -> int:
     if not word_ids:
         return 0
     edge = max(word_ids) if side == "right" else min(word_ids)
-    return sum(1 for w in word_ids if w != edge)
+    return len(word_ids) - word_ids.count(edge)
 
 
 def encode_pair_truncated(

@@ -45,17 +45,25 @@ def pair_read_bound(query: str, document: str, count: int) -> int:
     pieces run out (`read_bound`), and where the query may hold more tokens
     than `count` (`_may_outgrow`: where `_pair_threshold` may pass the sure
     piece). At most twice the pair's length."""
+    return pair_read_bounds(query, document, count)[0]
+
+
+def pair_read_bounds(query: str, document: str, count: int) -> tuple[int, int]:
+    """`pair_read_bound(query, document, count)` and `read_bound(document,
+    count)`, the document's pieces on each side found once: pricing a pair
+    takes both (a cross-encoder's and a bi-encoder's reads)."""
+    reads = [_piece_reads(document, count, side) for side in _SIDES]
+    alone = max(read + (0 if sure else len(document)) for read, sure in reads)
     whole = len(query) + len(document)
     if not (query and document and _encodable(query) and _encodable(document)):
-        return whole  # tokenized whole (`encode_pair_truncated`)
+        return whole, alone  # tokenized whole (`encode_pair_truncated`)
     grows = _may_outgrow(query, count)
     bound = 0
-    for side in _SIDES:
-        read, sure = _piece_reads(document, count, side)
+    for read, sure in reads:
         read += len(query) if read else 0
         read += whole if grows or not sure else 0
         bound = max(bound, read)
-    return bound
+    return bound, alone
 
 
 #: More than the tokens per character of an ASCII query, besides three (a
