@@ -28,6 +28,11 @@ from benchmarks.suites import mixed as bench_mixed
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_SMOKE_TEST = {"mixed": "test_mixed_traffic_smoke_run_is_sane"}
+#: A suite that starts no server may still start worker processes that import
+#: heavy libraries (the image suite's import transformers): beside the vLLM
+#: suite, at a load of about 10 on two cores, that took over the 120 s that
+#: stop a hung test elsewhere (44 s at a load of 14 without memory pressure).
+NO_SERVER_TIMEOUT_S = 300
 
 
 def _constant(path: Path, name: str) -> object:
@@ -49,7 +54,7 @@ def _params() -> list[object]:
         if suite.name in OWN_SMOKE_TEST or suite.kind == "tool":
             continue
         timeout = _constant(_source(suite.module), "SMOKE_TIMEOUT_S")
-        marks = [pytest.mark.timeout(int(timeout)), pytest.mark.e2e] if timeout else []
+        marks = [pytest.mark.timeout(int(timeout)), pytest.mark.e2e] if timeout else [pytest.mark.timeout(NO_SERVER_TIMEOUT_S)]
         missing = [m for m in suite.requires if importlib.util.find_spec(m) is None]
         if missing:
             marks.append(pytest.mark.skip(reason=f"needs {', '.join(missing)} (not installed here)"))
