@@ -37,8 +37,7 @@ READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420")
 #: (`/proc/<pid>/stat`, alone).
 #: The API server and its engine core stay two processes (vLLM's server
 #: always runs them apart), and the adapter runs in the first: nothing it does
-#: is left out. (`LLM(...)` with it runs its engine in the caller's process:
-#: test_offline.)
+#: is left out. (test_offline's `LLM(...)` runs do not use it: see there.)
 ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from offload_vllm._kinds import STRATEGY_ROWS
 
-from ._server import ENGINE_IN_ONE_PROCESS, Server
+from ._server import Server
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,9 +30,11 @@ POOLED = [s for s, row in STRATEGY_ROWS.items() if row.kind.pool]
 
 def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
-    # The engine in this process (ENGINE_IN_ONE_PROCESS): the adapter's offline
-    # path is `LLM`'s render map, in this process either way.
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy, **ENGINE_IN_ONE_PROCESS)
+    # vLLM's own engine processes, as a user's `LLM(...)` runs: with the engine
+    # in this process (ENGINE_IN_ONE_PROCESS), vLLM's config holds the model's
+    # attention classes by the time the render map starts, and the `process`
+    # strategy cannot send it to its workers (a PicklingError at `LLM(...)`).
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy)
     if strategy in QUEUED:
         env["OFFLOAD_VLLM_MAX_QUEUE"] = "0"
     if strategy in POOLED:
