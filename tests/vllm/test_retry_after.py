@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from offload_vllm._admission_view import cost_to_drain, refuses_default_lane
+from offload_vllm._admission_view import cost_to_drain
 from offload_vllm._retry_after import (
     RATE_TIME_CONSTANT_S,
     RETRY_AFTER_CAP_S,
@@ -75,7 +75,7 @@ def held_executor() -> Iterator[tuple[offload.Executor, threading.Event]]:
 def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.Executor, threading.Event]) -> None:
     executor, _ = held_executor
     assert cost_to_drain(executor, None, 100.0) == 0.0
-    assert not refuses_default_lane(executor)
+    assert not executor.would_refuse()
     # `default`'s share is 250: 900 held there leaves the total 100 and the lane nothing.
     with executor.admission("test", cost=900.0):
         pass

@@ -19,12 +19,6 @@ import offload
 READY_AGAIN_FACTOR = 2.0
 
 
-def refuses_default_lane(executor: offload.Executor, cost: float = 1.0) -> bool:
-    """Whether admission would refuse a request of `cost` in the default lane
-    now (`Executor.would_refuse`, by admission's own rule)."""
-    return executor.would_refuse(cost=cost)
-
-
 @final
 class Readiness:
     """Whether readiness answers 503 for admission's sake (`refuses`)."""
@@ -47,7 +41,7 @@ class Readiness:
         1, the rule before, fits in a bound that refuses every real request
         (thousands of characters each)."""
         typical = self._typical_cost()
-        self.refusing = refuses_default_lane(executor, READY_AGAIN_FACTOR * typical if self.refusing else typical)
+        self.refusing = executor.would_refuse(cost=READY_AGAIN_FACTOR * typical if self.refusing else typical)
         return self.refusing
 
 
