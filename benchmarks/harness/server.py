@@ -58,8 +58,7 @@ class ServerConfig:
         and with the model run in the engine core's process rather than in a
         worker process of its own (`VLLM_ENABLE_V1_MULTIPROCESSING=0` lets
         vLLM's CPU platform keep its one-process executor): one import of
-        vLLM and torch fewer, which took the start of the overload suite's two
-        servers from 54 s to 25 s on 2 cores (one run each). The API server,
+        vLLM and torch fewer at every start. The API server,
         where the adapter runs, is the same process either way. Measured runs
         keep vLLM's defaults: compiled, the model in a worker process."""
         return dataclasses.replace(

@@ -32,9 +32,8 @@ READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420")
 #: for the frontend (`reserved_cpus=[1]` in the engine's log; every
 #: `VLLM::Worker` thread's `Cpus_allowed_list` is `0`): with the suite's ten
 #: servers up, every forward pass of every server ran on core 0, beside the
-#: other lane of `make test`. A third process also costs its import of vLLM:
-#: one thread server took 36 CPU-seconds to its /health, 24 with this
-#: (`/proc/<pid>/stat`, alone).
+#: other lane of `make test`. A third process also costs its own import of
+#: vLLM and torch at every start.
 #: The API server and its engine core stay two processes (vLLM's server
 #: always runs them apart), and the adapter runs in the first: nothing it does
 #: is left out. (test_offline's `LLM(...)` runs do not use it: see there.)

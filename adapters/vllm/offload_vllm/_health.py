@@ -56,8 +56,8 @@ logger = logging.getLogger("vllm.offload_vllm")
 #: How often the loop publishes its turn (and readiness, whose typical cost
 #: decays with time): liveness is judged over seconds, and admission changes
 #: are published at once (`admission_changed`), so a few wake-ups a second do.
-#: An idle server's loop wakes for this and the lag sampler alone (at 25 ms,
-#: an idle adapter server used ~10x the CPU of plain vLLM's).
+#: An idle server's loop wakes for this and the lag sampler alone, so it
+#: sets much of what an idle adapter server costs beside plain vLLM.
 PUBLISH_INTERVAL_S = 0.25
 
 #: How often the loop runs vLLM's engine check (a flag read on vLLM's
