@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     clients, per_client, size = (2, 1, 64) if args.smoke else (32, 4, 512)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=4, object_store_memory=100 << 20, include_dashboard=False,
+        # "local": its own instance; without an address Ray would join the
+        # cluster started last on this machine, with its load and its CPUs.
+        ray.init(address="local", num_cpus=4, object_store_memory=100 << 20, include_dashboard=False,
                  configure_logging=False)
     try:
         per_call = overhead(rounds, calls)

@@ -138,8 +138,10 @@ class RayStrategy(PooledStrategy[_Slot]):
         initargs: positional arguments for `initializer`.
         address: the cluster to join when this process is not yet connected:
             `"auto"` (a cluster started with `ray start` on this host),
-            `"ray://host:port"` (Ray Client), an IP and port, or `None`: a
-            cluster named by `RAY_ADDRESS`, else a new local instance.
+            `"ray://host:port"` (Ray Client), an IP and port, `"local"` (always
+            a new local instance) or `None`: Ray's choice (a cluster named by
+            `RAY_ADDRESS`, else the cluster started last on this host with
+            `ray start`, else a new local one).
         num_cpus: CPUs each actor reserves (fractions allowed). Default 1.
         resources: custom resources each actor reserves, e.g. `{"preprocess": 1}`.
         scheduling_strategy: where actors go: `"DEFAULT"`, `"SPREAD"` (one per
@@ -153,7 +155,8 @@ class RayStrategy(PooledStrategy[_Slot]):
         actor_stop_timeout: seconds `shutdown(wait=True)` waits for the actors
             it killed to be dead and their resources free (see Lifetime).
         ray_init_options: extra keyword arguments for `ray.init` when this
-            executor starts the connection (`num_cpus`, `object_store_memory`, ...).
+            executor starts the connection (`num_cpus`, `object_store_memory`, ...;
+            not `address`: `ConfigError`).
     """
 
     name = "ray"
@@ -195,6 +198,9 @@ class RayStrategy(PooledStrategy[_Slot]):
         self._actor_stop_timeout = check_positive_number(actor_stop_timeout, "actor_stop_timeout")
         if ray_init_options is not None and not isinstance(ray_init_options, Mapping):
             raise offload.ConfigError(f"ray_init_options must be a mapping, got {ray_init_options!r}")
+        if ray_init_options is not None and "address" in ray_init_options:
+            # `ray.init(address=address, **ray_init_options)` would fail late, at the first call.
+            raise offload.ConfigError("ray_init_options must not hold 'address': pass address=... to the strategy")
         self._address = address
         self._resources = dict(resources or {})
         self._scheduling_strategy = scheduling_strategy

@@ -21,10 +21,17 @@ os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 #: smallest object store Ray accepts comfortably, and every address on loopback.
 NODE: dict[str, Any] = {"object_store_memory": 100 << 20}
 
-LOCAL_RAY: dict[str, Any] = {
+#: `ray.init` options of a test's own local instance (`ray_init_options`).
+LOCAL_RAY_OPTIONS: dict[str, Any] = {
     **NODE,
     "num_cpus": 8,
     "include_dashboard": False,
     "_node_ip_address": "127.0.0.1",
     "configure_logging": False,
 }
+
+#: `ray.init(**LOCAL_RAY)`: a new local instance, whatever else runs here.
+#: Without an address Ray joins the cluster started last on this machine
+#: (`ray start`, or `ray.cluster_utils.Cluster` as the vLLM suite under `ray`
+#: starts one, when both suites run at once) and then refuses `num_cpus`.
+LOCAL_RAY: dict[str, Any] = {"address": "local", **LOCAL_RAY_OPTIONS}

@@ -214,3 +214,43 @@ def test_joins_an_existing_cluster_by_address(cluster: Cluster, how: str) -> Non
     ran_on = result.stdout.split("ran on ", 1)[1].split()[0]
     assert ran_on in nodes
     assert "actors left 0" in result.stdout
+
+
+OWN_OR_JOINED = textwrap.dedent(
+    """
+    import os, sys
+    import ray_settings  # loopback settings, before ray
+    import ray
+    import offload
+    from offload_ray import RayStrategy
+
+    if sys.argv[1] == "local":
+        ex = offload.Executor(RayStrategy(1, num_cpus=0.5, address="local",
+                                          ray_init_options=ray_settings.LOCAL_RAY_OPTIONS))
+        assert ex.submit(os.getpid).result(timeout=120) > 0
+        ex.shutdown()
+    else:
+        ray.init()  # what the strategy's address=None leaves to Ray
+    print("gcs", ray.get_runtime_context().gcs_address)
+    """
+)
+
+
+@pytest.mark.parametrize("address", [None, "local"])
+def test_without_an_address_ray_joins_the_cluster_started_here_and_local_never_does(
+    cluster: Cluster, address: str | None
+) -> None:
+    # What docs/ray.md says of `address=`: Ray's default joins the cluster
+    # started last on this host (it keeps the address in its temp directory),
+    # as a test suite's own local instance once did beside another suite's
+    # cluster; "local" starts a new instance whatever runs here.
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", OWN_OR_JOINED, address or ""],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    gcs = result.stdout.split("gcs ", 1)[1].split()[0]
+    assert (gcs == cluster.address) == (address is None), (gcs, cluster.address)

@@ -223,6 +223,8 @@ async def test_bad_options_fail_at_construction() -> None:
         offload.Executor(RayStrategy(1, num_cpus=-1))
     with pytest.raises(offload.ConfigError, match="address"):
         offload.Executor(RayStrategy(1, address=""))
+    with pytest.raises(offload.ConfigError, match="must not hold 'address'"):
+        offload.Executor(RayStrategy(1, ray_init_options={"address": "local"}))
     with pytest.raises(offload.ConfigError, match="resources"):
         offload.Executor(RayStrategy(1, resources={"gpu_like": -2}))
     with pytest.raises(offload.ConfigError, match="actor_stop_timeout"):

@@ -46,8 +46,8 @@ def test_an_executor_that_started_ray_itself_survives_its_own_shutdown() -> None
         import offload
 
         for attempt in range(3):
-            ex = offload.get_executor("ray", max_workers=1, num_cpus=0.5,
-                                      ray_init_options={**ray_settings.LOCAL_RAY, "num_cpus": 2})
+            ex = offload.get_executor("ray", max_workers=1, num_cpus=0.5, address="local",
+                                      ray_init_options={**ray_settings.LOCAL_RAY_OPTIONS, "num_cpus": 2})
             print("call", attempt, ex.submit(os.getpid).result(timeout=300) > 0, flush=True)
             ex.shutdown(wait=True)
         print("done", flush=True)
@@ -155,9 +155,9 @@ def test_shutdown_with_wait_returns_once_the_actors_resources_are_back() -> None
         import offload
         from offload_ray import RayStrategy
 
-        options = {{**ray_settings.LOCAL_RAY, "num_cpus": 2}}
+        options = {{**ray_settings.LOCAL_RAY_OPTIONS, "num_cpus": 2}}
         for attempt in range(3):
-            ex = offload.Executor(RayStrategy(2, ray_init_options=options, actor_start_timeout=120))
+            ex = offload.Executor(RayStrategy(2, address="local", ray_init_options=options, actor_start_timeout=120))
             ex.start()  # both actors placed; fails if one is not within 120 s
             held_by_then = time.monotonic() + 120
             while ray.available_resources().get("CPU", 0.0) > 0 and time.monotonic() < held_by_then:
