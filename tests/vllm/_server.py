@@ -36,7 +36,9 @@ READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420")
 #: vLLM and torch at every start.
 #: The API server and its engine core stay two processes (vLLM's server
 #: always runs them apart), and the adapter runs in the first: nothing it does
-#: is left out. (test_offline's `LLM(...)` runs do not use it: see there.)
+#: is left out. In test_offline's `LLM(...)` runs the engine and the model
+#: then run in the caller's process, the harder case for the `process`
+#: strategy (vLLM's config holds the live model; see there).
 ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

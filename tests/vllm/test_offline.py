@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from offload_vllm._kinds import STRATEGY_ROWS
 
-from ._server import Server
+from ._server import ENGINE_IN_ONE_PROCESS, Server
 from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,11 +30,14 @@ POOLED = [s for s, row in STRATEGY_ROWS.items() if row.kind.pool]
 
 def run_offline(strategy: str, model_dirs: dict[str, Path], log: Path) -> dict[str, list[float]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
-    # vLLM's own engine processes, as a user's `LLM(...)` runs: with the engine
-    # in this process (ENGINE_IN_ONE_PROCESS), vLLM's config holds the model's
-    # attention classes by the time the render map starts, and the `process`
-    # strategy cannot send it to its workers (a PicklingError at `LLM(...)`).
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy)
+    # The engine and the model in the caller's process: vLLM's config then
+    # holds the model's layers when the render map starts, with attention
+    # classes made at run time that pickle cannot send, and the `process`
+    # strategy's workers get the config without them (a PicklingError at
+    # `LLM(...)` before). With vLLM's default engine processes the config
+    # holds no model, as in a server (the shared servers' `process` rows),
+    # and each engine costs two more processes importing vLLM and torch.
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OFFLOAD_VLLM_STRATEGY=strategy, **ENGINE_IN_ONE_PROCESS)
     if strategy in QUEUED:
         env["OFFLOAD_VLLM_MAX_QUEUE"] = "0"
     if strategy in POOLED:

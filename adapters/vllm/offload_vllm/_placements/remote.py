@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import _workers
 from .._kinds import REMOTE, StrategyRow
+from .._seams import config as config_seam
 from .._seams import io_processor as io_processor_seam
 from .._seams import serving as serving_seam
 from .base import Call, Placement
@@ -26,7 +27,7 @@ class Remote(Placement):
     def executor_options(cls, vllm_config: Any, row: StrategyRow, *, prefix_tokenize: bool = True) -> dict[str, Any]:
         return {
             "initializer": _workers.init_remote_worker,
-            "initargs": (vllm_config, row.titles_workers, prefix_tokenize),
+            "initargs": (config_seam.without_live_model(vllm_config), row.titles_workers, prefix_tokenize),
         }
 
     def render_call(self, io_processor: Any) -> Call:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 #: `SchedulerConfig.policy` under which vLLM runs requests by their `priority`.
@@ -29,3 +30,18 @@ def scheduling_policy(vllm_config: Any) -> str:
 def served_model_name(vllm_config: Any) -> str:
     """The name the model is served under (`--served-model-name`)."""
     return str(vllm_config.model_config.served_model_name)
+
+
+def without_live_model(vllm_config: Any) -> Any:
+    """`vllm_config` as a worker process needs it to build a renderer: without
+    the model layers that an engine running in this process (`LLM(...)` with
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`) registers in
+    `compilation_config.static_forward_context`, whose attention classes vLLM
+    makes at run time and pickle cannot send. The original is left as it is."""
+    compilation = vllm_config.compilation_config
+    if not compilation.static_forward_context:
+        return vllm_config
+    sendable = copy.copy(vllm_config)
+    sendable.compilation_config = copy.copy(compilation)
+    sendable.compilation_config.static_forward_context = {}
+    return sendable
