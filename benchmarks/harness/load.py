@@ -149,9 +149,16 @@ def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, fl
     return quantiles_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)], "less_wait")
 
 
-async def post_json(session: Any, url: str, payload: Payload) -> int:
-    """POST one request; returns the prompt tokens the server counted."""
-    async with session.post(url, json=payload) as resp:
+#: The header of a body sent as JSON bytes already encoded.
+_JSON = {"Content-Type": "application/json"}
+
+
+async def post_json(session: Any, url: str, payload: Payload | bytes) -> int:
+    """POST one request, `payload` or JSON bytes already encoded
+    (`workloads.Rotation.body`: not encoded again per request); returns the
+    prompt tokens the server counted."""
+    sent = {"data": payload, "headers": _JSON} if isinstance(payload, bytes) else {"json": payload}
+    async with session.post(url, **sent) as resp:
         body = await resp.json()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
@@ -161,11 +168,13 @@ async def post_json(session: Any, url: str, payload: Payload) -> int:
 async def closed_loop(
     url: str,
     clients: int,
-    make_payload: Callable[[int], Payload],
+    make_payload: Callable[[int], Payload | bytes],
     duration_s: float,
     max_requests: int,
 ) -> tuple[list[float], int, int, float, str]:
     """`clients` concurrent clients, each sending its next request when the last one answers.
+
+    `make_payload(n)` is request `n`'s payload, or its JSON bytes (`post_json`).
 
     Stops at `duration_s` or after `max_requests` in all. Returns the latencies
     (s), prompt tokens, errors, the wall time and the first error's message.
@@ -205,7 +214,7 @@ def run_level(
     base_url: str,
     path: str,
     clients: int,
-    make_payload: Callable[[int], Payload],
+    make_payload: Callable[[int], Payload | bytes],
     duration_s: float,
     max_requests: int,
 ) -> LevelResult:

@@ -12,7 +12,14 @@ row being measured gets traffic. For every block and row:
   and the engine (engine core + model worker), and their total;
 - the projected ceiling of one API server: 1 / (loop-thread CPU per request),
   requests/s one API server could take before its loop is saturated; unlike
-  throughput on this 2-core machine, it carries to a host with free cores.
+  throughput on this 2-core machine, it carries to a host with free cores;
+- the load generator's own CPU per request (this process: the closed-loop
+  clients; request bodies are JSON encoded once, `workloads.Rotation`);
+- where the machine's cores went meanwhile (`procstat.cores_used`): the
+  measured server, the load generator, the `/health` prober, the servers
+  taking no traffic, every other process on the machine, idle, steal; and
+  the load average at the block's end. A row's requests/s follows its CPU
+  per request only where its server had the same share of the cores.
 
 Each strategy's figures are compared with vLLM's default *per round* (the
 blocks of one round ran minutes apart at most); the report gives the median
@@ -48,6 +55,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -125,6 +133,17 @@ SWITCH_NAMES = {
     "preempted": "preempted (involuntary)",
 }
 
+#: Where the machine's cores went during a block (`procstat.cores_used`).
+CORE_NAMES = {
+    "server": "server measured",
+    "client": "load generator",
+    "prober": "/health prober",
+    "others": "servers taking no traffic",
+    "rest": "other processes",
+    "idle": "idle",
+    "steal": "steal",
+}
+
 
 def config(row: str) -> ServerConfig:
     args = ("--gpu-memory-utilization", MEMORY_FRACTION)
@@ -139,13 +158,18 @@ def config(row: str) -> ServerConfig:
 
 
 def measure_block(
-    url: str, pid: int, clients: int, make_payload: Any, seconds: float, path: str = "/v1/embeddings"
+    url: str, pid: int, clients: int, make_payload: Any, seconds: float, path: str = "/v1/embeddings",
+    others: Collection[int] = (),
 ) -> dict[str, Any]:
-    before = procstat.snapshot(pid)
+    """One block of `clients` closed-loop clients on the server at `url`
+    (API server `pid`) for `seconds`; `others`: the process groups of the
+    servers taking no traffic meanwhile (counted apart in `cores`)."""
+    machine_before, before = procstat.machine(others), procstat.snapshot(pid)
     level = load.run_level(url, path, clients, make_payload, seconds, max_requests=10**9)
-    after = procstat.snapshot(pid)
+    after, machine_after = procstat.snapshot(pid), procstat.machine(others)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
+    client = machine_after.client - machine_before.client
     return {
         "requests": level.requests,
         "errors": level.errors,
@@ -155,6 +179,9 @@ def measure_block(
         "p99_ms": level.p99_ms,
         "health_p99_ms": level.health.get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
+        "client_cpu_ms_per_request": 1e3 * client / done,
+        "cores": procstat.cores_used(machine_before, machine_after, used["total"]),
+        "load_average": os.getloadavg()[0],
         "loop_switches_per_request": {
             kind: count / done for kind, count in procstat.loop_switches(before, after).items()
         },
@@ -168,6 +195,10 @@ def _metric(block: dict[str, Any], name: str) -> float:
     if name.startswith("switches:"):
         # Older results have no switch counts.
         return float(block.get("loop_switches_per_request", {}).get(name[9:], 0.0))
+    if name.startswith("cores:"):
+        return float(block["cores"][name[6:]])
+    if name == "client":
+        return float(block["client_cpu_ms_per_request"])
     if name == "ceiling":
         loop_ms = block["cpu_ms_per_request"]["loop"]
         return 1e3 / loop_ms if loop_ms > 0 else 0.0
@@ -179,10 +210,12 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
         *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
     ]
+    # Results from before the load generator and the machine were measured have neither.
+    measured = [*metrics, "client", "load_average", *(f"cores:{k}" for k in CORE_NAMES)]
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
         summary[row] = {"values": {}, "ratio": {}}
-        for metric in metrics:
+        for metric in measured if all("cores" in b for b in row_blocks) else metrics:
             values = [_metric(b, metric) for b in row_blocks]
             summary[row]["values"][metric] = stats.median_interval(values).__dict__
             if row != DEFAULT and DEFAULT in blocks:
@@ -349,13 +382,15 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "CPU per completed request (ms), from `/proc`:",
         "",
-        "| row | " + " | ".join(PART_NAMES.values()) + " | projected ceiling of one API server (req/s) |",
-        "|---|" + "---|" * (len(PART_NAMES) + 1),
+        "| row | " + " | ".join(PART_NAMES.values())
+        + " | projected ceiling of one API server (req/s) | load generator (the clients, not the server) |",
+        "|---|" + "---|" * (len(PART_NAMES) + 2),
     ]
     for row in rows:
         v = summary[row]["values"]
         cells = [_fmt(v[f"cpu:{p}"]) for p in PART_NAMES]
-        lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['ceiling'], 0)} |")
+        client = _fmt(v["client"]) if "client" in v else "–"
+        lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['ceiling'], 0)} | {client} |")
     lines += [
         "",
         "Paired ratios to vLLM default (per round; < 1 is less CPU):",
@@ -384,6 +419,22 @@ def markdown(result: dict[str, Any]) -> str:
         v = summary[row]["values"]
         cells = [_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if all(f"cores:{k}" in summary[row]["values"] for row in rows for k in CORE_NAMES):
+        lines += [
+            "",
+            (
+                "Where the machine's cores went during each row's blocks (CPU seconds per second, "
+                f"from `/proc`; they add up to the {len(os.sched_getaffinity(0))} CPUs), and the load "
+                "average at the blocks' ends:"
+            ),
+            "",
+            "| row | " + " | ".join(CORE_NAMES.values()) + " | load average |",
+            "|---|" + "---|" * (len(CORE_NAMES) + 1),
+        ]
+        for row in rows:
+            v = summary[row]["values"]
+            cells = [_fmt(v[f"cores:{k}"]) for k in CORE_NAMES]
+            lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['load_average'], 1)} |")
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
     lines += [
@@ -429,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
             make_payload = WORKLOADS[args.workload][1](str(model))
+        send = make_payload.body  # the bodies as JSON bytes, encoded once (here, before any block)
+        send(0)
         began = time.perf_counter()
         # Started together; all stay up.
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
@@ -442,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_s = time.perf_counter() - began
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
-                measure_block(url, pid, min(clients, 8), make_payload, 2.0, path)
+                measure_block(url, pid, min(clients, 8), send, 2.0, path)
         same = same_answers(servers, path, make_payload) if args.workload in MODEL_WORKLOADS else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         with progress.Progress(rounds * len(rows), "paired blocks") as bar:
@@ -451,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
                 shuffle.shuffle(order)
                 for row in order:
                     url, pid = servers[row]
-                    block = measure_block(url, pid, clients, make_payload, seconds, path)
+                    # running_servers starts each in its own session: its group's id is its pid.
+                    others = [other_pid for other, (_, other_pid) in servers.items() if other != row]
+                    block = measure_block(url, pid, clients, send, seconds, path, others)
                     blocks[row].append(block)
                     bar.step(f"round {round_number + 1} {row}")
                     bar.note(
