@@ -72,6 +72,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
     # What prefix tokenization and cross-request batches add (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
+    # A new user's servers: as many workers as the strategy picks (`thread`:
+    # min(32, cpus + 4) threads; `process`: one per CPU).
+    "thread defaults": ("thread", {}),
+    "process defaults": ("process", {}),
 }
 ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
 #: Two workers where the strategy has a pool: as many as this machine has cores.
