@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 
 import psutil
 
@@ -214,22 +215,23 @@ def new_workers(before: Snapshot, after: Snapshot) -> int:
     return len(set(after.workers) - set(before.workers))
 
 
-def memory_mib(api_pid: int) -> dict[str, float]:
-    """Proportional set size (MiB: pages shared between processes split among
-    them) of the API server process (`api`), of offload's worker processes
-    together (`workers`, and how many: `worker_processes`), and of the rest of
-    its tree (`engine`); `{}` where `/proc` cannot be read."""
+def memory_mib(api_pid: int, kind: Literal["pss", "rss"] = "pss") -> dict[str, float]:
+    """Proportional set size (`pss`, MiB: pages shared between processes split
+    among them; or the resident set size, `rss`, each process counted whole)
+    of the API server process (`api`), of offload's worker processes together
+    (`workers`, and how many: `worker_processes`), and of the rest of its tree
+    (`engine`); `{}` where `/proc` cannot be read."""
     out = {"api": 0.0, "workers": 0.0, "worker_processes": 0.0, "engine": 0.0}
     try:
-        out["api"] = psutil.Process(api_pid).memory_full_info().pss / 2**20
+        out["api"] = getattr(psutil.Process(api_pid).memory_full_info(), kind) / 2**20
         children = psutil.Process(api_pid).children(recursive=True)
         for child in children:
-            pss = child.memory_full_info().pss / 2**20
+            used = getattr(child.memory_full_info(), kind) / 2**20
             if " ".join(child.cmdline()).startswith(WORKER_TITLE):
-                out["workers"] += pss
+                out["workers"] += used
                 out["worker_processes"] += 1
             else:
-                out["engine"] += pss
+                out["engine"] += used
     except (psutil.Error, AttributeError):
         return {}
     return out

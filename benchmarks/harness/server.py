@@ -192,12 +192,13 @@ def running_servers(
     model: Path,
     log_paths: Mapping[str, Path],
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    poll_s: float = 1.0,
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """Every configuration's server, started together: the (URL, API server
-    pid) of each by key once all are ready. A start is mostly one process
-    importing (one core), so on 2 cores two start in little more time than
-    one. Every process group is stopped on exit; `ServerFailed` if any server
-    exits or is not ready within `ready_timeout`."""
+    pid) of each by key once all are ready (`/health` asked every `poll_s`).
+    A start is mostly one process importing (one core), so on 2 cores two
+    start in little more time than one. Every process group is stopped on
+    exit; `ServerFailed` if any server exits or is not ready within `ready_timeout`."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_stopped_by_sigterm())
         started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
@@ -228,5 +229,5 @@ def running_servers(
                 names = ", ".join(configs[key].name for key in waiting)
                 raise ServerFailed(f"{names}: not ready after {ready_timeout:.0f} s; see {log_paths}")
             if waiting:
-                time.sleep(1.0)
+                time.sleep(poll_s)
         yield {key: (url, proc.pid) for key, (url, proc) in started.items()}

@@ -203,6 +203,11 @@ ROWS: dict[str, Row] = {row.name: row for row in (
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes",)),
     Row(ServerConfig("process lanes + priority", "process", (*TWO_WORKERS, *PRIORITY_POLICY, ENGINE_PRIORITY)),
         needs=(SCHEDULING,), fifo="process fifo", against=("process lanes", "vLLM default + priority")),
+    # A new user's servers: the strategy and nothing else, so as many workers as
+    # the strategy picks (`thread`: min(32, cpus + 4) threads; `process`: one per CPU).
+    Row(ServerConfig("thread defaults", "thread"), needs=(SCHEDULING,), against=("thread lanes",)),
+    Row(ServerConfig("process defaults", "process"), needs=(SCHEDULING,),
+        against=("process lanes", "thread defaults")),
 )}
 STANDARD_ROWS = (DEFAULT, "thread fifo", "process fifo", "thread lanes", "process lanes")
 SMOKE_ROWS = (DEFAULT, "thread fifo")  # runs on every adapter, today's and later ones

@@ -80,8 +80,24 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
     # What prefix tokenization and cross-request batches add (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
+    # A new user's servers: as many workers as the strategy picks (`thread`:
+    # min(32, cpus + 4) threads; `process`: one per CPU).
+    "thread defaults": ("thread", {}),
+    "process defaults": ("process", {}),
 }
 ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
+#: Rows paired per round with other rows besides vLLM's default: what a new user's
+#: worker count changes, and `process` against a new user's `thread`.
+AGAINST: dict[str, tuple[str, ...]] = {
+    "thread defaults": ("thread",),
+    "process": ("thread defaults",),
+    "process defaults": ("thread defaults", "process"),
+}
+#: The figures of those pairings.
+AGAINST_METRICS = {
+    "requests_per_s": "requests/s", "p99_ms": "latency p99", "health_p99_ms": "/health p99",
+    "cpu:loop": "loop thread CPU/request", "cpu:api": "API-server CPU/request", "cpu:total": "total CPU/request",
+}
 #: Two workers where the strategy has a pool: as many as this machine has cores.
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
@@ -223,6 +239,19 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 ratios = stats.paired_ratios(values, base)
                 if ratios:
                     summary[row]["ratio"][metric] = stats.median_interval(ratios).__dict__
+        for other in AGAINST.get(row, ()):
+            if other not in blocks:
+                continue
+            ratios_by_metric = {
+                metric: stats.paired_ratios(
+                    [_metric(b, metric) for b in row_blocks], [_metric(b, metric) for b in blocks[other]]
+                )
+                for metric in AGAINST_METRICS
+            }
+            if all(ratios_by_metric.values()):
+                summary[row].setdefault("against", {})[other] = {
+                    metric: stats.median_interval(ratios).__dict__ for metric, ratios in ratios_by_metric.items()
+                }
     return summary
 
 
@@ -404,6 +433,20 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES]
         cells.append(_ratio_cell(summary[row], "ceiling", higher="higher", lower="lower"))
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    against = [(row, other) for row in rows for other in summary[row].get("against", {})]
+    if against:
+        lines += [
+            "",
+            "Paired ratios between rows (per round, row / baseline):",
+            "",
+            "| row | baseline | " + " | ".join(AGAINST_METRICS.values()) + " |",
+            "|---|---|" + "---|" * len(AGAINST_METRICS),
+        ]
+        lines += [
+            f"| {row} | {other} | "
+            + " | ".join(f"{_fmt(summary[row]['against'][other][m])}x" for m in AGAINST_METRICS) + " |"
+            for row, other in against
+        ]
     lines += [
         "",
         (

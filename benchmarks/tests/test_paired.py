@@ -1,0 +1,33 @@
+"""The paired suite's report from made-up rounds (no vLLM): rows paired with other rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.suites import paired
+
+
+def _block(scale: float) -> dict[str, Any]:
+    return {
+        "requests": 100, "errors": 0, "first_error": None, "requests_per_s": 10 * scale, "p50_ms": 5.0,
+        "p99_ms": 9 * scale, "health_p99_ms": 3 * scale,
+        "cpu_ms_per_request": dict.fromkeys(paired.PART_NAMES, scale),
+        "loop_switches_per_request": dict.fromkeys(paired.SWITCH_NAMES, 1.0), "new_workers": 0,
+    }
+
+
+def test_rows_are_paired_per_round_with_the_rows_they_name() -> None:
+    blocks = {
+        paired.DEFAULT: [_block(1.0), _block(2.0), _block(3.0)],
+        "thread defaults": [_block(1.0), _block(2.0), _block(3.0)],
+        "process": [_block(2.0), _block(4.0), _block(6.0)],  # twice thread defaults', round by round
+    }
+    summary = paired.summarize(blocks)
+    ratio = summary["process"]["against"]["thread defaults"]["health_p99_ms"]
+    assert (ratio["median"], ratio["low"], ratio["high"]) == (2.0, 2.0, 2.0)
+    assert "against" not in summary["thread defaults"]  # its baseline (`thread`) was not run
+    result = {
+        "argv": ["--workload", "truncated"], "machine": "2 CPUs", "started": "today", "clients": 64, "rounds": 3,
+        "seconds": 8.0, "blocks": blocks, "startup_s": 60.0, "workload": "truncated", "summary": summary,
+    }
+    assert "| process | thread defaults | 2.00 [2.00, 2.00]x |" in paired.markdown(result)
