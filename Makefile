@@ -79,10 +79,10 @@ docs: $(STAMP)
 # suite, the benchmarks' harness. What starts vLLM servers of its own (the
 # vLLM suite under the ray strategy, the benchmark suites in smoke mode) waits
 # for the vLLM suite to end, as beside its shared servers they ran out of
-# memory once; then it takes whichever slot is free. --keep-going: one failing
-# stage does not hide the others' results. Each stage's output is printed
-# whole when it ends.
-TEST_GOALS := test-vllm lint typecheck docs test-core test-ray-plugin test-bench test-ray-vllm test-bench-smoke
+# memory once; then it takes whichever slot is free, the longer (benchmark
+# smoke) first. --keep-going: one failing stage does not hide the others'
+# results. Each stage's output is printed whole when it ends.
+TEST_GOALS := test-vllm lint typecheck docs test-core test-ray-plugin test-bench test-bench-smoke test-ray-vllm
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --keep-going --output-sync=target TEST_ORDER=1 $(TEST_GOALS)
 
