@@ -75,6 +75,18 @@ def header(title: str, info: dict[str, Any]) -> str:
     )
 
 
+def run_line(result: dict[str, Any]) -> str:
+    """The meta line of a run that starts servers: its command, the machine,
+    the commit (and whether the tree was dirty), versions and the load average."""
+    info = result["machine"]
+    return (
+        f"`{result['command']}` on {info['cpus']} CPUs ({info['platform']}), {info['date']}, commit "
+        f"`{info['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`; "
+        f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
+        f"{result['loadavg_before']} before, {result['loadavg_after']} after."
+    )
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -789,16 +789,12 @@ def markdown(result: dict[str, Any]) -> str:
         return f"# Mixed traffic, `{result['variant']}`\n\nNot run: {result['skipped']}\n"
     summary = result["summary"]
     rows = list(summary["rows"])
-    info = result["machine"]
     coverage = stats.median_interval([0.0] * result["rounds"]).coverage
     lines = [
         f"# Mixed traffic, `{result['variant']}`",
         "",
         "<!-- --8<-- [start:meta] -->",
-        (f"`{result['command']}` on {info['cpus']} CPUs ({info['platform']}), {info['date']}, commit "
-         f"`{info['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`; "
-         f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
-         f"{result['loadavg_before']} before, {result['loadavg_after']} after."),
+        _common.run_line(result),
         "",
         (f"{VARIANTS[result['variant']].description}. Small requests: {_small_traffic(result)}, alone and then with "
          f"{_heavy_traffic(result)} (after a {result['ramp_s']:g} s ramp); {result['rounds']} "

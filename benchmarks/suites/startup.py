@@ -141,16 +141,13 @@ def _fmt(interval: dict[str, float], digits: int) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    info, summary = result["machine"], result["summary"]
+    summary = result["summary"]
     coverage = stats.median_interval([0.0] * result["rounds"]).coverage
     lines = [
         "# Start-up and memory, per strategy",
         "",
         "<!-- --8<-- [start:meta] -->",
-        (f"`{result['command']}` on {info['cpus']} CPUs ({info['platform']}), {info['date']}, commit "
-         f"`{info['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`; "
-         f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
-         f"{result['loadavg_before']} before, {result['loadavg_after']} after."),
+        _common.run_line(result),
         "",
         (f"Tiny BERT embeddings. Each round started every row's server alone, rows in a fresh random order; "
          f"ready: start to the first 200 of `/health` (asked every {POLL_S:g} s); then one small request (one "
