@@ -87,3 +87,22 @@ def test_the_benchmarks_page_names_every_suite() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     table = page[page.index("## Run a suite"):page.index("## Headline results")]
     assert [s.name for s in SUITES if f"`{s.name}`" not in table] == []
+
+
+def test_every_benchmark_command_in_the_docs_names_a_suite_or_command_that_exists() -> None:
+    # The docs quote the commands behind their figures; a renamed suite or an
+    # old per-suite module (`python -m benchmarks.bench_overload`) left there
+    # would send a reader to a command that no longer runs.
+    known = {s.name for s in SUITES} | {"compare", "plots", "SUITE", "NAME"}
+    stale: list[str] = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = path.read_text()
+        if path.name == "index.md" and path.parent.name == "decisions":
+            # It says what the commands were called before the one entry point.
+            text = text.replace("python -m benchmarks.bench_SUITE", "")
+        stale += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in re.finditer(r"python -m benchmarks\.\w+", text)]
+        for m in re.finditer(r"python -m benchmarks ([\w-]+)", text):
+            name = m.group(1)
+            if name not in known and not name.startswith("-"):
+                stale.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    assert stale == []
