@@ -22,6 +22,11 @@ HOST = "127.0.0.1"
 DEFAULT_READY_TIMEOUT = 600.0
 MEMORY_FRACTION = 0.1
 
+#: vLLM's model in its engine core's process, not a worker process of its
+#: own, which vLLM's CPU build pins to core 0 and which imports vLLM and torch
+#: once more at every start (smoke servers here, every test server).
+ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -64,7 +69,7 @@ class ServerConfig:
         return dataclasses.replace(
             self,
             extra_args=(*self.extra_args, "--enforce-eager"),
-            env={**self.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            env={**self.env, **ENGINE_IN_ONE_PROCESS},
         )
 
     def environment(self) -> dict[str, str]:

@@ -19,8 +19,7 @@ class Rotation:
 
     Calling it gives the payload (a dict); `body(i)` gives the same payload
     as JSON bytes, encoded once for the whole run, so that a load generator
-    spends no CPU per request re-encoding a body of up to a megabyte (a
-    reranked request's ~0.9 MB cost ~3 ms to encode each time)."""
+    spends no CPU per request re-encoding a body of up to a megabyte."""
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         if not payloads:

@@ -20,6 +20,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness import server as harness_server
 from offload._strategies._wire import SHM_DIR, shm_prefix
 
 K = TypeVar("K")
@@ -39,7 +40,7 @@ READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420")
 #: is left out. In test_offline's `LLM(...)` runs the engine and the model
 #: then run in the caller's process, the harder case for the `process`
 #: strategy (vLLM's config holds the live model; see there).
-ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_IN_ONE_PROCESS = harness_server.ENGINE_IN_ONE_PROCESS
 
 
 def load_client(connections: int, timeout: float = 300) -> httpx.AsyncClient:
