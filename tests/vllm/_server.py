@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import server as harness_server
 from offload._strategies._wire import SHM_DIR, shm_prefix
+
+from ._server_fork import ForkedProcess, forked
 
 K = TypeVar("K")
 
@@ -41,6 +43,9 @@ READY_TIMEOUT_S = float(os.environ.get("OFFLOAD_TEST_VLLM_READY_TIMEOUT", "420")
 #: then run in the caller's process, the harder case for the `process`
 #: strategy (vLLM's config holds the live model; see there).
 ENGINE_IN_ONE_PROCESS = harness_server.ENGINE_IN_ONE_PROCESS
+
+#: In every test server's environment.
+COMMON_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **ENGINE_IN_ONE_PROCESS}
 
 
 def load_client(connections: int, timeout: float = 300) -> httpx.AsyncClient:
@@ -93,8 +98,11 @@ def offload_shm_files(pids: set[int]) -> list[str]:
 class Server:
     url: str
     model: str
-    proc: subprocess.Popen[bytes]
+    #: Forked from the session's forker (`_server_fork`), or a fresh interpreter.
+    proc: subprocess.Popen[bytes] | ForkedProcess
     log: Path
+    #: The server's environment, as it started.
+    env: Mapping[str, str] = field(default_factory=dict)
     #: offload's shared-memory files that outlived the server (`stop()` sets it).
     shm_left: tuple[str, ...] = ()
 
@@ -137,11 +145,14 @@ class Server:
 
 def start_server(
     model_dir: Path, name: str, strategy: str | None, log_dir: Path, *, workers: int | None = None,
-    extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (), fresh: bool = False,
 ) -> Server:
+    """Start a server and return at once (`wait_ready` waits for it). It is
+    forked from the session's forker (`_server_fork`) unless `fresh`: then,
+    as for a user, a new interpreter runs `python -m offload_vllm serve`."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **ENGINE_IN_ONE_PROCESS)
+    env.update(COMMON_ENV)
     env.update(extra_env or {})
     args = [sys.executable, "-m", "offload_vllm", "serve", str(model_dir)]
     if strategy is not None:
@@ -162,9 +173,11 @@ def start_server(
         *extra_args,
     ]
     log = log_dir / f"{name}-{strategy or 'vllm'}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Server(url=f"http://127.0.0.1:{port}", model=name, proc=proc, log=log)
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None if fresh else forked(args, env, log, COMMON_ENV)
+    if proc is None:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Server(url=f"http://127.0.0.1:{port}", model=name, proc=proc, log=log, env=env)
 
 
 @contextlib.contextmanager

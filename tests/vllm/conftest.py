@@ -140,6 +140,8 @@ def servers(
             (strategy, kind): functools.partial(
                 start_server, model_dirs[kind], "minilm" if kind == "embed" else "tiny-cross-encoder", strategy,
                 log_dir, workers=WORKERS.get(strategy or ""), extra_env=ray_env if strategy == "ray" else None,
+                # The rest are forked (`_server_fork`): one server starts as a user's does.
+                fresh=(strategy, kind) == ("thread", "embed"),
             )
             for strategy, kind in wanted
         }
