@@ -21,6 +21,7 @@ from offload_vllm import _health_answer as health_answer
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
+    READINESS_AT_ADMISSION,
     Health,
     HealthServer,
     HealthState,
@@ -367,3 +368,41 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
         assert ready() == 200  # room 1000
     finally:
         executor.shutdown()
+
+
+def test_each_admission_decision_counts_what_readiness_published() -> None:
+    """`Health.admission_decided` counts, per decision on a default-lane
+    request, what `GET /ready` answers from the board at that moment: what
+    was published (here, before the bound's filling was), not readiness's
+    rule applied afresh; a request of another lane is not counted."""
+    from prometheus_client import REGISTRY
+
+    def counts() -> dict[tuple[str, str], float]:
+        return {
+            (decision, ready): REGISTRY.get_sample_value(
+                f"{READINESS_AT_ADMISSION}_total", {"decision": decision, "ready": ready}
+            ) or 0.0
+            for decision in ("admitted", "refused")
+            for ready in ("200", "503")
+        }
+
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT")
+    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
+    before = counts()
+    try:
+        health.admission_changed(lambda: executor)
+        with executor.admission("test", cost=1):
+            health.admission_decided(None, True)
+            # The bound is full, but not published yet: the board still says 200.
+            assert executor.would_refuse()
+            health.admission_decided(None, False)
+            health.admission_changed(lambda: executor)
+            health.admission_decided(None, False)
+            health.admission_decided("default", False)
+            health.admission_decided("other", False)
+    finally:
+        executor.shutdown()
+    after = counts()
+    assert {key: after[key] - before[key] for key in after} == {
+        ("admitted", "200"): 1, ("admitted", "503"): 0, ("refused", "200"): 1, ("refused", "503"): 2,
+    }

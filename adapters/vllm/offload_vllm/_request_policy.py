@@ -98,6 +98,11 @@ class RequestPolicy:
     #: request admitted, its cost released, its admission ended; and after
     #: each refusal (readiness publishes what admission would do now).
     changed: Callable[[], None] = lambda: None
+    #: Told `(lane, admitted)` of each admission decision, on the loop's
+    #: thread, at once (before `changed`): the request admitted, or refused
+    #: because a bound is full (here or at the door). What readiness answered
+    #: at that moment is counted from it (`_health.Health.admission_decided`).
+    decided: Callable[[str | None, bool], None] = lambda lane, admitted: None
     #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
     max_request_cost: float | None = None
 
@@ -140,7 +145,9 @@ class RequestPolicy:
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
+                self.decided(lane, False)
                 return self.answers.overflow(self.retry_after(executor, lane, cost))
+            self.decided(lane, True)
             self.changed()
             held.callback(self.served, lane, cost)
             held.callback(_admitted.reset, _admitted.set((admitted, self)))
