@@ -71,6 +71,7 @@ class RefuseWhenFull:
             if cap is not None and cost > cap:
                 await policy.answers.too_costly(cost, cap, body_bytes)(scope, receive, send)
                 return
+            policy.changed()  # readiness as it stands at this decision (`RequestPolicy.changed`)
             try:
                 with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass

@@ -341,10 +341,15 @@ class Health:
 
     def admission_changed(self, executor_of: Callable[[], offload.Executor | None]) -> None:
         """Publish whether admission refuses now (on the loop's thread, when its
-        counts changed): readiness then follows admission within one probe,
-        not within `PUBLISH_INTERVAL_S`, in which a bound full under load may
-        fill and free many times (one request answered every ~7 ms at 128
-        clients here)."""
+        counts changed, and before each admission decision): readiness then
+        follows admission within one probe, not within `PUBLISH_INTERVAL_S`,
+        in which a bound full under load may fill and free many times (one
+        request answered every ~7 ms at 128 clients here). Before each
+        decision, because counts also change unseen by admission (a request's
+        render call queued on a worker takes a place of `max_queue`, a call
+        started leaves the queued cost): published only on admission's own
+        changes, readiness answered 200 for 5.3% of the refusals under
+        `max_queue` in the overload benchmark (docs/operations.md)."""
         executor = executor_of()
         if executor is not None:
             self.state.publish(refusing=self.readiness.refuses(executor))

@@ -95,11 +95,14 @@ class RequestPolicy:
     #: admission ended): what the `Retry-After` is measured from.
     served: Callable[[str | None, float], None] = lambda lane, cost: None
     #: Told, on the loop's thread, each time admission's counts changed: a
-    #: request admitted, its cost released, its admission ended; and after
-    #: each refusal (readiness publishes what admission would do now).
+    #: request admitted, its cost released, its admission ended; and before
+    #: each admission decision and after each refusal (readiness publishes
+    #: what admission would do now: counts also change where admission does
+    #: not see it, as a call started or queued on a worker).
     changed: Callable[[], None] = lambda: None
     #: Told `(lane, admitted)` of each admission decision, on the loop's
-    #: thread, at once (before `changed`): the request admitted, or refused
+    #: thread, at once (between the `changed` before it and the one after
+    #: it): the request admitted, or refused
     #: because a bound is full (here or at the door). What readiness answered
     #: at that moment is counted from it (`_health.Health.admission_decided`).
     decided: Callable[[str | None, bool], None] = lambda lane, admitted: None
@@ -142,6 +145,7 @@ class RequestPolicy:
             set_priority(engine_priority(cost, executor.lanes[DEFAULT_LANE if lane is None else lane]))
         with contextlib.ExitStack() as held:
             held.callback(self.changed)  # last, once the admission has ended
+            self.changed()  # readiness as it stands at this decision (`changed`)
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
