@@ -348,8 +348,8 @@ class Health:
         decision, because counts also change unseen by admission (a request's
         render call queued on a worker takes a place of `max_queue`, a call
         started leaves the queued cost): published only on admission's own
-        changes, readiness answered 200 for 5.3% of the refusals under
-        `max_queue` in the overload benchmark (docs/operations.md)."""
+        changes, a refusal could find 200 still published
+        (docs/operations.md, "Readiness beside admission")."""
         executor = executor_of()
         if executor is not None:
             self.state.publish(refusing=self.readiness.refuses(executor))
