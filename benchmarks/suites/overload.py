@@ -30,7 +30,12 @@ send `GET /ready` to that port at the same moment (on connections of their
 own); each request's answer (200: admitted, 503: refused) is paired with
 what readiness answered. The report gives, over the bounded row's levels,
 the share of refused requests that readiness answered 503 for, and of
-admitted ones that it answered 200 for (the goal: >= 95% each).
+admitted ones that it answered 200 for (the goal: >= 95% each). Beside it,
+the same shares measured in the server, at the moment each default-lane
+request was admitted or refused (`offload_vllm_readiness_at_admission_total`,
+read from the bounded server's `/metrics` before and after each level): what
+`/ready` answered at the decision itself, where the client's `/ready` was
+answered at the moment the request was sent.
 
 Writes overload.json and overload.md into --out (default benchmarks/results/).
 """
@@ -140,35 +145,67 @@ def run_level(
     base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
     constant_retry_s: float | None = None, ready_url: str | None = None,
 ) -> dict[str, Any]:
+    before = decisions_counted(base_url) if ready_url else {}
     with load.HealthProber(base_url) as prober:
         result = asyncio.run(
             _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s,
                    ready_url)
         )
     result["health"] = prober.summary()
+    if ready_url:
+        after = decisions_counted(base_url)
+        result["at_decision"] = {key: after[key] - before.get(key, 0) for key in after}
     return result
 
 
-def agreement(levels: list[dict[str, Any]]) -> dict[str, Any]:
+#: The server's count of admission decisions by what `/ready` answered then
+#: (`offload_vllm._health.READINESS_AT_ADMISSION`).
+DECISIONS = "offload_vllm_readiness_at_admission_total"
+
+
+def decisions_counted(base_url: str) -> dict[str, int]:
+    """`"<request's status> <readiness's status>"` -> admission decisions the
+    server at `base_url` counted so far, keyed as `_level`'s `side_by_side`
+    (admitted: 200, refused: 503)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counted: dict[str, int] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == DECISIONS:
+                status = "200" if sample.labels["decision"] == "admitted" else "503"
+                counted[f"{status} {sample.labels['ready']}"] = int(sample.value)
+    return counted
+
+
+def agreement(levels: list[dict[str, Any]], pairs: str = "side_by_side") -> dict[str, Any]:
     """Readiness beside admission over `levels` (`--readiness`): per level and
     pooled, the share of refused requests (503) readiness answered 503 for,
-    and of admitted ones (200) it answered 200 for."""
-    def share(level: dict[str, Any], status: str) -> float | None:
-        pairs = {key: n for key, n in level.get("side_by_side", {}).items() if key.split()[0] == status}
-        total = sum(pairs.values())
-        return pairs.get(f"{status} {status}", 0) / total if total else None
+    and of admitted ones (200) it answered 200 for, and the pooled `counts`,
+    from each level's `pairs`: `"side_by_side"` (the clients' `/ready`, sent
+    with each request) or `"at_decision"` (the server's count, at each
+    decision). Of `"side_by_side"`, also `best_admitted_ready`, and under
+    `"server"` the same shares from `"at_decision"`."""
+    def share(counts: dict[str, int], status: str) -> float | None:
+        mine = {key: n for key, n in counts.items() if key.split()[0] == status}
+        total = sum(mine.values())
+        return mine.get(f"{status} {status}", 0) / total if total else None
 
     out: dict[str, Any] = {}
+    pooled: dict[str, int] = {}
+    for level in levels:
+        for key, n in level.get(pairs, {}).items():
+            pooled[key] = pooled.get(key, 0) + n
     for name, status in (("refused_not_ready", "503"), ("admitted_ready", "200")):
-        per_level = [x for x in (share(level, status) for level in levels) if x is not None]
-        pooled: dict[str, Any] = {"side_by_side": {}}
-        for level in levels:
-            for key, n in level.get("side_by_side", {}).items():
-                pooled["side_by_side"][key] = pooled["side_by_side"].get(key, 0) + n
+        per_level = [x for x in (share(level.get(pairs, {}), status) for level in levels) if x is not None]
         out[name] = {"per_level": per_level, "pooled": share(pooled, status)}
-    out["best_admitted_ready"] = {
-        "per_level": [x for x in (best_admitted_ready(level.get("send_bins", {})) for level in levels) if x is not None],
-    }
+    out["counts"] = pooled
+    if pairs == "side_by_side":
+        out["best_admitted_ready"] = {
+            "per_level": [x for x in (best_admitted_ready(level.get("send_bins", {})) for level in levels) if x is not None],
+        }
+        out["server"] = agreement(levels, "at_decision")
     return out
 
 
@@ -198,19 +235,30 @@ def best_admitted_ready(send_bins: dict[str, list[int]]) -> float | None:
 
 
 def readiness_line(agreed: dict[str, Any]) -> str:
-    """What `agreement` found, in a sentence."""
-    def pooled(name: str) -> str:
-        value = agreed[name]["pooled"]
-        return _percent([value] if value is not None else [])
+    """What `agreement` found, in sentences: at each decision (the server's
+    count), then as the clients saw it (their `/ready`, sent with each request)."""
+    def shares(found: dict[str, Any]) -> str:
+        def pooled(name: str) -> str:
+            value = found[name]["pooled"]
+            return _percent([value] if value is not None else [])
+
+        counts = found.get("counts", {})
+        refused = sum(n for key, n in counts.items() if key.startswith("503 "))
+        admitted = sum(n for key, n in counts.items() if key.startswith("200 "))
+        return (f"of {refused} refused requests, `/ready` answered 503 for "
+                f"{_percent(found['refused_not_ready']['per_level'])}, pooled {pooled('refused_not_ready')}; "
+                f"of {admitted} admitted ones, 200 for {_percent(found['admitted_ready']['per_level'])}, "
+                f"pooled {pooled('admitted_ready')}")
 
     best = agreed.get("best_admitted_ready", {}).get("per_level", [])
-    return (f"Readiness beside admission (the bounded server's `/ready`, sent with each request): refused "
-            f"requests that `/ready` answered 503 for: {_percent(agreed['refused_not_ready']['per_level'])}, "
-            f"pooled {pooled('refused_not_ready')}; admitted requests that it answered 200 for: "
-            f"{_percent(agreed['admitted_ready']['per_level'])}, pooled {pooled('admitted_ready')}. "
+    server = agreed.get("server")
+    at_decision = (f"Readiness at each admission decision (the bounded server's count, "
+                   f"`{DECISIONS}`): {shares(server)}. ") if server and server.get("counts") else ""
+    return (f"{at_decision}Readiness beside admission as the clients saw it (the bounded server's `/ready`, "
+            f"sent with each request): {shares(agreed)}. "
             f"The most admitted requests any readiness answering 503 for {100 * REFUSED_GOAL:.0f}% of the refused "
-            f"could answer 200 for, changing its answer at most every {1000 * SEND_BIN_S:g} ms of send time: "
-            f"{_percent(best)}.")
+            f"could answer 200 for at their sending, changing its answer at most every {1000 * SEND_BIN_S:g} ms "
+            f"of send time: {_percent(best)}.")
 
 
 def _percent(values: list[float]) -> str:

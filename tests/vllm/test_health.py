@@ -4,6 +4,7 @@ by the real answering process. End to end, on a real server: `test_operations.py
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -21,13 +22,17 @@ from offload_vllm import _health_answer as health_answer
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
+    READINESS_AT_ADMISSION,
     Health,
     HealthServer,
     HealthState,
     _mark_draining_on_sigterm,
     keep_current,
 )
+from offload_vllm._lanes import LaneRouter
+from offload_vllm._request_policy import RequestPolicy
 from offload_vllm._retry_after import DrainRates
+from offload_vllm._seams.errors import ANSWERS
 
 import offload
 
@@ -367,3 +372,85 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
         assert ready() == 200  # room 1000
     finally:
         executor.shutdown()
+
+
+def decisions_counted() -> dict[tuple[str, str], float]:
+    """`(decision, ready)` -> decisions counted so far in this process."""
+    from prometheus_client import REGISTRY
+
+    return {
+        (decision, ready): REGISTRY.get_sample_value(
+            f"{READINESS_AT_ADMISSION}_total", {"decision": decision, "ready": ready}
+        ) or 0.0
+        for decision in ("admitted", "refused")
+        for ready in ("200", "503")
+    }
+
+
+def test_each_admission_decision_counts_what_readiness_published() -> None:
+    """`Health.admission_decided` counts, per decision on a default-lane
+    request, what `GET /ready` answers from the board at that moment: what
+    was published (here, before the bound's filling was), not readiness's
+    rule applied afresh; a request of another lane is not counted."""
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT")
+    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
+    before = decisions_counted()
+    try:
+        health.admission_changed(lambda: executor)
+        with executor.admission("test", cost=1):
+            health.admission_decided(None, True)
+            # The bound is full, but not published yet: the board still says 200.
+            assert executor.would_refuse()
+            health.admission_decided(None, False)
+            health.admission_changed(lambda: executor)
+            health.admission_decided(None, False)
+            health.admission_decided("default", False)
+            health.admission_decided("other", False)
+    finally:
+        executor.shutdown()
+    after = decisions_counted()
+    assert {key: after[key] - before[key] for key in after} == {
+        ("admitted", "200"): 1, ("admitted", "503"): 0, ("refused", "200"): 1, ("refused", "503"): 2,
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_readiness_is_published_before_each_decision() -> None:
+    """A place of `max_queue` taken where admission does not see it (a call
+    running on the worker) is published before the next request's decision:
+    its refusal is counted with 503, not with the 200 published before."""
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT")
+    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
+    policy = RequestPolicy(
+        executor_of=lambda: executor,
+        router=LaneRouter.of({"default"}, {}),
+        engine_priority=False,
+        retry_after=lambda executor, lane, cost: 1,
+        answers=ANSWERS,
+        changed=functools.partial(health.admission_changed, lambda: executor),
+        decided=health.admission_decided,
+    )
+
+    async def served() -> None:
+        raise AssertionError("a refused request was served")
+
+    release = threading.Event()
+    before = decisions_counted()
+    try:
+        health.admission_changed(lambda: executor)
+        executor.submit(release.wait, 30)
+        deadline = time.monotonic() + 30
+        while not executor.would_refuse():
+            assert time.monotonic() < deadline, "the call did not take the place"
+            await anyio.sleep(0.01)
+        assert health.state.readiness(time.monotonic())[0] == 200  # as published before
+        answer = await policy.admit(None, lambda: 1.0, None, served)
+        assert answer.status_code == 503
+    finally:
+        release.set()
+        executor.shutdown()
+    after = decisions_counted()
+    assert {key: after[key] - before[key] for key in after} == {
+        ("admitted", "200"): 0, ("admitted", "503"): 0, ("refused", "200"): 0, ("refused", "503"): 1,
+    }

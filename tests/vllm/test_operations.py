@@ -10,6 +10,7 @@ kills its engine.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import http.server
@@ -202,11 +203,27 @@ def test_each_phase_of_a_traced_request_is_in_its_trace(server: Server, collecto
     assert ours.end_time_unix_nano >= engine.end_time_unix_nano
 
 
+#: Admission decisions by what `/ready` answered then (`offload_vllm._health.READINESS_AT_ADMISSION`).
+DECISIONS = "offload_vllm_readiness_at_admission_total"
+
+
+def decisions(server: Server) -> dict[tuple[str, str], float]:
+    """`(decision, ready)` -> admission decisions counted so far."""
+    values = scrape(server)
+    return {
+        (decision, ready): total(values, DECISIONS, decision=decision, ready=ready)
+        for decision in ("admitted", "refused")
+        for ready in ("200", "503")
+    }
+
+
 def test_readiness_and_retry_after_while_the_bound_is_full(server: Server, health_port: int) -> None:
     """One request holds the one worker, the next holds the whole bound: a
     third is refused with a `Retry-After` from 1 to 30 s, and readiness says
-    503 naming admission meanwhile; 200 again once they are answered."""
+    503 naming admission meanwhile (and is counted so at its refusal); 200
+    again once they are answered."""
     queued = {"input": "a queued request " * 1_500, "truncate_prompt_tokens": 16}  # 25,500 > the bound
+    counted_before = decisions(server)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         holding = pool.submit(embed, server, HOLD)
         deadline = time.monotonic() + 120
@@ -234,6 +251,32 @@ def test_readiness_and_retry_after_while_the_bound_is_full(server: Server, healt
     while probe(health_port, "/ready")[0] != 200:
         assert time.monotonic() < deadline, "readiness did not come back"
         time.sleep(0.05)
+    counted = {key: n - counted_before[key] for key, n in decisions(server).items()}
+    # Two admitted (whatever readiness said then), and the refusal while 503 was published.
+    assert counted[("admitted", "200")] + counted[("admitted", "503")] == 2, counted
+    assert (counted[("refused", "200")], counted[("refused", "503")]) == (0, 1), counted
+
+
+def test_each_admission_decision_is_counted_with_what_readiness_answered(server: Server) -> None:
+    """A flood of requests each costlier than the bound (so each is admitted
+    only into an empty bound, and fills it): every admission decision is
+    counted once, admitted ones as many as the 200s and refused ones as the
+    503s; refusals are counted with `/ready` at 503, and admissions into the
+    idle server with 200. Waves of 16 until both are seen (10 at most)."""
+    flood = {"input": "a flooding request " * 1_400, "truncate_prompt_tokens": 16}  # 26,600 > the bound
+    before = decisions(server)
+    statuses: collections.Counter[int] = collections.Counter()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for _ in range(10):
+            statuses.update(response.status_code for response in pool.map(lambda _: embed(server, flood), range(16)))
+            counted = {key: n - before[key] for key, n in decisions(server).items()}
+            if counted[("refused", "503")] and counted[("admitted", "200")]:
+                break
+    assert set(statuses) <= {200, 503}, statuses
+    assert counted[("admitted", "200")] + counted[("admitted", "503")] == statuses[200], (counted, statuses)
+    assert counted[("refused", "200")] + counted[("refused", "503")] == statuses[503], (counted, statuses)
+    assert counted[("refused", "503")] >= 1, (counted, statuses)
+    assert counted[("admitted", "200")] >= 1, (counted, statuses)
 
 
 def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -> None:

@@ -40,8 +40,9 @@ module there; nothing outside `_seams/` imports vLLM. Beside the path:
 `_prefix/`, prefix tokenization of truncated texts and pairs (run by
 `_seams/renderer.py` and `_seams/scoring.py`, priced by `_cost.py`);
 `_seamcheck.py`, the seams looked for in vLLM's source (`_vllm_source.py`
-reads it); `_health.py`, the health port; `_phases.py` and `_loop_calls.py`,
-the adapter's metrics (made once per process, `_metric_family.py`).
+reads it); `_health.py`, the health port (and what readiness answered at
+each admission decision, a metric); `_phases.py` and `_loop_calls.py`, the
+adapter's other metrics (made once per process, `_metric_family.py`).
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def register() -> None:
         changed=(
             (lambda: None) if health is None else functools.partial(health.admission_changed, runtime.current_executor)
         ),
+        # What readiness answered at each decision: how far it agrees with admission.
+        decided=(lambda lane, admitted: None) if health is None else health.admission_decided,
     )
     serving.install_admission(policy)
 

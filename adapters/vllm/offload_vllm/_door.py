@@ -47,7 +47,8 @@ class RefuseWhenFull:
     `Executor.admission` entered and left at once: it counts the refusal in
     `offload_rejected_calls_total` and reserves nothing, so a request that
     passes here is admitted for real (and may still be refused) at the
-    serving seam. A header naming a lane the server does not take is
+    serving seam; a refusal here is an admission decision
+    (`RequestPolicy.decided`). A header naming a lane the server does not take is
     answered 400 here already, and a request whose least cost is past
     `OFFLOAD_VLLM_MAX_REQUEST_COST`, 413."""
 
@@ -70,10 +71,12 @@ class RefuseWhenFull:
             if cap is not None and cost > cap:
                 await policy.answers.too_costly(cost, cap, body_bytes)(scope, receive, send)
                 return
+            policy.changed()  # readiness as it stands at this decision (`RequestPolicy.changed`)
             try:
                 with executor.admission(REQUEST_LABEL, cost=cost, lane=lane):
                     pass
             except offload.Overloaded:
+                policy.decided(lane, False)
                 retry_after = policy.retry_after(executor, lane, cost)
                 policy.changed()
                 await policy.answers.overflow(retry_after)(scope, receive, send)

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, Final, final
 
 import anyio
 
@@ -49,6 +49,8 @@ import offload
 from . import _health_answer
 from ._admission_view import Readiness
 from ._health_answer import Board, Snapshot
+from ._lanes import DEFAULT_LANE
+from ._metric_family import once_per_process
 from ._seams import engine as engine_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -63,6 +65,35 @@ PUBLISH_INTERVAL_S = 0.25
 #: How often the loop runs vLLM's engine check (a flag read on vLLM's
 #: `AsyncLLM`): a dead engine is reported within this plus a probe period.
 ENGINE_CHECK_INTERVAL_S = 1.0
+
+#: Admission decisions on the default lane's requests, by what `GET /ready`
+#: answered at that moment: how far readiness agrees with admission, measured
+#: where admission decides (`Health.admission_decided`).
+READINESS_AT_ADMISSION: Final = "offload_vllm_readiness_at_admission"
+
+_decision_family = once_per_process(
+    lambda prometheus_client: prometheus_client.Counter(
+        READINESS_AT_ADMISSION,
+        "Admission decisions on default-lane pooling requests (decision: admitted, or refused for a full "
+        "bound) by what GET /ready on the health port answered at that moment (ready: 200, 503).",
+        ["decision", "ready"],
+    )
+)
+
+
+def decision_counters() -> dict[tuple[bool, int], Any] | None:
+    """`(admitted, readiness's status code)` -> its counter, each series looked
+    up once so that counting is one `inc()` (every series shows on `/metrics`
+    from here on, at 0 until counted); None when metrics are off."""
+    if not offload.metrics_enabled():
+        return None
+    family = _decision_family()
+    return {
+        (admitted, code): family.labels("admitted" if admitted else "refused", str(code))
+        for admitted in (True, False)
+        for code in (200, 503)
+    }
+
 
 @final
 class HealthState:
@@ -293,6 +324,10 @@ class Health:
         self._setting = setting
         self.server: HealthServer | None = None
         self._task: Any = None
+        #: `decision_counters()`, looked up at the first decision (`None` until
+        #: then, and after it with metrics off).
+        self._decisions: dict[tuple[bool, int], Any] | None = None
+        self._decisions_looked_up = False
 
     def bind(self, host: str | None) -> None:
         """Listen on `host` (`None` or empty: every interface), once."""
@@ -306,13 +341,36 @@ class Health:
 
     def admission_changed(self, executor_of: Callable[[], offload.Executor | None]) -> None:
         """Publish whether admission refuses now (on the loop's thread, when its
-        counts changed): readiness then follows admission within one probe,
-        not within `PUBLISH_INTERVAL_S`, in which a bound full under load may
-        fill and free many times (one request answered every ~7 ms at 128
-        clients here)."""
+        counts changed, and before each admission decision): readiness then
+        follows admission within one probe, not within `PUBLISH_INTERVAL_S`,
+        in which a bound full under load may fill and free many times (one
+        request answered every ~7 ms at 128 clients here). Before each
+        decision, because counts also change unseen by admission (a request's
+        render call queued on a worker takes a place of `max_queue`, a call
+        started leaves the queued cost): published only on admission's own
+        changes, a refusal could find 200 still published
+        (docs/operations.md, "Readiness beside admission")."""
         executor = executor_of()
         if executor is not None:
             self.state.publish(refusing=self.readiness.refuses(executor))
+
+    def admission_decided(self, lane: str | None, admitted: bool) -> None:
+        """Count, for a request of the default lane (`lane` `None` or
+        `"default"`) just admitted or refused for a full bound, what `GET
+        /ready` answers now (`READINESS_AT_ADMISSION`), on the loop's thread,
+        before the decision is published (`admission_changed`). It is read
+        from the board, as the answering process reads it (liveness and
+        draining included): what was published, not readiness's rule applied
+        afresh, which would agree with the decision by construction."""
+        if lane is not None and lane != DEFAULT_LANE:
+            return
+        if not self._decisions_looked_up:
+            self._decisions_looked_up = True
+            self._decisions = decision_counters()
+        if self._decisions is None:
+            return
+        code, _ = self.state.readiness(time.monotonic())
+        self._decisions[admitted, code].inc()
 
     def watch(self, executor_of: Callable[[], offload.Executor | None], engine_client: Any) -> None:
         """Start the loop's task (once; on the running loop)."""

@@ -95,9 +95,17 @@ class RequestPolicy:
     #: admission ended): what the `Retry-After` is measured from.
     served: Callable[[str | None, float], None] = lambda lane, cost: None
     #: Told, on the loop's thread, each time admission's counts changed: a
-    #: request admitted, its cost released, its admission ended; and after
-    #: each refusal (readiness publishes what admission would do now).
+    #: request admitted, its cost released, its admission ended; and before
+    #: each admission decision and after each refusal (readiness publishes
+    #: what admission would do now: counts also change where admission does
+    #: not see it, as a call started or queued on a worker).
     changed: Callable[[], None] = lambda: None
+    #: Told `(lane, admitted)` of each admission decision, on the loop's
+    #: thread, at once (between the `changed` before it and the one after
+    #: it): the request admitted, or refused
+    #: because a bound is full (here or at the door). What readiness answered
+    #: at that moment is counted from it (`_health.Health.admission_decided`).
+    decided: Callable[[str | None, bool], None] = lambda lane, admitted: None
     #: A request costlier than this is answered 413 (`OFFLOAD_VLLM_MAX_REQUEST_COST`).
     max_request_cost: float | None = None
 
@@ -137,10 +145,13 @@ class RequestPolicy:
             set_priority(engine_priority(cost, executor.lanes[DEFAULT_LANE if lane is None else lane]))
         with contextlib.ExitStack() as held:
             held.callback(self.changed)  # last, once the admission has ended
+            self.changed()  # readiness as it stands at this decision (`changed`)
             try:
                 admitted = held.enter_context(executor.admission(REQUEST_LABEL, cost=cost, lane=lane))
             except offload.Overloaded:
+                self.decided(lane, False)
                 return self.answers.overflow(self.retry_after(executor, lane, cost))
+            self.decided(lane, True)
             self.changed()
             held.callback(self.served, lane, cost)
             held.callback(_admitted.reset, _admitted.set((admitted, self)))
