@@ -18,6 +18,7 @@ import httpx
 import psutil
 import pytest
 from offload_vllm import _health_answer as health_answer
+from offload_vllm._admission_view import Readiness
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
@@ -251,6 +252,14 @@ def test_a_killed_answering_process_is_started_again(health_server: HealthServer
     assert server.restarts == 2
 
 
+def test_health_takes_readiness_whole() -> None:
+    """`Health` applies the `Readiness` it is given (the one rule, with its
+    own default typical cost), not one it builds from a typical cost."""
+    readiness = Readiness(lambda: 300.0)
+    assert Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", readiness).readiness is readiness
+    assert isinstance(Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT").readiness, Readiness)
+
+
 class _Engine:
     def __init__(self) -> None:
         self.dead = False
@@ -348,7 +357,7 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
     for _ in range(5):
         rates.served(None, 300.0)
     assert rates.typical_cost(None) == pytest.approx(300.0)
-    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", rates.typical_cost)
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", Readiness(rates.typical_cost))
     executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
 
     def ready() -> int:

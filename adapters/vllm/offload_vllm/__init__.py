@@ -118,6 +118,7 @@ def register() -> None:
     from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
+    from ._admission_view import Readiness
     from ._config import HEALTH_PORT_ENV
     from ._door import CountRequests, RefuseWhenFull, RequestsInFlight
     from ._health import Health
@@ -136,7 +137,7 @@ def register() -> None:
     health = (
         None
         if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, rates.typical_cost)
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, Readiness(rates.typical_cost))
     )
     policy = RequestPolicy(
         executor_of=runtime.current_executor,

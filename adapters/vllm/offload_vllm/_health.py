@@ -282,13 +282,10 @@ class Health:
     vLLM builds its app, and the loop's task, started when the first pooling
     entrypoint is built (with the engine client, inside the loop)."""
 
-    def __init__(
-        self, port: int, max_stall: float, setting: str, typical_cost: Callable[[], float] = lambda: 1.0
-    ) -> None:
-        """`typical_cost()`: the cost of a typical request of the default lane now
-        (readiness's rule: `_admission_view.Readiness`)."""
+    def __init__(self, port: int, max_stall: float, setting: str, readiness: Readiness | None = None) -> None:
+        """`readiness`: readiness's rule over admission (default: `Readiness()`'s)."""
         self.state = HealthState(max_stall)
-        self.readiness = Readiness(typical_cost)
+        self.readiness = Readiness() if readiness is None else readiness
         self._port = port
         self._setting = setting
         self.server: HealthServer | None = None
