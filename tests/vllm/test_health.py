@@ -4,7 +4,10 @@ by the real answering process. End to end, on a real server: `test_operations.py
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +25,7 @@ from offload_vllm._admission_view import Readiness
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
+    RESTART_MIN_INTERVAL_S,
     Health,
     HealthServer,
     HealthState,
@@ -250,6 +254,57 @@ def test_a_killed_answering_process_is_started_again(health_server: HealthServer
         assert time.monotonic() - began < 10
         assert server.pid != killed
     assert server.restarts == 2
+
+
+class _Records(logging.Handler):
+    """The adapter's log records (vLLM's logger, a parent of the adapter's, may not propagate to pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_process_that_cannot_be_started_again_is_tried_every_second(
+    health_server: HealthServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answering process killed while no interpreter can be started (the
+    path `sys.executable` names is gone, so the OS refuses to run it): the
+    start is tried again every second, logged once as an error; probes sent
+    meanwhile wait on the bound port, and are answered once a start works
+    again, whose warning counts the failed ones."""
+    server, url = health_server, f"http://127.0.0.1:{health_server.port}"
+    server.state.publish(max_stall=3600.0, loop_turned_at=time.monotonic())
+    records = _Records()
+    adapter_logger = logging.getLogger("vllm.offload_vllm")
+    adapter_logger.addHandler(records)
+    try:
+        monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+        killed = server.pid
+        os.kill(killed, signal.SIGKILL)
+        # Three start periods: at least two failed starts.
+        time.sleep(3 * RESTART_MIN_INTERVAL_S + 0.5)
+        errors = [r.getMessage() for r in records.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert "could not be started again" in errors[0]
+        assert "signal 9" in errors[0]
+        assert "No such file or directory" in errors[0]
+        assert (server.pid, server.restarts) == (killed, 0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.get, f"{url}/health", timeout=30)
+            time.sleep(0.5)
+            assert not waiting.done()  # queued on the bound port, not refused
+            monkeypatch.undo()
+            assert waiting.result().status_code == 200
+        assert server.restarts == 1
+        assert server.pid != killed
+        warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert re.search(r"started it again \(pid \d+, restart 1, after [2-9]\d* failed starts\)", warnings[0]), warnings
+    finally:
+        adapter_logger.removeHandler(records)
 
 
 def test_health_takes_readiness_whole() -> None:

@@ -183,7 +183,13 @@ class HealthServer:
         )
 
     def _keep_running(self) -> None:
-        """Wait for the process; start it again if it ended before `close`."""
+        """Wait for the process; start it again if it ended before `close`.
+
+        A start that fails (`OSError`: no interpreter, no memory, no process
+        left) is tried again every `RESTART_MIN_INTERVAL_S`, logged as an
+        error at the first failure alone; the warning of the start that works
+        says how many failed. Probes sent meanwhile wait on the bound port."""
+        failed = 0
         while True:
             code = self._process.wait()
             if self._closing.wait(max(0.0, self._started_at + RESTART_MIN_INTERVAL_S - time.monotonic())):
@@ -195,14 +201,20 @@ class HealthServer:
                 try:
                     self._process = self._start()
                 except OSError as exc:
-                    logger.error("offload-vllm: the health endpoints' process ended (%s) and could not be started again: %s", how, exc)
+                    if not failed:
+                        logger.error(
+                            "offload-vllm: the health endpoints' process ended (%s) and could not be started again: "
+                            "%s; trying again every %gs", how, exc, RESTART_MIN_INTERVAL_S,
+                        )
+                    failed += 1
                     self._started_at = time.monotonic()
                     continue
                 self.restarts += 1
             logger.warning(
-                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d)",
-                how, self._process.pid, self.restarts,
+                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d%s)",
+                how, self._process.pid, self.restarts, f", after {failed} failed start{'s' * (failed > 1)}" if failed else "",
             )
+            failed = 0
 
     @property
     def pid(self) -> int:
