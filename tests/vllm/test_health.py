@@ -355,6 +355,23 @@ async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
         executor.shutdown()
 
 
+def _may_raise_priority() -> bool:
+    """Whether a process here may lower its niceness (the OS allows it: root, `CAP_SYS_NICE`)."""
+    code = "import os; os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - 1)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False).returncode == 0
+
+
+def test_the_answering_process_runs_above_the_server_where_allowed(health_server: HealthServer) -> None:
+    """It asks for `PRIORITY_ABOVE_SERVER` below the server's niceness (the
+    server's loop and engine run at it), and gets it where the OS allows;
+    it never runs below the server."""
+    ours, theirs = os.getpriority(os.PRIO_PROCESS, 0), psutil.Process(health_server.pid).nice()
+    if _may_raise_priority():
+        assert theirs == max(-20, ours - health_answer.PRIORITY_ABOVE_SERVER)
+    else:
+        assert theirs == ours
+
+
 def test_free_port_helper_is_bindable_by_the_health_server() -> None:
     port = free_port()
     server = HealthServer("127.0.0.1", port, HealthState(3600.0), "OFFLOAD_VLLM_HEALTH_PORT")
