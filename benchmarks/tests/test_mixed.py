@@ -558,6 +558,28 @@ def test_the_prober_counts_a_dropped_connection_and_probes_on(hanging_up_server:
     assert len(prober.arrivals) == len(prober.latencies)
 
 
+@pytest.fixture
+def closing_server() -> Iterator[str]:
+    """A loopback server that answers one `/health` per connection, saying it
+    closes the connection (as the health port does), and closes it."""
+
+    def answer_once(conn: socket.socket) -> None:
+        with conn:
+            if _read_head(conn) is not None:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    with _loopback_server(answer_once) as url:
+        yield url
+
+
+def test_the_prober_connects_anew_where_the_answer_says_it_closes(closing_server: str) -> None:
+    """No probe is sent on a connection its server said it closes: none fails."""
+    with load.HealthProber(closing_server) as prober:
+        time.sleep(0.3)
+    assert prober.failures == 0
+    assert len(prober.latencies) >= 5
+
+
 def test_the_report_gives_the_figures_without_the_clients_own_scheduling() -> None:
     def waited(b: dict[str, Any], alone: float, flooded: float, health: float) -> dict[str, Any]:
         # Until the answer arrived: half the latency less the wait, in both phases.
