@@ -131,10 +131,12 @@ def test_strategy_module_exports_what_it_lists() -> None:
 
 def test_testing_module_exports_what_it_lists() -> None:
     from offload import testing
-    from offload.testing import _contract
+    from offload.testing import _contract, _shm
 
-    for name in testing.__all__:
-        assert getattr(testing, name) is getattr(_contract, name)
+    homes = {"BACKENDS": _contract, "StrategyContract": _contract, "shm_files": _shm}
+    assert sorted(testing.__all__) == sorted(homes)
+    for name, home in homes.items():
+        assert getattr(testing, name) is getattr(home, name)
 
 
 def test_the_contract_suites_functions_do_not_import_pytest() -> None:

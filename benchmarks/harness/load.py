@@ -80,6 +80,9 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
             latencies.append(time.perf_counter() - start)
             arrivals.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
             ready.set()
+            if answer.closes:  # the health port's answers say so: the next probe connects anew
+                sock.close()
+                sock = None
         except (OSError, ValueError):
             failures += 1
             if sock is not None:

@@ -32,14 +32,19 @@ ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 class ServerConfig:
     """One row of the tables: how the server is started.
 
-    `strategy` None means unmodified vLLM (no plugin); otherwise the server goes
-    through the adapter's launcher, `python -m offload_vllm serve`.
+    `strategy` None means unmodified vLLM (no plugin), unless `plugin`;
+    otherwise the server goes through the adapter's launcher,
+    `python -m offload_vllm serve`.
     """
 
     name: str
     strategy: str | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    #: With no strategy: through the adapter's launcher all the same, its plugin
+    #: loaded, for the settings it takes without a strategy (the health port):
+    #: vLLM keeps its own behaviour. A row with a strategy always loads it.
+    plugin: bool = False
 
     def command(self, model: Path, port: int) -> list[str]:
         common = [
@@ -50,11 +55,12 @@ class ServerConfig:
             # default fails when other servers share the machine, and pooling needs little.
             "--gpu-memory-utilization", str(MEMORY_FRACTION),
         ]
-        if self.strategy is None:
+        if self.strategy is None and not self.plugin:
             head = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
         else:
-            head = [sys.executable, "-m", "offload_vllm", "serve", str(model),
-                    "--offload-strategy", self.strategy]
+            head = [sys.executable, "-m", "offload_vllm", "serve", str(model)]
+            if self.strategy is not None:
+                head += ["--offload-strategy", self.strategy]
         return [*head, *common, *self.extra_args]
 
     def for_smoke(self) -> ServerConfig:
@@ -78,8 +84,9 @@ class ServerConfig:
         if self.strategy is not None:
             env["OFFLOAD_VLLM_STRATEGY"] = self.strategy
         else:
-            # A plugin installed in the venv must not change the "no plugin" rows.
-            env["VLLM_PLUGINS"] = ""
+            if not self.plugin:
+                # A plugin installed in the venv must not change the "no plugin" rows.
+                env["VLLM_PLUGINS"] = ""
             for name in ("OFFLOAD_VLLM_STRATEGY", "VLLM_OFFLOAD_STRATEGY", "OFFLOAD_STRATEGY"):
                 env.pop(name, None)
         env.update(self.env)

@@ -46,11 +46,12 @@ verdict per target (`targets` below), computed from the run.
     python -m benchmarks mixed --smoke --out DIR
     python -m benchmarks mixed --health-port --rows "thread lanes" "process lanes"   # the health port too
 
-`--health-port`: every adapter row also serves the health endpoints
-(`--offload-health-port`, answered by a process of their own, off the loop),
-and they are probed beside `/health` throughout the flood, by a prober of
-their own; the report gives their p50 and p99, and a target per adapter row
-(`HEALTH_PORT_P99_MS`).
+`--health-port`: every row also serves the health endpoints
+(`--offload-health-port`, answered by a process of their own, off the loop;
+`vLLM default` through the adapter with no strategy, which keeps vLLM's own
+behaviour and adds the port alone), and they are probed beside `/health`
+throughout the flood, by a prober of their own; the report gives their p50
+and p99, and a target per row (`HEALTH_PORT_P99_MS`).
 
 Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
 tokens: the work is tokenization), `engine` (heavy = 16 inputs of 150 words,
@@ -461,6 +462,13 @@ def measure(
     return block
 
 
+def serving_health_port(config: ServerConfig, port: int | str) -> ServerConfig:
+    """`config` serving the health port too (`--offload-health-port`); a row
+    with no strategy through the adapter's launcher (`ServerConfig.plugin`):
+    vLLM's own behaviour, the port beside it."""
+    return dataclasses.replace(config, plugin=True, extra_args=(*config.extra_args, "--offload-health-port", str(port)))
+
+
 def _health_port_url(port: int | None) -> str | None:
     return None if port is None else f"http://{HOST}:{port}"
 
@@ -490,7 +498,7 @@ METRICS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None]]] = {
     "p99_ratio": ("p99 flooded / alone", lambda b: _ratio(b["flooded"]["p99_ms"], b["alone"]["p99_ms"])),
     "heavy_per_s": ("heavy requests/s flooded", lambda b: b["heavy"]["requests_per_s"]),
     "health_p99_ms": ("/health p99 flooded (ms)", lambda b: b["health"]["p99_ms"]),
-    # The health port's (`--health-port`; adapter rows only).
+    # The health port's (`--health-port`).
     "health_port_p50_ms": ("health port p50 flooded (ms)", lambda b: b.get("health_port", {}).get("p50_ms")),
     "health_port_p99_ms": ("health port p99 flooded (ms)", lambda b: b.get("health_port", {}).get("p99_ms")),
     # What the clients' own scheduling added, taken out (this machine runs them
@@ -641,7 +649,7 @@ class Target:
 
 def targets(rows: list[str], health_port: bool = False) -> list[Target]:
     """The mixed-traffic targets that the rows run can be checked against
-    (`health_port`: the adapter rows' health ports were probed)."""
+    (`health_port`: the rows' health ports were probed)."""
     out: list[Target] = []
     for name in rows:
         row = ROWS[name]
@@ -663,7 +671,7 @@ def targets(rows: list[str], health_port: bool = False) -> list[Target]:
             out.append(Target(name, f"/health p99 flooded, until the answer arrived, vs max({HEALTH_P99_FLOOR_MS:g} ms, "
                               f"`{DEFAULT}`'s)", "health_p99_arrived_ms", HEALTH_P99_FLOOR_MS,
                               raised_to_median_of=DEFAULT, unit="ms"))
-        if row.config.strategy is not None and health_port:
+        if health_port:
             out.append(Target(name, "health port p99 flooded", "health_port_p99_ms", HEALTH_PORT_P99_MS, unit="ms"))
             out.append(Target(name, "health port p99 flooded, until the answer arrived", "health_port_p99_arrived_ms",
                               HEALTH_PORT_P99_MS, unit="ms"))
@@ -952,7 +960,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="paused: stop every server but the measured row's (SIGSTOP); running: leave them running")
     p.add_argument("--seed", type=int, default=0, help="the rows' order and the small requests' arrivals")
     p.add_argument("--health-port", action="store_true",
-                   help="adapter rows serve the health port too (--offload-health-port), probed beside /health")
+                   help="every row serves the health port too (--offload-health-port; vLLM default through the "
+                        "adapter with no strategy), probed beside /health")
     p.add_argument("--out", type=Path, default=_common.RESULTS / "mixed")
     args = p.parse_args(argv)
     if args.small_rate <= 0:
@@ -992,7 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(configs)
     result["notes"] = {name: n for name, n in notes.items() if n}
     result["servers"] = {
-        name: {"command": _server_command(config, variant.server_args)} for name, config in configs.items()
+        name: {"command": _server_command(serving_health_port(config, "PORT") if args.health_port else config,
+                                          variant.server_args)}
+        for name, config in configs.items()
     }
 
     shuffle = random.Random(args.seed)
@@ -1007,15 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
         small = variant.small(str(model))()
         heavy = variant.heavy(str(model))
         started = time.monotonic()
-        health_ports = {
-            row: free_port() for row in rows if args.health_port and configs[row].strategy is not None
-        }
+        health_ports = {row: free_port() for row in rows} if args.health_port else {}
         with_variant = {
-            row: dataclasses.replace(configs[row], extra_args=(
-                *variant.server_args, *configs[row].extra_args,
-                *(("--offload-health-port", str(health_ports[row])) if row in health_ports else ()),
-            ))
+            row: dataclasses.replace(config, extra_args=(*variant.server_args, *config.extra_args))
             for row in rows
+            for config in [serving_health_port(configs[row], health_ports[row]) if row in health_ports else configs[row]]
         }
         logs = {row: args.out / "logs" / f"mixed-{args.variant}-{row.replace(' ', '-').replace('+', 'plus')}.log" for row in rows}
         try:

@@ -64,6 +64,31 @@ def test_the_report_names_a_rows_environment() -> None:
     assert plain.startswith("python -m offload_vllm serve MODEL --offload-strategy thread")
 
 
+def test_with_the_health_port_vllm_default_serves_it_through_the_adapter_with_no_strategy() -> None:
+    """`--health-port`: every row serves the port, `vLLM default` too, through
+    the adapter's launcher with its plugin loaded and no strategy (vLLM's own
+    behaviour); and every row is judged on it. Without it, that row is
+    unmodified vLLM, no plugin."""
+    default = bench_mixed.ROWS[bench_mixed.DEFAULT].config
+    assert default.command(Path("MODEL"), 8000)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert default.environment()["VLLM_PLUGINS"] == ""
+    served = bench_mixed.serving_health_port(default, 8001)
+    argv = served.command(Path("MODEL"), 8000)
+    assert argv[1:5] == ["-m", "offload_vllm", "serve", "MODEL"]
+    assert "--offload-strategy" not in argv
+    assert argv[-2:] == ["--offload-health-port", "8001"]
+    env = served.environment()
+    assert "VLLM_PLUGINS" not in env or env["VLLM_PLUGINS"] != ""
+    assert not {"OFFLOAD_VLLM_STRATEGY", "OFFLOAD_STRATEGY"} & set(env)
+    thread = bench_mixed.serving_health_port(bench_mixed.ROWS["thread lanes"].config, 8002)
+    assert thread.command(Path("MODEL"), 8000)[-2:] == ["--offload-health-port", "8002"]
+    rows = [bench_mixed.DEFAULT, "thread lanes"]
+    judged = {(t.row, t.metric) for t in bench_mixed.targets(rows, health_port=True)}
+    for row in rows:
+        assert {(row, "health_port_p99_ms"), (row, "health_port_p99_arrived_ms")} <= judged
+    assert not {t.metric for t in bench_mixed.targets(rows)} & {"health_port_p99_ms", "health_port_p99_arrived_ms"}
+
+
 def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float | None = None) -> dict[str, Any]:
     """One round of a row; `health_ms`: /health p99 until the answer arrived
     (None: a result from before that was measured)."""
@@ -531,6 +556,28 @@ def test_the_prober_counts_a_dropped_connection_and_probes_on(hanging_up_server:
     assert prober.failures >= 3
     assert len(prober.latencies) >= 3
     assert len(prober.arrivals) == len(prober.latencies)
+
+
+@pytest.fixture
+def closing_server() -> Iterator[str]:
+    """A loopback server that answers one `/health` per connection, saying it
+    closes the connection (as the health port does), and closes it."""
+
+    def answer_once(conn: socket.socket) -> None:
+        with conn:
+            if _read_head(conn) is not None:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    with _loopback_server(answer_once) as url:
+        yield url
+
+
+def test_the_prober_connects_anew_where_the_answer_says_it_closes(closing_server: str) -> None:
+    """No probe is sent on a connection its server said it closes: none fails."""
+    with load.HealthProber(closing_server) as prober:
+        time.sleep(0.3)
+    assert prober.failures == 0
+    assert len(prober.latencies) >= 5
 
 
 def test_the_report_gives_the_figures_without_the_clients_own_scheduling() -> None:

@@ -9,23 +9,28 @@ Subclass `StrategyContract` in a test module of your plugin, set
         strategy_name = "pool"
 
 The built-in strategies and the `ray` plugin run the same suite.
+`shm_files` finds the shared-memory files a stopped process left behind.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._contract import BACKENDS, StrategyContract
+    from ._shm import shm_files
 
-__all__ = ["BACKENDS", "StrategyContract"]
+__all__ = ["BACKENDS", "StrategyContract", "shm_files"]
+
+#: The private module of each public name.
+_MODULES = {"BACKENDS": "._contract", "StrategyContract": "._contract", "shm_files": "._shm"}
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: a worker process that unpickles one of the
-    # suite's functions (`offload.testing._functions`) must not import pytest.
-    if name in __all__:
-        from . import _contract
-
-        return getattr(_contract, name)
+    # suite's functions (`offload.testing._functions`) must not import pytest,
+    # nor a test that needs only `shm_files`.
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import server as harness_server
-from offload._strategies._wire import SHM_DIR, shm_prefix
+from offload.testing import shm_files
 
 from ._server_fork import ForkedProcess, forked
 
@@ -80,20 +80,6 @@ def group_pids(pgid: int) -> set[int]:
     return pids
 
 
-def offload_shm_files(pids: set[int]) -> list[str]:
-    """offload's shared-memory files in `/dev/shm` made by any of `pids` (each
-    file's name starts with its maker's pid, `shm_prefix`). offload makes them
-    itself, not through `multiprocessing.shared_memory`, so Python's resource
-    tracker neither counts nor removes them: one left after its maker exited
-    stays until reboot."""
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    prefixes = tuple(shm_prefix(pid) for pid in pids)
-    return sorted(name for name in names if prefixes and name.startswith(prefixes))
-
-
 @dataclass
 class Server:
     url: str
@@ -135,12 +121,12 @@ class Server:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
-        left = offload_shm_files(pids)
+        left = shm_files(pids)
         if left:
-            self.shm_left = (*self.shm_left, *left)
-            for name in left:  # reported by `servers_started`; not left on the host
+            self.shm_left = (*self.shm_left, *(path.name for path in left))
+            for path in left:  # reported by `servers_started`; not left on the host
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(SHM_DIR, name))
+                    path.unlink()
 
 
 def start_server(

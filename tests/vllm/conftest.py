@@ -1,8 +1,9 @@
 """Fixtures for the vLLM adapter's end-to-end suite: real servers on 127.0.0.1.
 
 All servers of the session start at once (first use) and are shared: one per
-(strategy, model kind), plus one without the plugin (`None`) as the reference
-for error answers. Strategies that the installed offload lacks are skipped.
+(strategy, model kind), plus one without a strategy (`None`) as the reference
+for error answers (the cross-encoder's also serves the health port).
+Strategies that the installed offload lacks are skipped.
 
 Memory: the shared servers take about 15 GiB of this 24 GiB machine. Modules
 that start servers or engines of their own run first (`pytest_collection_modifyitems`),
@@ -27,7 +28,7 @@ import pytest
 import offload
 
 from ._module_servers import ModuleServers, module_run_order
-from ._server import Server, servers_started, start_server
+from ._server import Server, free_port, servers_started, start_server
 
 pytest.importorskip("vllm", reason="the vLLM adapter suite needs vLLM (make test installs it)")
 
@@ -130,16 +131,22 @@ def servers(
     # Whatever modules' own servers are left stop first: the two never share memory.
     module_servers.close()
     log_dir = tmp_path_factory.mktemp("server-logs")
-    # vLLM without the plugin, for each kind: the reference for embeddings,
+    # vLLM without a strategy, for each kind: the reference for embeddings,
     # error answers and scores (every strategy tokenizes truncated pairs by prefix).
     wanted: list[tuple[str | None, str]] = [(None, "embed"), (None, "cross-encoder")]
     wanted += [(s, kind) for s in AVAILABLE for kind in ("embed", "cross-encoder")]
     with contextlib.ExitStack() as stack:
         ray_env = stack.enter_context(ray_cluster()) if "ray" in AVAILABLE else {}
+        env: dict[tuple[str | None, str], dict[str, str]] = {
+            **{("ray", kind): ray_env for kind in ("embed", "cross-encoder")},
+            # The health port, the one setting taken without a strategy: it changes
+            # nothing of how a request is served, so this server stays a reference.
+            (None, "cross-encoder"): {"OFFLOAD_VLLM_HEALTH_PORT": str(free_port())},
+        }
         starts = {
             (strategy, kind): functools.partial(
                 start_server, model_dirs[kind], "minilm" if kind == "embed" else "tiny-cross-encoder", strategy,
-                log_dir, workers=WORKERS.get(strategy or ""), extra_env=ray_env if strategy == "ray" else None,
+                log_dir, workers=WORKERS.get(strategy or ""), extra_env=env.get((strategy, kind)),
                 # The rest are forked (`_server_fork`): one server starts as a user's does.
                 fresh=(strategy, kind) == ("thread", "embed"),
             )

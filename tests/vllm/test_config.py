@@ -128,7 +128,8 @@ def test_ray_address() -> None:
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "65536"}, "is not a port"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "http"}, "is not a port"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "-1"}, "is not a port"),
-        ({"OFFLOAD_VLLM_HEALTH_PORT": "8081"}, "OFFLOAD_VLLM_HEALTH_PORT=8081 has no effect with no strategy set"),
+        ({"OFFLOAD_VLLM_HEALTH_MAX_STALL": "3"}, "OFFLOAD_VLLM_HEALTH_MAX_STALL has no effect without OFFLOAD_VLLM_HEALTH_PORT"),
+        ({"OFFLOAD_VLLM_HEALTH_PORT": "8081", "OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "OFFLOAD_VLLM_VALIDATION_SHORTCUT='0' has no effect with no strategy set"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_PORT": "8081", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "0"}, "OFFLOAD_VLLM_HEALTH_MAX_STALL='0'"),
         ({"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "3"}, "OFFLOAD_VLLM_HEALTH_MAX_STALL has no effect without OFFLOAD_VLLM_HEALTH_PORT"),
     ],
@@ -429,6 +430,28 @@ PLUGIN_LOADS: dict[str, tuple[str, dict[str, str]]] = {
         )
         for env, hooks in APP_HOOKS
     },
+    # No strategy: the health port alone is wired (its binding, and the serving
+    # objects seen as they are built); nothing that changes a request is.
+    "health port alone": (
+        _LOAD
+        + "from vllm.entrypoints.launchers import app\n"
+        "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
+        "from vllm.entrypoints.pooling.base.serving import PoolingBaseServing\n"
+        "import offload_vllm\n"
+        "print(offload_vllm.active_strategy(), ','.join(app.init_entrypoints_middleware.__offload_vllm_app__),\n"
+        "      getattr(PoolingBaseServing.__init__, '__offload_vllm__', False),\n"
+        "      getattr(PoolingIOProcessor.__init__, '__offload_vllm__', False))",
+        {"OFFLOAD_VLLM_HEALTH_PORT": "8081"},
+    ),
+    "nothing set": (
+        _LOAD
+        + "from vllm.entrypoints.launchers import app\n"
+        "from vllm.entrypoints.pooling.base.serving import PoolingBaseServing\n"
+        "import offload_vllm\n"
+        "print(offload_vllm.active_strategy(), hasattr(app.init_entrypoints_middleware, '__offload_vllm_app__'),\n"
+        "      getattr(PoolingBaseServing.__init__, '__offload_vllm__', False))",
+        {},
+    ),
     "old name": (
         _LOAD
         + "import os, offload_vllm\n"
@@ -475,6 +498,20 @@ def test_vllm_plugin_load_patches_where_vllm_builds_its_app_once_in_order(
     assert proc.returncode == 0, proc.stderr
     # What it wraps is vLLM's own, not another wrapper of the adapter's.
     assert proc.stdout.split()[-2:] == [hooks, "vllm"]
+
+
+def test_vllm_plugin_load_with_the_health_port_alone_patches_only_its_seams(
+    plugin_loads: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    """No strategy, the health port set: the port's binding where vLLM builds
+    its app, and the serving objects' construction (to start the loop's task),
+    and nothing else; with neither set, nothing at all."""
+    proc = plugin_loads["health port alone"]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-4:] == ["None", "bind_health", "True", "False"]
+    proc = plugin_loads["nothing set"]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-3:] == ["None", "False", "False"]
 
 
 def test_vllm_plugin_load_warns_once_about_an_old_name(
@@ -736,6 +773,16 @@ def test_health_port_and_its_bound_are_read() -> None:
     )
     assert settings.health_max_stall == 2.5
     assert read_settings({"OFFLOAD_VLLM_STRATEGY": "thread"}).health_port is None
+
+
+def test_the_health_port_is_taken_without_a_strategy() -> None:
+    """The health port and its bound, the only settings taken with no strategy
+    (vLLM keeps its own behaviour); the summary then shows only them."""
+    alone = read_settings({"OFFLOAD_VLLM_HEALTH_PORT": "8081", "OFFLOAD_VLLM_HEALTH_MAX_STALL": "2.5"})
+    assert (alone.strategy, alone.health_port, alone.health_max_stall) == (None, 8081, 2.5)
+    assert alone.summary() == "strategy=(vLLM default) health_port=8081 health_max_stall=2.5s"
+    assert read_settings({}).summary() == "strategy=(vLLM default)"
+    assert [option.name for option in OPTIONS if option.without_strategy] == ["health_port", "health_max_stall"]
 
 
 def test_the_validation_shortcut_is_on_unless_turned_off() -> None:

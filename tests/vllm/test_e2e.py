@@ -400,3 +400,23 @@ def test_health_answers_under_64_clients(embed_server: Server) -> None:
     assert statistics.median(health) < 0.5, statistics.median(health)
     assert slow <= max(2, len(health) // 20), (slow, len(health))
     assert max(health) < 60.0, max(health)
+
+
+def test_a_server_without_a_strategy_serves_the_health_port(servers: dict[tuple[str | None, str], Server]) -> None:
+    """`OFFLOAD_VLLM_HEALTH_PORT` and no strategy (the cross-encoder reference):
+    the port answers from what the loop's task publishes (its turns, vLLM's
+    engine check), and nothing else of offload is applied (none of its
+    metrics; the start-up log says vLLM keeps its own behaviour)."""
+    server = servers[(None, "cross-encoder")]
+    port = int(psutil.Process(server.proc.pid).environ()["OFFLOAD_VLLM_HEALTH_PORT"])
+    live = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    assert (live.status_code, live.json()["status"]) == (200, "ok"), live.text
+    assert live.json()["loop_turned_seconds_ago"] < 5.0
+    assert live.json()["engine_checked_seconds_ago"] is not None  # the loop's task runs
+    ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10)
+    assert (ready.status_code, ready.json()["status"]) == (200, "ready"), ready.text
+    assert ok(server, "/score", {"model": server.model, "text_1": QUERY, "text_2": DOCS})["data"]
+    assert not [name for name, _ in scrape(server) if name.startswith("offload")]
+    log = server.log.read_text(errors="replace")
+    assert "offload-vllm: no strategy set, vLLM keeps its own behaviour; strategy=(vLLM default) " in log
+    assert f"health_port={port} health_max_stall=5s on vLLM " in log

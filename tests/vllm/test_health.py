@@ -4,8 +4,11 @@ by the real answering process. End to end, on a real server: `test_operations.py
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,10 +22,12 @@ import httpx
 import psutil
 import pytest
 from offload_vllm import _health_answer as health_answer
+from offload_vllm._admission_view import Readiness
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
     READINESS_AT_ADMISSION,
+    RESTART_MIN_INTERVAL_S,
     Health,
     HealthServer,
     HealthState,
@@ -256,6 +261,65 @@ def test_a_killed_answering_process_is_started_again(health_server: HealthServer
     assert server.restarts == 2
 
 
+class _Records(logging.Handler):
+    """The adapter's log records (vLLM's logger, a parent of the adapter's, may not propagate to pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_process_that_cannot_be_started_again_is_tried_every_second(
+    health_server: HealthServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answering process killed while no interpreter can be started (the
+    path `sys.executable` names is gone, so the OS refuses to run it): the
+    start is tried again every second, logged once as an error; probes sent
+    meanwhile wait on the bound port, and are answered once a start works
+    again, whose warning counts the failed ones."""
+    server, url = health_server, f"http://127.0.0.1:{health_server.port}"
+    server.state.publish(max_stall=3600.0, loop_turned_at=time.monotonic())
+    records = _Records()
+    adapter_logger = logging.getLogger("vllm.offload_vllm")
+    adapter_logger.addHandler(records)
+    try:
+        monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+        killed = server.pid
+        os.kill(killed, signal.SIGKILL)
+        # Three start periods: at least two failed starts.
+        time.sleep(3 * RESTART_MIN_INTERVAL_S + 0.5)
+        errors = [r.getMessage() for r in records.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert "could not be started again" in errors[0]
+        assert "signal 9" in errors[0]
+        assert "No such file or directory" in errors[0]
+        assert (server.pid, server.restarts) == (killed, 0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.get, f"{url}/health", timeout=30)
+            time.sleep(0.5)
+            assert not waiting.done()  # queued on the bound port, not refused
+            monkeypatch.undo()
+            assert waiting.result().status_code == 200
+        assert server.restarts == 1
+        assert server.pid != killed
+        warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert re.search(r"started it again \(pid \d+, restart 1, after [2-9]\d* failed starts\)", warnings[0]), warnings
+    finally:
+        adapter_logger.removeHandler(records)
+
+
+def test_health_takes_readiness_whole() -> None:
+    """`Health` applies the `Readiness` it is given (the one rule, with its
+    own default typical cost), not one it builds from a typical cost."""
+    readiness = Readiness(lambda: 300.0)
+    assert Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", readiness).readiness is readiness
+    assert isinstance(Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT").readiness, Readiness)
+
+
 class _Engine:
     def __init__(self) -> None:
         self.dead = False
@@ -294,6 +358,23 @@ async def test_the_loop_publishes_its_turns_admission_and_the_engine() -> None:
             tg.cancel_scope.cancel()
     finally:
         executor.shutdown()
+
+
+def _may_raise_priority() -> bool:
+    """Whether a process here may lower its niceness (the OS allows it: root, `CAP_SYS_NICE`)."""
+    code = "import os; os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - 1)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False).returncode == 0
+
+
+def test_the_answering_process_runs_above_the_server_where_allowed(health_server: HealthServer) -> None:
+    """It asks for `PRIORITY_ABOVE_SERVER` below the server's niceness (the
+    server's loop and engine run at it), and gets it where the OS allows;
+    it never runs below the server."""
+    ours, theirs = os.getpriority(os.PRIO_PROCESS, 0), psutil.Process(health_server.pid).nice()
+    if _may_raise_priority():
+        assert theirs == max(-20, ours - health_answer.PRIORITY_ABOVE_SERVER)
+    else:
+        assert theirs == ours
 
 
 def test_free_port_helper_is_bindable_by_the_health_server() -> None:
@@ -353,7 +434,7 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
     for _ in range(5):
         rates.served(None, 300.0)
     assert rates.typical_cost(None) == pytest.approx(300.0)
-    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", rates.typical_cost)
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", Readiness(rates.typical_cost))
     executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
 
     def ready() -> int:

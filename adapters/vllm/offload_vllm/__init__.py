@@ -3,8 +3,9 @@
 Installed next to vLLM, this package registers `register` in vLLM's
 `vllm.general_plugins` entry-point group, which vLLM calls in every process it
 starts. `OFFLOAD_VLLM_STRATEGY` (else `OFFLOAD_STRATEGY`) picks the strategy;
-unset, vLLM keeps its own behaviour. The settings' old names, `VLLM_OFFLOAD_*`,
-still work, with a warning. See docs/vllm.md.
+unset, vLLM keeps its own behaviour, and the health port
+(`OFFLOAD_VLLM_HEALTH_PORT`) alone may be served beside it. The settings' old
+names, `VLLM_OFFLOAD_*`, still work, with a warning. See docs/vllm.md.
 
 The path of one request, and the module that holds each step (the same
 diagram is in docs/vllm.md#the-path-of-a-request)::
@@ -49,9 +50,10 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._config import ADAPTER_STRATEGIES as ADAPTER_STRATEGIES
+from ._config import HEALTH_PORT_ENV
 from ._config import OffloadVLLMConfigError as OffloadVLLMConfigError
 from ._config import Settings as Settings
 from ._config import adopt_new_names as _adopt_new_names
@@ -59,6 +61,10 @@ from ._config import read_settings as read_settings
 from ._process_role import is_worker_process
 from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
 from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
+
+if TYPE_CHECKING:
+    from ._health import Health
+    from ._seams.app import AppHook
 
 __version__ = "0.1.0"
 
@@ -93,7 +99,7 @@ def register() -> None:
         OffloadVLLMConfigError: a bad `OFFLOAD_VLLM_*`/`OFFLOAD_STRATEGY` value, an
             unknown `OFFLOAD_VLLM_*` or `VLLM_OFFLOAD_*` variable, or a setting whose
             new and old names disagree (vLLM does not catch it: the server stops at start).
-        UnsupportedVLLMVersion: a strategy is set and this vLLM lacks a seam.
+        UnsupportedVLLMVersion: a strategy or the health port is set and this vLLM lacks a seam.
     """
     global _active
     if is_worker_process():
@@ -112,14 +118,21 @@ def register() -> None:
         # warn about ours either.
         _adopt_new_names(settings)
     if settings.strategy is None:
+        if settings.health_port is not None:
+            from ._seamcheck import require_supported_vllm
+
+            version = require_supported_vllm()
+            _serve_health_alone(settings.health_port, settings.health_max_stall)
+            logger.info("offload-vllm: no strategy set, vLLM keeps its own behaviour; %s on vLLM %s", settings.summary(), version)
+        else:
+            logger.debug("offload-vllm: no strategy set; vLLM keeps its own behaviour")
         _active = settings
-        logger.debug("offload-vllm: no strategy set; vLLM keeps its own behaviour")
         return
 
     from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
-    from ._config import HEALTH_PORT_ENV
+    from ._admission_view import Readiness
     from ._door import CountRequests, RefuseWhenFull, RequestsInFlight
     from ._health import Health
     from ._phases import TimePhases
@@ -137,7 +150,7 @@ def register() -> None:
     health = (
         None
         if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, rates.typical_cost)
+        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, Readiness(rates.typical_cost))
     )
     policy = RequestPolicy(
         executor_of=runtime.current_executor,
@@ -177,12 +190,7 @@ def register() -> None:
     if settings.validation_shortcut:
         hooks.append(validation.shortcut_validation)
     if health is not None:
-
-        def bind_health(args: Any, app: Any) -> None:
-            # A port that cannot be had stops the server at start, naming the setting.
-            health.bind(app_seam.host(args))
-
-        hooks.append(bind_health)
+        hooks.append(_binds(health))
 
     def time_phases(args: Any, app: Any) -> None:
         app.add_middleware(TimePhases)
@@ -217,3 +225,33 @@ def register() -> None:
         settings.strategy_source,
         version,
     )
+
+
+def _binds(health: Health) -> AppHook:
+    """The app hook that binds `health`'s port on vLLM's `--host` as vLLM builds its app."""
+    from ._seams import app as app_seam
+
+    def bind_health(args: Any, app: Any) -> None:
+        # A port that cannot be had stops the server at start, naming the setting.
+        health.bind(app_seam.host(args))
+
+    return bind_health
+
+
+def _serve_health_alone(port: int, max_stall: float) -> None:
+    """No strategy, the health port set: the port, bound as vLLM builds its app,
+    and the loop's task, started when the first pooling entrypoint is built,
+    as with a strategy; nothing else of vLLM is changed (its pooling serving
+    objects are seen as they are built, not altered). Readiness then follows
+    liveness and shutdown alone: there is no admission to refuse."""
+    from ._health import Health
+    from ._seams import app as app_seam
+    from ._seams import serving
+
+    health = Health(port, max_stall, HEALTH_PORT_ENV)
+    app_seam.install(_binds(health))
+
+    def serving_built(serving_object: Any) -> None:
+        health.watch(lambda: None, serving_object.engine_client)
+
+    serving.install(serving_built)

@@ -60,7 +60,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Settings:
-    """What the plugin applies. `strategy=None` leaves vLLM's own behaviour untouched.
+    """What the plugin applies. `strategy=None` leaves vLLM's own behaviour
+    untouched (with `health_port`, the health port is served beside it).
 
     One field per row of `OPTIONS` (its `attribute`), which says what it is.
     Two settings are equal when they apply the same thing, whichever variables
@@ -135,10 +136,13 @@ class Settings:
 
     def summary(self) -> str:
         """What is applied, in one line (the start-up logs): each setting in
-        `OPTIONS`' order that is given, or always shown."""
+        `OPTIONS`' order that is given, or always shown; with no strategy, the
+        strategy and those taken without one alone."""
         defaults = {f.name: f.default for f in fields(self)}
         parts = []
         for option in OPTIONS:
+            if self.strategy is None and option is not OPTIONS[0] and not option.without_strategy:
+                continue
             value = getattr(self, option.attribute)
             if option.needs is not None and getattr(self, BY_NAME[option.needs].attribute) is None:
                 continue
@@ -195,7 +199,7 @@ def _lookup(env: Mapping[str, str], name: str, legacy: list[str]) -> tuple[str, 
 
 
 def _check_applies(option: Option, strategy: str | None, name: str, shown: str) -> None:
-    if strategy is not None and option.applies_to(strategy):
+    if option.without_strategy if strategy is None else option.applies_to(strategy):
         return
     valid = [s for s in ADAPTER_STRATEGIES if option.applies_to(s)]
     if strategy is None:
@@ -247,7 +251,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     old `VLLM_OFFLOAD_*` name where it has one (both set: they must agree); the
     strategy, from neither, falls back to offload's `OFFLOAD_STRATEGY`. A
     message names the variable the value came from. A setting that does not
-    apply to the strategy, or lacks the setting it needs, is refused.
+    apply to the strategy (with no strategy: one not taken without one, all
+    but the health port's), or lacks the setting it needs, is refused.
     """
     env = os.environ if environ is None else environ
     unknown = sorted(

@@ -214,7 +214,13 @@ class HealthServer:
         )
 
     def _keep_running(self) -> None:
-        """Wait for the process; start it again if it ended before `close`."""
+        """Wait for the process; start it again if it ended before `close`.
+
+        A start that fails (`OSError`: no interpreter, no memory, no process
+        left) is tried again every `RESTART_MIN_INTERVAL_S`, logged as an
+        error at the first failure alone; the warning of the start that works
+        says how many failed. Probes sent meanwhile wait on the bound port."""
+        failed = 0
         while True:
             code = self._process.wait()
             if self._closing.wait(max(0.0, self._started_at + RESTART_MIN_INTERVAL_S - time.monotonic())):
@@ -226,14 +232,20 @@ class HealthServer:
                 try:
                     self._process = self._start()
                 except OSError as exc:
-                    logger.error("offload-vllm: the health endpoints' process ended (%s) and could not be started again: %s", how, exc)
+                    if not failed:
+                        logger.error(
+                            "offload-vllm: the health endpoints' process ended (%s) and could not be started again: "
+                            "%s; trying again every %gs", how, exc, RESTART_MIN_INTERVAL_S,
+                        )
+                    failed += 1
                     self._started_at = time.monotonic()
                     continue
                 self.restarts += 1
             logger.warning(
-                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d)",
-                how, self._process.pid, self.restarts,
+                "offload-vllm: the health endpoints' process ended (%s); started it again (pid %d, restart %d%s)",
+                how, self._process.pid, self.restarts, f", after {failed} failed start{'s' * (failed > 1)}" if failed else "",
             )
+            failed = 0
 
     @property
     def pid(self) -> int:
@@ -313,13 +325,10 @@ class Health:
     vLLM builds its app, and the loop's task, started when the first pooling
     entrypoint is built (with the engine client, inside the loop)."""
 
-    def __init__(
-        self, port: int, max_stall: float, setting: str, typical_cost: Callable[[], float] = lambda: 1.0
-    ) -> None:
-        """`typical_cost()`: the cost of a typical request of the default lane now
-        (readiness's rule: `_admission_view.Readiness`)."""
+    def __init__(self, port: int, max_stall: float, setting: str, readiness: Readiness | None = None) -> None:
+        """`readiness`: readiness's rule over admission (default: `Readiness()`'s)."""
         self.state = HealthState(max_stall)
-        self.readiness = Readiness(typical_cost)
+        self.readiness = Readiness() if readiness is None else readiness
         self._port = port
         self._setting = setting
         self.server: HealthServer | None = None

@@ -59,6 +59,16 @@ REQUEST_TIMEOUT_S = 1.0
 REQUEST_MAX = 8192
 #: How often the process checks that the API server still runs (seconds).
 PARENT_CHECK_S = 1.0
+#: The process asks for a niceness this much below the API server's (whose
+#: loop, engine and the engine's spinning readers run at the server's, its
+#: workers 10 above), so that a probe's wake-up comes before theirs when the
+#: cores are busy: beside three processes spinning at the server's niceness,
+#: a probe's p99 until its answer arrived was 5.7 ms at -10, 9.5 ms at -5,
+#: 13.6 ms at 0 (docs/operations.md). Only where the OS lets a process raise
+#: its priority (`CAP_SYS_NICE`, `RLIMIT_NICE`); elsewhere it stays at the
+#: server's. An answer takes about 10 microseconds: what it may take first is
+#: a probe's CPU, and a flood of probes' (the port is for the kubelet).
+PRIORITY_ABOVE_SERVER = 10
 PATHS = ("/health", "/ready")
 
 
@@ -245,9 +255,21 @@ def _send(connection: socket.socket, response: bytes) -> None:
         return
 
 
+def rise_above_the_server() -> int:
+    """Lower this process's niceness by `PRIORITY_ABOVE_SERVER` where the OS
+    allows it; its niceness after."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, current - PRIORITY_ABOVE_SERVER))
+    except OSError:  # not allowed: it runs at the server's priority, above the workers'
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def main(argv: list[str]) -> None:
     """`listener_fd board_fd parent_pipe_fd parent_pid`, all inherited."""
     listener_fd, board_fd, parent_pipe, parent = (int(arg) for arg in argv)
+    rise_above_the_server()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     listener = socket.socket(fileno=listener_fd)

@@ -72,6 +72,9 @@ class Option:
     applies: Callable[[StrategyRow], bool] | None = None
     #: Why a strategy it does not apply to ignores it ("it has no queue").
     lacking: str = ""
+    #: Taken with no strategy set too: it adds to vLLM's server without changing
+    #: how a request is served (the health port), so vLLM keeps its own behaviour.
+    without_strategy: bool = False
     #: Another setting (its name) without which it has no effect.
     needs: str | None = None
     #: The `Settings` field it fills (default: `name`).
@@ -106,7 +109,9 @@ class Option:
         if self.name == "strategy":
             return ""
         others = [f"`{s}`" for s in ADAPTER_STRATEGIES if not self.applies_to(s)]
-        return f"Refused with {or_list([*others, 'no strategy'])}."
+        if not self.without_strategy:
+            others.append("no strategy")
+        return f"Refused with {or_list(others)}." if others else ""
 
 
 def _has_pool(row: StrategyRow) -> bool:
@@ -213,12 +218,12 @@ OPTIONS = (
     Option(
         "health_port", parse.integer(1, 65535, "a port", "a TCP port number from 1 to 65535"),
         "Serve liveness and readiness on this port, off the event loop.", "TCP port 1-65535",
-        "unset (no health port)", metavar="PORT",
+        "unset (no health port)", metavar="PORT", without_strategy=True,
     ),
     Option(
         "health_max_stall", parse.positive("the seconds the event loop may go without turning"),
         "Seconds the event loop may go without turning before liveness fails.", "seconds > 0", "5",
-        metavar="SECONDS", needs="health_port", always_shown=True, unit="s",
+        metavar="SECONDS", needs="health_port", always_shown=True, unit="s", without_strategy=True,
     ),
     Option(
         "prefix_tokenize", parse.switch, "Tokenize a truncated text prompt only as far as its kept tokens need.",
