@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from offload_vllm._config import DEFAULT_INLINE_COST
 from offload_vllm._cost import (
+    ECHO_COST_PER_CHARACTER,
     IMAGE_COST,
     MAX_DEPTH,
     PIECE_COST,
@@ -139,8 +140,69 @@ def test_postprocessing_costs_the_output_values() -> None:
     import torch
 
     outputs = [SimpleNamespace(outputs=SimpleNamespace(data=torch.zeros(384))) for _ in range(3)]
-    assert postprocess_cost(SimpleNamespace(final_res_batch=outputs)) == 3 * 384 * POSTPROCESS_COST_PER_VALUE
-    assert postprocess_cost(SimpleNamespace(final_res_batch=[])) == 0
+    request = _embedding(input=["a text it does not echo"] * 3)
+    assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=outputs)) == 3 * 384 * POSTPROCESS_COST_PER_VALUE
+    assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=[])) == 0
+
+
+def _scored_outputs(scores: list[float]) -> list[Any]:
+    """Engine outputs of a cross-encoder, one score each, as vLLM hands them to post-processing."""
+    import torch
+    from vllm.outputs import PoolingOutput, PoolingRequestOutput
+
+    return [
+        PoolingRequestOutput(f"rerank-{i}", PoolingOutput(data=torch.tensor([score])), [101, 102], 0, True)
+        for i, score in enumerate(scores)
+    ]
+
+
+def _rerank_body(documents: list[Any], scores: list[float]) -> bytes:
+    """The body vLLM builds for a rerank answer (`ServingScores._request_output_to_rerank_response`)."""
+    from vllm.entrypoints.pooling.scoring.serving import ServingScores
+
+    shell = object.__new__(ServingScores)  # the method reads nothing of the serving object
+    response = shell._request_output_to_rerank_response(
+        _scored_outputs(scores), "rerank-0", "m", documents, len(documents), 2 * len(documents)
+    )
+    return bytes(response.body)
+
+
+def test_a_rerank_answer_costs_at_least_the_documents_it_echoes() -> None:
+    """A rerank answer carries every document back (vLLM's `RerankDocument`),
+    so building it (encoding every document's text into the body) costs
+    `ECHO_COST_PER_CHARACTER` per character the documents make of the body,
+    besides its scores: a request of 32 long documents is built off the
+    loop (above `OFFLOAD_VLLM_INLINE_COST`), though it has 32 output values
+    only. A `/score` answer echoes nothing."""
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    # Prose, CJK and emoji: written into the body one character each (no escapes).
+    documents = [f"document {i}: " + "the quick brown fox 狐狸 🦊 " * 200 for i in range(32)]
+    scores = [0.25 + i / 100 for i in range(32)]
+    request = RerankRequest(query="which fox", documents=documents)
+    cost = postprocess_cost(SimpleNamespace(request=request, final_res_batch=_scored_outputs(scores)))
+    body = _rerank_body(documents, scores).decode()
+    without = _rerank_body([""] * 32, scores).decode()
+    echoed = len(body) - len(without)
+    assert echoed == sum(map(len, documents))
+    assert cost >= ECHO_COST_PER_CHARACTER * echoed + 32 * POSTPROCESS_COST_PER_VALUE
+    assert cost > DEFAULT_INLINE_COST
+    score = _score(queries="which fox", documents=documents)
+    assert postprocess_cost(SimpleNamespace(request=score, final_res_batch=_scored_outputs(scores))) == (
+        32 * POSTPROCESS_COST_PER_VALUE
+    )
+
+
+def test_a_multimodal_documents_content_is_echoed_and_priced() -> None:
+    """A multimodal document comes back as its content parts (`multi_modal`),
+    base64 image data included: every string of them counts, one per character."""
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    image = "data:image/png;base64," + "iVBORw0KGgo" * 400
+    document = {"content": [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "a fox"}]}
+    request = RerankRequest(query="which fox", documents=[document])
+    cost = postprocess_cost(SimpleNamespace(request=request, final_res_batch=_scored_outputs([0.5])))
+    assert cost >= ECHO_COST_PER_CHARACTER * len(image) + POSTPROCESS_COST_PER_VALUE
 
 
 def test_engine_priority_is_set_unless_the_client_set_one() -> None:
@@ -567,3 +629,61 @@ def test_truncated_pairs_are_priced_by_what_prefix_tokenization_reads() -> None:
         assert request_cost(RerankRequest(query=query, documents=documents)) == whole
         with mock.patch.object(requests_seam, "pair_prefix_installed", return_value=False):
             assert request_cost(truncated) >= whole
+
+
+def test_a_scoring_requests_pairs_are_read_once() -> None:
+    """Admitted through the serving seam, a truncated rerank request's pairs
+    are read at admission (`_prefix.pair_read_bounds`, once per pair), and
+    pricing its render parameters again, to cut its rendering into pieces,
+    reads none of them again and gives the same price; outside a request
+    (`pricing_pairs`), each pricing reads them."""
+    import asyncio
+
+    from offload_vllm import _prefix
+    from offload_vllm._request_policy import RequestPolicy
+    from offload_vllm._seams import requests as requests_seam
+    from offload_vllm._seams import serving as serving_seam
+    from offload_vllm._seams.errors import ANSWERS
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    import offload
+
+    query = "which fox"
+    documents = [f"{i} " + ("the quick brown fox jumps " * 400) for i in range(8)]
+    request = RerankRequest(query=query, documents=documents, truncate_prompt_tokens=64)
+    tok_params = SimpleNamespace(truncate_prompt_tokens=64)
+
+    def render_params() -> list[dict[str, Any]]:
+        # As vLLM's request factory builds them: the request's own strings.
+        return [{"data_1": request.query, "data_2": d, "tok_params": tok_params} for d in request.documents]
+
+    async def serve(self: Any, request: Any, raw_request: Any) -> float:
+        return sum(render_params_cost(params) for params in render_params())
+
+    executor = offload.get_executor("thread", max_workers=1)
+    policy = RequestPolicy(
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False,
+        retry_after=lambda executor, lane, cost: 1, answers=ANSWERS,
+    )
+    admitted: list[float] = []
+    original_admit = RequestPolicy.admit
+
+    async def admit(self: RequestPolicy, scope: Any, cost_of: Any, set_priority: Any, call: Any) -> Any:
+        admitted.append(cost_of())
+        return await original_admit(self, scope, lambda: admitted[-1], set_priority, call)
+
+    serving = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False))
+    wrapped = serving_seam._admitting(serve, policy)
+    read = mock.Mock(wraps=_prefix.pair_read_bounds)
+    try:
+        with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
+            requests_seam, "pair_prefix_installed", return_value=True
+        ), mock.patch.object(_prefix, "pair_read_bounds", read), mock.patch.object(RequestPolicy, "admit", admit):
+            rendered = asyncio.run(wrapped(serving, request, None))
+            assert read.call_count == len(documents)
+            assert rendered == admitted[0]
+            read.reset_mock()
+            assert sum(render_params_cost(params) for params in render_params()) == rendered
+            assert read.call_count == len(documents)
+    finally:
+        executor.shutdown()

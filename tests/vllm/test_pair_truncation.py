@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ._server import Server
+from ._server import Server, scrape, total
 from .conftest import AVAILABLE
 from .test_truncation import long_texts
 
@@ -123,3 +123,49 @@ def test_a_bi_encoders_truncated_pairs_score_as_vllm_does(
                 body["truncation_side"] = side
             what = f"bi-encoder limit={limit} side={side}"
             assert_same(scored(ours_server, "/score", body), vllms_answer(vllm_server, "/score", body), what)
+
+
+def test_a_rerank_answer_echoes_its_documents_as_vllms_does_built_off_the_loop(
+    servers: dict[tuple[str | None, str], Server], strategy: str
+) -> None:
+    """A rerank answer carries every document back: documents of quotes,
+    backslashes, tabs, a control character, CJK and emoji come back as in
+    vLLM's own answer (scores within 1e-5, the same `usage`). Long enough
+    that the answer is priced past the inline cost (`_cost.ECHO_COST_PER_CHARACTER`),
+    it is built on a worker where the strategy runs small calls on the loop
+    (`offload_vllm_loop_calls_total{call="postprocess"}` does not move), and a
+    short one's answer is built on the loop."""
+    if strategy not in AVAILABLE:
+        pytest.skip(f"no {strategy} server here")
+    ours_server, vllm_server = servers[(strategy, "cross-encoder")], servers[(None, "cross-encoder")]
+    documents = [f"{i}: " + 'a "quoted" back\\slash, a tab\t, a control \x01 character, 狐狸 and 🦊; ' * 40 for i in range(8)]
+    body = {"model": ours_server.model, "query": QUERY, "documents": documents, "truncate_prompt_tokens": 64}
+
+    def built_on_the_loop() -> float | None:
+        values = scrape(ours_server)
+        if not any(name == "offload_vllm_loop_calls_total" for name, _ in values):
+            return None  # no call runs on the loop under this strategy
+        return total(values, "offload_vllm_loop_calls_total", call="postprocess")
+
+    before = built_on_the_loop()
+    ours = httpx.post(f"{ours_server.url}/rerank", json=body, timeout=120)
+    after = built_on_the_loop()
+    theirs = httpx.post(f"{vllm_server.url}/rerank", json=body, timeout=120)
+    assert ours.status_code == theirs.status_code == 200, (ours.text[:300], theirs.text[:300])
+    ours_data, theirs_data = ours.json(), theirs.json()
+    ours_results = sorted(ours_data["results"], key=lambda r: r["index"])
+    theirs_results = sorted(theirs_data["results"], key=lambda r: r["index"])
+    assert [r["document"] for r in ours_results] == [r["document"] for r in theirs_results]
+    assert [r["document"]["text"] for r in ours_results] == documents
+    assert ours_data["usage"] == theirs_data["usage"]
+    np.testing.assert_allclose(
+        [r["relevance_score"] for r in ours_results], [r["relevance_score"] for r in theirs_results], atol=1e-5
+    )
+    if before is None:
+        return
+    assert after == before
+    short = httpx.post(
+        f"{ours_server.url}/rerank", json={"model": ours_server.model, "query": QUERY, "documents": ["a", "b"]}, timeout=120
+    )
+    assert short.status_code == 200
+    assert built_on_the_loop() == before + 1

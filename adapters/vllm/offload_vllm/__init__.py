@@ -140,7 +140,7 @@ def register() -> None:
     from ._retry_after import DrainRates
     from ._runtime import Runtime
     from ._seams import app as app_seam
-    from ._seams import io_processor, offline, serving, validation
+    from ._seams import io_processor, offline, responses, serving, validation
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
@@ -215,6 +215,7 @@ def register() -> None:
         return runtime.render(io_processor_object, vllm_config)
 
     io_processor.install(make_render)
+    responses.install_response_encoder()
     serving.install(serving_built)
     serving.install_preprocessing(preprocessed)
     offline.install(runtime.offline_executor)

@@ -23,8 +23,10 @@ middleware, which has not read the body yet, uses `body_floor` of its
 Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
 character, plus ~50 µs per prompt; building an embeddings response, ~0.55
-µs per output value (float); a `process` hand-off, ~0.3 ms plus ~25 µs per
-prompt pickled both ways; a `thread` hand-off, ~0.02 ms. Through a server
+µs per output value (float); encoding text a response echoes (a rerank
+answer's documents) as JSON, at most ~30 ns a character; a `process`
+hand-off, ~0.3 ms plus ~25 µs per prompt pickled both ways; a `thread`
+hand-off, ~0.02 ms. Through a server
 (`python -m benchmarks image-cost`, tiny CLIP, `inline`), a one-image
 request costs the loop ~3.7-3.8 ms more than a short text request at 32 and
 96 pixels: `IMAGE_COST`.
@@ -35,7 +37,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, final
 
 from PIL import Image
 from pydantic import BaseModel
@@ -113,6 +115,16 @@ def body_floor(content_length: int) -> float:
 #: Building the response costs this much per output value (a float of an
 #: embedding, a score): ~0.55 µs a value against ~0.36 µs a character.
 POSTPROCESS_COST_PER_VALUE = 1.5
+
+#: Building the response costs this much per character of the request it
+#: carries back (a rerank answer echoes every document: its text, or a
+#: multimodal document's content parts): encoding text as JSON took at most
+#: ~30 ns a character with Starlette's encoder (`json.dumps`; strings mixing
+#: emoji and control characters, which it writes as six bytes), ~11 ns with
+#: pydantic-core's (`_seams/responses.py`), and ~2-5 ns on prose; 30 ns is
+#: 0.083 at ~0.36 µs a character. Measured on the 2-core test machine, 32
+#: strings of 1,000,000 characters in all, median of 15.
+ECHO_COST_PER_CHARACTER = 0.1
 
 
 class TooDeep(ValueError):
@@ -253,7 +265,13 @@ def inputs_cost(value: Any, cap: int | None = None, images: Images = Images.NONE
 
 
 def pairs_cost(
-    queries: Any, documents: Any, images: Images = Images.NONE, cap: int | None = None, *, whole_pairs: bool = False
+    queries: Any,
+    documents: Any,
+    images: Images = Images.NONE,
+    cap: int | None = None,
+    *,
+    whole_pairs: bool = False,
+    priced: PricedPairs | None = None,
 ) -> float:
     """The cost of scoring `queries` against `documents` (vLLM pairs one query
     with every document, or the i-th query with the i-th document): every
@@ -262,13 +280,16 @@ def pairs_cost(
     a text pair counts the most characters prefix tokenization hands the
     tokenizer for it, as a cross-encoder's pair (`_prefix.pair_read_bound`)
     or as two prompts of a bi-encoder's (`_prefix.read_bound`), whichever is
-    more; `whole_pairs`: a cross-encoder tokenizes pairs whole (`_prefix.pair_plan`)."""
+    more; `whole_pairs`: a cross-encoder tokenizes pairs whole (`_prefix.pair_plan`);
+    `priced`: each text pair's cost is kept there (or read from it, where it
+    was kept already) for pricing the pair again (`PricedPairs`)."""
     query_list = _as_list(queries)
     document_list = _as_list(documents)
     pairs = len(document_list)
     if cap is not None and len(query_list) in (1, pairs):
         together = query_list * pairs if len(query_list) == 1 else query_list
-        return float(sum(pair_cost(q, d, images, cap, whole_pairs) for q, d in zip(together, document_list, strict=True)) + PROMPT_COST * pairs)
+        price = pair_cost if priced is None else priced.cost
+        return float(sum(price(q, d, images, cap, whole_pairs) for q, d in zip(together, document_list, strict=True)) + PROMPT_COST * pairs)
     query_characters = sum(characters(q, images=images) for q in query_list)
     if len(query_list) == 1:
         query_characters *= pairs
@@ -284,6 +305,32 @@ def pair_cost(query: Any, document: Any, images: Images, cap: int, whole_pairs: 
             pair, alone = _prefix.pair_read_bounds(query, document, cap)
         return float(max(pair, _prefix.read_bound(query, cap) + alone))
     return characters(query, images=images) + characters(document, images=images)
+
+
+@final
+class PricedPairs:
+    """The costs of one request's text pairs (`pair_cost`), kept as they are
+    first read (at admission) for when its rendering is priced again to be
+    cut into pieces: the texts of a pair are scanned once. A pair is known by
+    the identity of its two strings (the render parameters vLLM builds hold
+    the request's own) and `pair_cost`'s arguments. Holds one request's
+    strings for as long as it is kept: one request's lifetime."""
+
+    __slots__ = ("_costs",)
+
+    def __init__(self) -> None:
+        # Each value holds its two strings, so no key's ids are reused while it is here.
+        self._costs: dict[tuple[int, int, int, bool], tuple[str, str, float]] = {}
+
+    def cost(self, query: Any, document: Any, images: Images, cap: int, whole_pairs: bool = False) -> float:
+        """`pair_cost(query, document, images, cap, whole_pairs)`, read once per text pair."""
+        if type(query) is not str or type(document) is not str:
+            return pair_cost(query, document, images, cap, whole_pairs)
+        key = (id(query), id(document), cap, whole_pairs)
+        known = self._costs.get(key)
+        if known is None:
+            known = self._costs[key] = (query, document, pair_cost(query, document, images, cap, whole_pairs))
+        return known[2]
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -20,6 +20,7 @@ import offload
 from ._process_role import mark_worker_process
 from ._seams import config as config_seam
 from ._seams import renderer as renderer_seam
+from ._seams import responses as responses_seam
 from ._seams import serving as serving_seam
 
 
@@ -117,10 +118,12 @@ def init_remote_worker(vllm_config: Any, retitle: bool, prefix_tokenize: bool = 
     vLLM runs here, then builds its renderer. `retitle`: show `PROCESS_TITLE`
     in `ps` (`process`; a Ray actor keeps Ray's title, which Ray's tools show).
     `prefix_tokenize`: its renderers tokenize truncated prompts by prefix, as the
-    server's do (`_prefix/`); the plugin patches nothing in a worker process."""
+    server's do (`_prefix/`); the plugin patches nothing in a worker process.
+    Its scoring answers are encoded as the server's are (`_seams/responses.py`)."""
     mark_worker_process()
     if prefix_tokenize:
         renderer_seam.install_prefix_tokenization()
+    responses_seam.install_response_encoder()
     if retitle:
         import setproctitle  # a vLLM dependency
 

@@ -5,6 +5,7 @@ The modules that patch vLLM, each function patched from exactly one of them:
 validation shortcut, in the order `register` gives), `serving.py` (pooling
 serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `io_processor.py` (`render_async`), `renderer.py` (tokenization),
+`responses.py` (the JSON encoder of scoring answers),
 `validation.py` (FastAPI's body validation of the pooling routes) and
 `offline.py` (`LLM`'s executor). The others read vLLM's objects and answer
 in its words: `requests.py` (request fields), `config.py`, `engine.py`,
@@ -136,8 +137,11 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.entrypoints.pooling.pooling.serving", "ServingPooling", "io_processors", "instance", used_by=_S_SERVING),
     *_instance_attributes("vllm.entrypoints.serve.engine.serving", "BaseServing", ("models", "request_logger"), _S_SERVING),
     # The serve context: rendered into, stripped for a worker process, and
-    # (its engine outputs' values) post-processing's cost.
-    *_fields(_TYPING, "PoolingServeContext", ("engine_inputs", "raw_request", "result_generator", "final_res_batch"), _S_SERVING),
+    # (its engine outputs' values, and the request it echoes) post-processing's cost.
+    *_fields(
+        _TYPING, "PoolingServeContext", ("request", "engine_inputs", "raw_request", "result_generator", "final_res_batch"),
+        _S_SERVING,
+    ),
     Seam("vllm.outputs", "PoolingRequestOutput", "outputs", "instance", used_by=_S_SERVING),
     Seam("vllm.outputs", "PoolingOutput", "data", "field", used_by=_S_SERVING),
     # A request's cost is read from the fields holding its inputs; its engine
@@ -157,6 +161,8 @@ REQUIRED: tuple[Seam, ...] = (
         for key in keys
     ),
     *_fields(_TYPING, "ScoringRenderParams", ("data_1", "data_2"), _S_REQUESTS),
+    # Scoring answers are built with the module's `JSONResponse`, which is replaced.
+    Seam("vllm.entrypoints.pooling.scoring.serving", None, "JSONResponse", used_by="_seams/responses.py"),
     # Refusals: vLLM's own queue-overflow answer and error body.
     Seam("vllm.entrypoints.serve.exception_handling.error_response", None, "create_error_response", used_by=_S_ERRORS),
     Seam("vllm.exceptions", None, "QueueOverflowError", used_by=_S_ERRORS),

@@ -19,7 +19,9 @@ before loading them). Every other string, a text input beginning
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequestMixin
@@ -27,6 +29,7 @@ from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequ
 from .._cost import (
     PROMPT_COST,
     Images,
+    PricedPairs,
     body_floor,
     characters,
     inputs_cost,
@@ -59,6 +62,28 @@ RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
 
 
+#: The text pairs priced so far in the request being served (`pricing_pairs`).
+_priced_pairs: contextvars.ContextVar[PricedPairs | None] = contextvars.ContextVar(
+    "offload_vllm_priced_pairs", default=None
+)
+
+
+@contextlib.contextmanager
+def pricing_pairs() -> Iterator[None]:
+    """Within it, a text pair priced once (a scoring request's at admission,
+    `request_cost`) is not read again when its render parameters are priced
+    (`render_params_cost`): one request's pairs, kept until it ends
+    (`_cost.PricedPairs`). Entered again within itself, it keeps the pairs."""
+    if _priced_pairs.get() is not None:
+        yield
+        return
+    token = _priced_pairs.set(PricedPairs())
+    try:
+        yield
+    finally:
+        _priced_pairs.reset(token)
+
+
 def takes_images(serving: Any) -> bool:
     """Whether the model `serving` (a pooling serving object) serves is
     multimodal: vLLM loads the images of scoring inputs for it alone."""
@@ -81,10 +106,11 @@ def _inputs_cost(request: Any, multimodal: bool) -> float:
     if isinstance(request, ScoringRequestMixin):
         cap = _pair_cap(request.truncate_prompt_tokens, request.max_tokens_per_query, request.max_tokens_per_doc)
         whole = not pair_prefix_installed()
+        priced = _priced_pairs.get()
         if isinstance(request, RerankRequest):
-            return pairs_cost(request.query, request.documents, scoring_images, cap, whole_pairs=whole)
+            return pairs_cost(request.query, request.documents, scoring_images, cap, whole_pairs=whole, priced=priced)
         # Every form of ScoreRequest names its sides so.
-        return pairs_cost(request.data_1, request.data_2, scoring_images, cap, whole_pairs=whole)  # type: ignore[attr-defined]
+        return pairs_cost(request.data_1, request.data_2, scoring_images, cap, whole_pairs=whole, priced=priced)  # type: ignore[attr-defined]
     messages = getattr(request, "messages", None)
     if messages is not None:
         # One conversation (a list of messages), or a batch of them (a list of lists).
@@ -106,9 +132,17 @@ def _pair_cap(truncate_prompt_tokens: Any, max_tokens_per_query: Any, max_tokens
     return truncated_cap(truncate_prompt_tokens)
 
 
+def echoed(request: Any) -> Any:
+    """What of `request` its answer carries back, for post-processing's cost:
+    a rerank request's documents (vLLM's `RerankDocument`: a text, or a
+    multimodal document's content parts), `None` for any other request."""
+    return request.documents if isinstance(request, RerankRequest) else None
+
+
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
     """What rendering one prompt's render parameters costs (a scoring pair's
-    query and document together); a truncated text prompt's as `request_cost` prices it."""
+    query and document together); a truncated text prompt's as `request_cost`
+    prices it; a text pair priced already within `pricing_pairs`, as it was priced."""
     if "data_1" in render_params:
         cap = _pair_cap(
             getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None),
@@ -117,7 +151,9 @@ def render_params_cost(render_params: Mapping[str, Any]) -> float:
         )
         if cap is not None:
             whole = not pair_prefix_installed()
-            return pair_cost(render_params["data_1"], render_params["data_2"], Images.PARTS, cap, whole) + PROMPT_COST
+            priced = _priced_pairs.get()
+            price = pair_cost if priced is None else priced.cost
+            return price(render_params["data_1"], render_params["data_2"], Images.PARTS, cap, whole) + PROMPT_COST
     cap = None
     if "prompts" in render_params and prefix_installed():
         cap = truncated_cap(getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None))

@@ -37,7 +37,7 @@ from vllm.entrypoints.pooling.base.serving import (
 )
 
 from .. import _phases as phases
-from .._cost import POSTPROCESS_COST_PER_VALUE
+from .._cost import ECHO_COST_PER_CHARACTER, POSTPROCESS_COST_PER_VALUE, characters
 from .._request_policy import RequestPolicy, content_length
 from . import io_processor as io_processor_seam
 from . import requests as requests_seam
@@ -114,9 +114,12 @@ def postprocess(serving: Any, io_processor: Any, ctx: Any) -> Any:
 
 def postprocess_cost(ctx: Any) -> float:
     """What building the response of `ctx` costs (`_cost.py`): its engine
-    outputs' values (an embedding's floats, a score), counted without copying."""
+    outputs' values (an embedding's floats, a score), counted without copying,
+    and the characters of the request it carries back (`requests.echoed`: a
+    rerank answer's documents), read as pricing reads a request."""
     values = sum(output.outputs.data.numel() for output in ctx.final_res_batch or ())
-    return float(values * POSTPROCESS_COST_PER_VALUE)
+    echoed = characters(requests_seam.echoed(ctx.request))
+    return float(values * POSTPROCESS_COST_PER_VALUE + echoed * ECHO_COST_PER_CHARACTER)
 
 
 def strip_context(ctx: Any) -> Any:
@@ -185,7 +188,9 @@ def _admitting(
             if requests_seam.sets_own_priority(request)
             else functools.partial(requests_seam.set_engine_priority, request)
         )
-        return await policy.admit(scope, cost_of, set_priority, lambda: original(self, *args, **kwargs))
+        # A scoring request's pairs are read at admission, and not again to cut its rendering into pieces.
+        with requests_seam.pricing_pairs():
+            return await policy.admit(scope, cost_of, set_priority, lambda: original(self, *args, **kwargs))
 
     __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
     return __call__
