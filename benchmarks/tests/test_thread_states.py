@@ -99,10 +99,10 @@ os.sched_setaffinity(0, {cpu})
 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # inherits the one CPU
 try:
     time.sleep(0.3)
-    before, end = own_wait_s(), time.monotonic() + 1.0
-    while time.monotonic() < end:
+    before, began = own_wait_s(), time.monotonic()
+    while time.monotonic() < began + 1.0:
         pass
-    print(own_wait_s() - before)
+    print(own_wait_s() - before, time.monotonic() - began)
 finally:
     hog.kill()
 """
@@ -110,8 +110,9 @@ finally:
 
 def test_a_client_sees_its_own_wait_for_a_cpu() -> None:
     # Alone on a CPU it waits for none; beside a busy process on the same CPU
-    # it runs about half the time, runnable the rest (1 s spin: about 0.5 s).
+    # it runs about half the time, runnable the rest (1 s spin: about 0.5 s,
+    # more on a busy machine), and never waits longer than the time that passed.
     done = subprocess.run([sys.executable, "-c", SHARED_CPU], capture_output=True, text=True, timeout=60,
                           check=True, cwd=Path(__file__).resolve().parents[2])
-    waited = float(done.stdout)
-    assert 0.15 < waited < 1.0, done.stdout
+    waited, elapsed = map(float, done.stdout.split())
+    assert 0.15 < waited <= elapsed + 0.01, done.stdout
