@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,9 @@ class LifecycleContract(_ContractBase):
         finally:
             ex.shutdown()
 
-    async def test_aclose_timeout_fails_queued_calls_and_lets_running_ones_finish(self, strategy: str) -> None:
+    async def test_aclose_timeout_fails_queued_calls_and_lets_running_ones_finish(
+        self, strategy: str, tmp_path: Path
+    ) -> None:
         if not self._queues(strategy):
             pytest.skip(f"{strategy} has no queue and nothing running off the loop")
         ex = self.new_executor(strategy, max_queue=50)
@@ -144,19 +147,21 @@ class LifecycleContract(_ContractBase):
         await anyio.to_thread.run_sync(ex.start)
         outcomes: dict[str, Any] = {}
 
-        async def one(tag: str, seconds: float) -> None:
+        async def one(tag: str, call: Callable[..., int], *args: Any) -> None:
             try:
-                outcomes[tag] = await ex.run(f.square_after, seconds, 3)
+                outcomes[tag] = await ex.run(call, *args)
             except Exception as exc:
                 outcomes[tag] = exc
 
+        started = [tmp_path / f"started{i}" for i in range(capacity)]
         async with anyio.create_task_group() as tg:
-            for i in range(capacity):
-                tg.start_soon(one, f"running{i}", 0.3)
-            await _wait_until(lambda: _inflight(ex) == capacity)
-            await anyio.sleep(0.05)  # let the workers start them
+            for i, marker in enumerate(started):
+                tg.start_soon(one, f"running{i}", f.mark_then_square_after, str(marker), 0.5, 3)
+            # Running, not queued: each has left its marker (a fixed wait was
+            # too short on a loaded machine).
+            await _wait_until(lambda: all(marker.exists() for marker in started), 60)
             for i in range(5):
-                tg.start_soon(one, f"queued{i}", 0.0)
+                tg.start_soon(one, f"queued{i}", f.square_after, 0.0, 3)
             await _wait_until(lambda: _inflight(ex) == capacity + 5)
             await ex.aclose(timeout=30)
         with pytest.raises(offload.ExecutorClosed):

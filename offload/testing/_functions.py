@@ -117,6 +117,13 @@ def record(path: str, i: int) -> int:
     return i
 
 
+def mark_then_square_after(started: str, seconds: float, i: int) -> int:
+    """Leave the file `started`, then `square_after(seconds, i)`."""
+    with open(started, "w"):
+        pass
+    return square_after(seconds, i)
+
+
 def square_after(seconds: float, i: int) -> int:
     time.sleep(seconds)
     return i * i
