@@ -408,7 +408,7 @@ def test_a_server_without_a_strategy_serves_the_health_port(servers: dict[tuple[
     engine check), and nothing else of offload is applied (none of its
     metrics; the start-up log says vLLM keeps its own behaviour)."""
     server = servers[(None, "cross-encoder")]
-    port = int(psutil.Process(server.proc.pid).environ()["OFFLOAD_VLLM_HEALTH_PORT"])
+    port = int(server.env["OFFLOAD_VLLM_HEALTH_PORT"])
     live = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
     assert (live.status_code, live.json()["status"]) == (200, "ok"), live.text
     assert live.json()["loop_turned_seconds_ago"] < 5.0
