@@ -551,16 +551,24 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
     assert 0 < health["p99_arrived_ms"] <= health["p99_ms"] + 1.0
 
 
-@pytest.fixture
-def hanging_up_server() -> Iterator[str]:
-    """A loopback server that answers one `/health` per connection, then closes it."""
+@contextlib.contextmanager
+def _one_answer_per_connection(headers: bytes) -> Iterator[str]:
+    """A loopback server that answers one `/health` per connection (with
+    `headers` besides its length), then closes it."""
 
     def answer_once(conn: socket.socket) -> None:
         with conn:
             if _read_head(conn) is not None:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + headers + b"\r\n{}")
 
     with _loopback_server(answer_once) as url:
+        yield url
+
+
+@pytest.fixture
+def hanging_up_server() -> Iterator[str]:
+    """Closes each connection after one answer, without saying so."""
+    with _one_answer_per_connection(b"") as url:
         yield url
 
 
@@ -575,15 +583,8 @@ def test_the_prober_counts_a_dropped_connection_and_probes_on(hanging_up_server:
 
 @pytest.fixture
 def closing_server() -> Iterator[str]:
-    """A loopback server that answers one `/health` per connection, saying it
-    closes the connection (as the health port does), and closes it."""
-
-    def answer_once(conn: socket.socket) -> None:
-        with conn:
-            if _read_head(conn) is not None:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-
-    with _loopback_server(answer_once) as url:
+    """Closes each connection after one answer that says so (as the health port does)."""
+    with _one_answer_per_connection(b"Connection: close\r\n") as url:
         yield url
 
 
