@@ -4,10 +4,9 @@
 
 Starlette's `JSONResponse` encodes with `json.dumps(ensure_ascii=False,
 allow_nan=False, separators=(",", ":"))`, then UTF-8. A rerank answer
-echoes every document's text: 32 documents of 5,000 words are ~930,000
-characters, which that takes ~3.7 ms to encode on the 2-core test machine,
-and pydantic-core's encoder (`pydantic_core.to_json`, a vLLM dependency
-through pydantic) ~0.6 ms. `install_response_encoder` makes the module's
+echoes every document's text, so that encoding grows with the request;
+pydantic-core's encoder (`pydantic_core.to_json`, a vLLM dependency through
+pydantic) writes the same JSON several times faster. `install_response_encoder` makes the module's
 `JSONResponse` a subclass whose `render` takes pydantic-core's bytes where
 they are Starlette's own, byte for byte, and Starlette's everywhere else
 (`same_bytes_in_pydantic_core`).
