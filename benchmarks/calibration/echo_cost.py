@@ -19,7 +19,7 @@ thread's CPU clock (`time.thread_time_ns`):
   of the rerank benchmark's lengths (`workloads.rerank_factory`, ~930,000
   characters): its prose; multilingual text (several scripts, `nmt_nfkc`'s
   rewrites); and the worst case for both encoders, control characters
-  (each written as six bytes, `\\u0001`) mixed with emoji (four bytes of
+  (escaped: six bytes, `\\u0001`, or two, `\\n`) mixed with emoji (four bytes of
   UTF-8 each, and a string Python stores four bytes a character); and, for
   what an answer costs beside its text, as many documents of no characters;
 - the unit: tokenizing prose, one text per call, with the all-MiniLM-L6-v2
@@ -72,7 +72,7 @@ MICROSECONDS_PER_UNIT = 0.36
 KINDS = {
     "prose": "the rerank benchmark's documents (English words, ASCII)",
     "multilingual": "several scripts and the characters `nmt_nfkc` rewrites (`models.multilingual_text`)",
-    "escapes": "control characters (six bytes each in JSON) mixed with emoji (four bytes of UTF-8)",
+    "escapes": "control characters (escaped in JSON: six bytes, or two) mixed with emoji (four bytes of UTF-8)",
     "empty": "as many documents, of no characters: what the answer costs beside its text",
 }
 ENCODERS = {"pydantic-core": "accepted", "Starlette": "refused (one score below 1e-4)"}
