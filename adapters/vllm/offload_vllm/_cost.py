@@ -23,10 +23,10 @@ middleware, which has not read the body yet, uses `body_floor` of its
 Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
 tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
 character, plus ~50 µs per prompt; building an embeddings response, ~0.55
-µs per output value (float); encoding text a response echoes (a rerank
-answer's documents) as JSON, at most ~30 ns a character; a `process`
-hand-off, ~0.3 ms plus ~25 µs per prompt pickled both ways; a `thread`
-hand-off, ~0.02 ms. Through a server
+µs per output value (float); building a rerank answer, at most 0.072 of a
+character's tokenizing per character it echoes (`ECHO_COST_PER_CHARACTER`);
+a `process` hand-off, ~0.3 ms plus ~25 µs per prompt pickled both ways; a
+`thread` hand-off, ~0.02 ms. Through a server
 (`python -m benchmarks image-cost`, tiny CLIP, `inline`), a one-image
 request costs the loop ~3.7-3.8 ms more than a short text request at 32 and
 96 pixels: `IMAGE_COST`.
@@ -118,12 +118,12 @@ POSTPROCESS_COST_PER_VALUE = 1.5
 
 #: Building the response costs this much per character of the request it
 #: carries back (a rerank answer echoes every document: its text, or a
-#: multimodal document's content parts): encoding text as JSON took at most
-#: ~30 ns a character with Starlette's encoder (`json.dumps`; strings mixing
-#: emoji and control characters, which it writes as six bytes), ~11 ns with
-#: pydantic-core's (`_seams/responses.py`), and ~2-5 ns on prose; 30 ns is
-#: 0.083 at ~0.36 µs a character. Measured on the 2-core test machine, 32
-#: strings of 1,000,000 characters in all, median of 15.
+#: multimodal document's content parts). `python -m benchmarks echo-cost`
+#: (`benchmarks/results/latest/echo-cost/`): the costliest answer, control
+#: characters and emoji encoded by Starlette's encoder (an answer
+#: `_seams/responses.py` leaves to it), cost 0.072 of a character's
+#: tokenizing per character, 0.72 of this price; prose encoded by
+#: pydantic-core, 0.003. Why: docs/decisions/0017-an-echoed-character-priced-0.1.md
 ECHO_COST_PER_CHARACTER = 0.1
 
 
