@@ -9,8 +9,9 @@ starts fresh ones. Calls that were pending in the parent at the fork belong to
 the parent's callers and are forgotten with the rest.
 
 Process-wide state that outlives any executor is reset here too, once per
-fork: multiprocessing's forkserver (the parent's child, not ours), and the
-locks of offload's metrics (a thread of the parent may have held one).
+fork: multiprocessing's forkserver (the parent's child, not ours), the lock
+of its resource tracker, and the locks of offload's metrics (a thread of the
+parent may have held any of them).
 """
 
 from __future__ import annotations
@@ -72,6 +73,25 @@ def forget_foreign_forkserver() -> None:
         _reset_forkserver()
 
 
+def _reset_resource_tracker_lock() -> None:
+    """In a child: a fresh lock for multiprocessing's resource tracker, which
+    a thread of the parent may have held at the fork (a slot starting a
+    worker: forkserver and spawn both pass through `ensure_running`).
+
+    Held by a thread that does not exist here, the lock would make the
+    child's first worker start hang, or fail with `ReentrantCallError`: glibc
+    gives the child's first new thread the stack, hence the thread id, of a
+    parent's thread that is gone, and the `RLock` takes it for its owner
+    coming back. The tracker process itself stays shared with the parent, as
+    in any forked child (its pipe is inherited; `ensure_running` probes it).
+    """
+    resource_tracker = sys.modules.get("multiprocessing.resource_tracker")
+    if resource_tracker is None:
+        return
+    # What `threading` does to its own locks in a child (whichever kind this Python uses here).
+    resource_tracker._resource_tracker._lock._at_fork_reinit()
+
+
 def _reset_metric_locks() -> None:
     from . import _metrics
 
@@ -80,6 +100,7 @@ def _reset_metric_locks() -> None:
 
 def _after_fork_in_child() -> None:
     _reset_forkserver()
+    _reset_resource_tracker_lock()
     _reset_metric_locks()
     for executor in list(_executors):
         executor._after_fork_in_child()

@@ -56,6 +56,24 @@ def worker_identity() -> tuple[int, int]:
 # ---- for the process strategy ------------------------------------------------
 
 
+def block_forever(directory: str) -> None:
+    """Announce this worker's pid, then never return (a stuck initializer)."""
+    with open(os.path.join(directory, str(os.getpid())), "w"):
+        pass
+    threading.Event().wait()
+
+
+class BlocksWhenUnpickled:
+    """Unpickling it announces the pid and blocks forever: a worker given one
+    in its start arguments never reaches its main function."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return block_forever, (self.directory,)
+
+
 def write_pid_and_sleep(directory: str, seconds: float) -> int:
     """Announce this worker's pid (a file named after it), then hold the call."""
     with open(os.path.join(directory, str(os.getpid())), "w"):

@@ -1,6 +1,7 @@
 """Fork safety (`_fork`): a child made by `os.fork()` gets working executors,
 whatever its parent did before the fork (used an executor, had calls in
-flight, started a forkserver, held a metric's lock).
+flight, started a forkserver, was inside the resource tracker, held a
+metric's lock).
 
 Each scenario runs in a fresh interpreter with a timeout (and an alarm in the
 forked child), so a regression fails instead of hanging the suite."""
@@ -93,6 +94,61 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
     )
     for strategy in ("thread", "process", "async-renderer"):
         assert f"{strategy} child 0 parent" in out, out
+
+
+def test_a_child_forked_while_a_worker_start_was_inside_the_resource_tracker_can_start_workers() -> None:
+    # A slot thread starting a worker passes through multiprocessing's
+    # resource tracker, under its lock; a fork at that moment (seen under
+    # load, with calls just submitted) left the lock held in the child, whose
+    # first new thread got the parent's slot thread's id back: its worker start
+    # failed with `ReentrantCallError` (or hung, with another id).
+    out = check(
+        run_python(
+            """
+            import os, signal, threading
+            from multiprocessing import resource_tracker
+            import offload
+            from tests import helpers
+
+            if __name__ == "__main__":
+                tracker = resource_tracker._resource_tracker
+                parent = os.getpid()
+                inside, release = threading.Event(), threading.Event()
+                probe = tracker._check_alive
+
+                def held_probe():
+                    # Called by `ensure_running` with the tracker's lock held.
+                    if os.getpid() == parent and threading.current_thread() is not threading.main_thread():
+                        inside.set()
+                        release.wait(60)
+                    return probe()
+
+                resource_tracker.ensure_running()  # so the slot's start probes it
+                tracker._check_alive = held_probe
+                ex = offload.get_executor("process", max_workers=1)
+                busy = ex.submit(helpers.add, 1, 1)
+                assert inside.wait(60), "the slot thread never reached the tracker"
+                pid = os.fork()
+                if pid == 0:
+                    signal.alarm(60)
+                    code = 1
+                    try:
+                        print("child got", ex.submit(helpers.add, 20, 22).result(30), flush=True)
+                        code = 0
+                    except BaseException as exc:
+                        print("child failed:", repr(exc), flush=True)
+                    finally:
+                        os._exit(code)
+                release.set()
+                _, status = os.waitpid(pid, 0)
+                print("child exit", os.waitstatus_to_exitcode(status), "parent got", busy.result(60), flush=True)
+                ex.shutdown()
+            """,
+            timeout=2 * TIMEOUT,
+        )
+    )
+    assert "child got 42" in out, out
+    assert "child exit 0 parent got 2" in out, out
 
 
 FORK_AFTER_FORKSERVER = """

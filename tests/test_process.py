@@ -274,6 +274,65 @@ async def test_failing_initializer_fails_the_call(ex: offload.Executor) -> None:
         await bad.aclose()
 
 
+def test_a_worker_not_ready_within_worker_start_timeout_is_killed_and_its_call_fails(tmp_path: Path) -> None:
+    ex = process_executor(
+        max_workers=1,
+        initializer=helpers.write_pid_and_sleep,
+        initargs=(str(tmp_path), 30),
+        worker_start_timeout=1,
+    )
+    try:
+        with pytest.raises(offload.OffloadError, match=r"not ready within 1 s \(its initializer .*write_pid_and_sleep"):
+            ex.submit(helpers.add, 1).result(timeout=TIMEOUT)
+        (first,) = pids_in(tmp_path)
+        assert gone(first)  # killed and reaped, not left to finish its sleep
+        # The next call tries a fresh worker, which gets the same bounded wait.
+        with pytest.raises(offload.OffloadError, match="not ready within 1 s"):
+            ex.submit(helpers.add, 1).result(timeout=TIMEOUT)
+        assert len(pids_in(tmp_path)) == 2
+        assert all(gone(p) for p in pids_in(tmp_path))
+    finally:
+        ex.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("where", ["initializer", "before-main"])
+def test_a_worker_that_never_becomes_ready_fails_start_and_calls_and_shutdown_returns(
+    where: str, tmp_path: Path
+) -> None:
+    # "before-main": the worker blocks unpickling its start arguments, so its
+    # interpreter never reaches offload's code (no initializer ever runs).
+    options: dict[str, Any] = (
+        {"initializer": helpers.block_forever, "initargs": (str(tmp_path),)}
+        if where == "initializer"
+        else {"initializer": helpers.identity, "initargs": (helpers.BlocksWhenUnpickled(str(tmp_path)),)}
+    )
+    ex = process_executor(max_workers=1, worker_start_timeout=0.5, **options)
+    stopper = None
+    try:
+        with pytest.raises(offload.OffloadError, match="not ready within 0.5 s"):
+            ex.start()
+        with pytest.raises(offload.OffloadError, match="not ready within 0.5 s"):
+            ex.submit(helpers.add, 1).result(timeout=TIMEOUT)
+        queued = ex.submit(helpers.add, 2)  # its worker is starting when shutdown begins
+        wait_for(lambda: len(pids_in(tmp_path)) == 3)
+    finally:
+        stopper = threading.Thread(target=ex.shutdown, kwargs={"wait": True})
+        stopper.start()
+        stopper.join(TIMEOUT)
+    assert not stopper.is_alive(), "shutdown hung on a worker that never became ready"
+    with pytest.raises(offload.OffloadError, match="not ready within 0.5 s"):
+        queued.result(timeout=0)
+    assert all(gone(p) for p in pids_in(tmp_path))
+
+
+def test_a_slow_initializer_under_the_default_worker_start_timeout_starts(tmp_path: Path) -> None:
+    ex = process_executor(max_workers=1, initializer=helpers.write_pid_and_sleep, initargs=(str(tmp_path), 3))
+    try:
+        assert ex.submit(helpers.pid).result(timeout=TIMEOUT) == pids_in(tmp_path)[0]
+    finally:
+        ex.shutdown(wait=True)
+
+
 @pytest.mark.anyio
 async def test_max_tasks_per_worker_replaces_on_schedule() -> None:
     ex = process_executor(max_workers=1, max_tasks_per_worker=3)
@@ -327,6 +386,10 @@ def test_bad_options_are_config_errors() -> None:
         {"max_tasks_per_worker": 0},
         {"max_worker_memory": -1},
         {"shared_memory_threshold": 0},
+        {"worker_start_timeout": 0},
+        {"worker_start_timeout": -1},
+        {"worker_start_timeout": float("nan")},
+        {"worker_start_timeout": "60"},
     ):
         with pytest.raises(offload.ConfigError):
             offload.get_executor("process", **options)

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any, final
 
 from .._call import Call
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_positive_number
 from .._errors import ConfigError
 from .._fork import forget_foreign_forkserver
 from .._niceness import DEFAULT_NICE, check_nice
@@ -57,6 +57,13 @@ DEFAULT_START_METHOD = (
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 )
 _START_METHODS = ("forkserver", "spawn")
+
+#: How long a worker may take from its start to the end of its initializer
+#: before it is killed and the call waiting for it fails: the `ray` strategy's
+#: `actor_start_timeout` for the same reason, long enough for a cold worker
+#: that imports a model's tokenizer and processors on a busy machine, while a
+#: stuck initializer fails the calls instead of hanging them.
+DEFAULT_WORKER_START_TIMEOUT = 120.0
 _CANCEL_MODES = ("finish", "kill")
 
 
@@ -144,6 +151,11 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
             `"fork"` is refused (unsafe once the parent runs threads or torch).
         nice: added to the workers' niceness (0 to 19; default 10, see
             `DEFAULT_NICE`); 0 runs them at this process's priority.
+        worker_start_timeout: seconds a worker process may take to start and
+            run its initializer (default 120, see
+            `DEFAULT_WORKER_START_TIMEOUT`); past that it is killed and the
+            call that started it (or `start()`) fails with `OffloadError`.
+            `None`: no limit.
         express_cost: above 0, one more worker process, the *express* worker,
             runs calls priced at most this (in the callers' cost unit) and at
             most a quarter of the costliest call running on the other workers
@@ -170,6 +182,7 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         cancel: str = "finish",
         start_method: str | None = None,
         nice: int = DEFAULT_NICE,
+        worker_start_timeout: float | None = DEFAULT_WORKER_START_TIMEOUT,
         express_cost: float = 0.0,
     ) -> None:
         for option, value in (
@@ -179,6 +192,10 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         ):
             if value is not None:
                 check_positive_int(value, option, or_none=True)
+        if worker_start_timeout is not None:
+            worker_start_timeout = check_positive_number(
+                worker_start_timeout, "worker_start_timeout", or_none=True
+            )
         if cancel not in _CANCEL_MODES:
             raise ConfigError(f"cancel must be one of {_CANCEL_MODES}, got {cancel!r}")
         start_method = DEFAULT_START_METHOD if start_method is None else start_method
@@ -199,6 +216,7 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
             max_tasks=max_tasks_per_worker,
             max_memory=max_worker_memory,
             nice=nice,
+            start_timeout=worker_start_timeout,
         )
         self._prepare_lock = threading.Lock()
         # Made on first use: nothing (no pipe, no server process) exists until a call.

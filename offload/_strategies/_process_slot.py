@@ -21,7 +21,7 @@ from .._metrics import count_worker_restart
 from .._portable import by_reference, rebuild_error
 from .._serving import replace_worker
 from . import _encoding, _wire
-from ._worker_handle import InitializerRaised, WorkerProcess
+from ._worker_handle import InitializerRaised, StartTimedOut, WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class WorkerConfig:
     max_tasks: int | None
     max_memory: int | None
     nice: int
+    start_timeout: float | None
 
 
 def _picklable(value: object) -> bool:
@@ -131,7 +132,18 @@ class ProcessSlotWorker:
             failure.__cause__ = exc
             raise failure from exc
         try:
-            worker.wait_ready()
+            worker.wait_ready(config.start_timeout)
+        except StartTimedOut as exc:
+            self._drop(slot)
+            doing = (
+                f"its initializer {config.initializer!r} still running"
+                if config.initializer is not None
+                else "its interpreter still starting"
+            )
+            raise OffloadError(
+                f"process strategy: {exc} ({doing}), so it was killed; raise "
+                "worker_start_timeout if starting a worker takes that long"
+            ) from None
         except InitializerRaised as exc:
             self._drop(slot)
             raise initializer_failed(config.initializer, exc.error) from exc.error

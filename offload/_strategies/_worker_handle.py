@@ -80,10 +80,17 @@ class WorkerProcess:
         started(worker)
         return worker
 
-    def wait_ready(self) -> None:
-        """Wait for the initializer. Raises `WorkerCrashed` if the process died
-        first, `InitializerRaised` if the initializer failed, or
-        `_wire.StreamBroken`; the process is reaped in every case."""
+    def wait_ready(self, timeout: float | None) -> None:
+        """Wait for the initializer, at most `timeout` seconds (`None`: no
+        limit). Raises `WorkerCrashed` if the process died first,
+        `InitializerRaised` if the initializer failed, `StartTimedOut` (the
+        process killed) if it was not ready in time, or `_wire.StreamBroken`;
+        the process is reaped in every case."""
+        if not wait([self.conn, self.process.sentinel], timeout):
+            # A stuck initializer, or an interpreter that never came up: the
+            # process cannot be trusted to answer later.
+            self.abandon()
+            raise StartTimedOut(f"worker process {self.pid} was not ready within {timeout:g} s")
         try:
             reply = self.receive()
         except WorkerCrashed:
@@ -172,6 +179,10 @@ class WorkerProcess:
         self.rx.close()
         if self.pid is not None:
             _wire.remove_shm_files(_wire.shm_prefix(self.pid))
+
+
+class StartTimedOut(Exception):
+    """The worker did not finish starting in time (the process was killed)."""
 
 
 class InitializerRaised(Exception):
