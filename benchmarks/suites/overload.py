@@ -426,7 +426,7 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
         env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
     )
     rows: dict[str, list[dict[str, Any]]] = {"computed": [], "constant": []}
-    began, machine, loadavg_before = time.monotonic(), _common.machine(), _common.loadavg()
+    began, machine, dirty, loadavg_before = time.monotonic(), _common.machine(), _common.dirty(), _common.loadavg()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         servers = stack.enter_context(
@@ -446,7 +446,7 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
                 print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
     result = {
         "argv": argv, "command": " ".join(["python -m benchmarks overload", *argv]), "machine": machine,
-        "dirty": _common.dirty(), "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
+        "dirty": dirty, "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
         "wall_s": time.monotonic() - began, "clients": clients, "pairs": pairs, "seconds": seconds,
         "max_queue": MAX_QUEUE, "strategy": STRATEGY, "workers": WORKERS, "constant_retry_s": CONSTANT_RETRY_S,
         "rows": rows, **retry_after_ratios(rows),
