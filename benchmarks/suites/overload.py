@@ -506,7 +506,7 @@ def retry_after_markdown(result: dict[str, Any]) -> str:
 
     def told(level: dict[str, Any]) -> str:
         counts = level.get("retry_after_told", {})
-        return ", ".join(f"{value or 'none'} s: {n}" for value, n in sorted(counts.items(), key=lambda kv: kv[0]))
+        return ", ".join(f"{value or 'none'} s: {n}" for value, n in sorted(counts.items(), key=lambda kv: float(kv[0] or 0)))
 
     lines = [
         "# Overload: computed against constant `Retry-After`",
