@@ -14,7 +14,10 @@ from typing import Any
 
 from offload._lag import percentile
 
-__all__ = ["RESULTS", "header", "machine", "parser", "percentile", "table", "write"]
+__all__ = [
+    "RESULTS", "autogroups_enabled", "dirty", "header", "loadavg", "machine", "parser", "percentile", "run_line",
+    "table", "write",
+]
 
 #: One current result per suite: `RESULTS / <suite>` (older runs live in git history).
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "latest"
@@ -58,6 +61,27 @@ def machine() -> dict[str, Any]:
         "commit": commit,
         "versions": versions,
     }
+
+
+def dirty() -> bool:
+    """Whether the tree has changes not committed (a result then says so)."""
+    done = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], check=False)
+    return bool(done.stdout.strip())
+
+
+def loadavg() -> str:
+    """The load averages over 1, 5 and 15 minutes, as `run_line` shows them."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def autogroups_enabled() -> str | None:
+    """`"1"` where Linux schedules tasks by session (autogroups), `"0"` where
+    it does not, None where that cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return None
 
 
 def write(out: Path, name: str, data: dict[str, Any], markdown: str) -> None:

@@ -1,7 +1,10 @@
 """Closed-loop HTTP load (aiohttp) and a `/health` prober in its own process.
 
 The prober runs in a separate process so that the load generator's own busy
-event loop (2 cores, up to 128 clients) does not inflate `/health` latencies.
+event loop (2 cores, up to 128 clients) does not inflate `/health` latencies,
+and in a session of its own, as a kubelet probes from a process of its own:
+where Linux groups tasks by session for scheduling (autogroups), it would
+otherwise share the load generator's group and its one share of the CPUs.
 It still shares the cores: once answered, it may wait for a CPU before it reads
 the answer, so it also records when each answer reached its socket (the
 kernel's receive timestamp), which that wait does not delay.
@@ -10,8 +13,10 @@ kernel's receive timestamp), which that wait does not delay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import socket
 import time
 import urllib.parse
@@ -61,7 +66,26 @@ def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
     }
 
 
+def autogroup(pid: int | str = "self") -> str | None:
+    """The scheduling group (Linux autogroup, one per session) that process
+    `pid` is in, such as `/autogroup-2207`; None where there is none to read
+    (no such process, not Linux, a kernel without autogroups). Whether the
+    kernel schedules by them is `/proc/sys/kernel/sched_autogroup_enabled`."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection.Connection) -> None:
+    # A session of its own, so a scheduling group of its own (autogroups), as
+    # a kubelet's: in the benchmark's, the prober would wait for a CPU behind
+    # the load generator's clients, whose wait is not the server's.
+    os.setsid()
+    # Out of the benchmark's session, a Ctrl-C at its terminal no longer
+    # reaches the prober: it stops by itself once the benchmark is gone.
+    parent = os.getppid()
     request = raw_http.request_bytes("GET", urllib.parse.urljoin(url, "/health"))
     latencies: list[float] = []
     # Each probe's time until its answer had arrived (the kernel's receive
@@ -71,7 +95,7 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
     arrivals: list[float | None] = []
     failures = 0
     sock: socket.socket | None = None
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:
         try:
             if sock is None:
                 sock = raw_http.connect(url, timeout=30)
@@ -91,7 +115,8 @@ def _probe(url: str, ready: Any, stop: Any, conn_out: multiprocessing.connection
         time.sleep(PROBE_INTERVAL_S)
     if sock is not None:
         sock.close()
-    conn_out.send((latencies, failures, arrivals))
+    with contextlib.suppress(OSError):  # the benchmark is gone: nobody to tell
+        conn_out.send((latencies, failures, arrivals))
     conn_out.close()
 
 

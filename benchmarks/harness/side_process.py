@@ -46,6 +46,11 @@ class SideProcess:
         self._result_timeout = result_timeout
         self.result: Any = None
 
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id (None before `__enter__`)."""
+        return self._proc.pid
+
     def __enter__(self) -> Self:
         self._proc.start()
         # The child has its own copy now: with none left here, a helper that

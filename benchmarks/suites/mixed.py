@@ -62,7 +62,9 @@ embeddings on a tiny CLIP; skipped with a message where it cannot run). Rows (`-
 whose `--offload-*` flags the installed adapter lacks is not run, except that
 `--offload-scheduling fifo` is dropped where the adapter has no such flag (FIFO
 is then its only behaviour). Writes mixed-<variant>.json and .md into --out
-(default benchmarks/results/); server logs under --out/logs/.
+(default benchmarks/results/latest/mixed/; `--health-port` runs into
+mixed-<variant>-health-port.*, open-loop floods into
+mixed-<variant>-heavy-<rate>-per-s.*); server logs under --out/logs/.
 """
 
 from __future__ import annotations
@@ -435,6 +437,12 @@ def measure(
             probing.enter_context(load.HealthProber(health_port_url)) if health_port_url is not None else None
         )
         flood = probing.enter_context(mixed.Flood(url, heavy, heavy_traffic.clients, arrivals))
+        # Where each ran (`load.autogroup`): the probers' groups apart from the clients'.
+        groups = {
+            "health": load.autogroup(prober.pid or 0), "flood": load.autogroup(flood.pid or 0),
+            "small": load.autogroup(),
+            **({"health_port": load.autogroup(port_prober.pid or 0)} if port_prober is not None else {}),
+        }
         time.sleep(ramp_s)
         with ExitStack() as sampling:
             loop = sampling.enter_context(thread_states.ThreadStates(loop_pid)) if loop_pid is not None else None
@@ -452,6 +460,7 @@ def measure(
         "heavy": flood.tally.summary(window),
         "health": prober.summary(),
         "idle_cpu_per_s": idle,
+        "scheduling_groups": groups,
     }
     if port_prober is not None:
         block["health_port"] = port_prober.summary()
@@ -767,6 +776,25 @@ def _idle_servers(result: dict[str, Any]) -> str:
     return "every server stopped (SIGSTOP) while another row was measured, resumed before its own"
 
 
+def _probers_line(result: dict[str, Any]) -> str:
+    """Where the `/health` probers ran: each in a session of its own (results
+    since it was so), in a scheduling group apart from the clients' in every block."""
+    blocks = [b for row_blocks in result["blocks"].values() for b in row_blocks]
+    if not all("scheduling_groups" in b for b in blocks):
+        return ("The `/health` probers ran in the benchmark's session, in its scheduling group with the clients "
+                "(results from before each prober had a session of its own).")
+    clients = ("flood", "small")
+    apart = all(
+        group is not None and group not in {b["scheduling_groups"][c] for c in clients}
+        for b in blocks for name, group in b["scheduling_groups"].items() if name not in clients
+    )
+    enabled = {"1": "on", "0": "off"}.get(str(result.get("autogroups_enabled")), "not known")
+    return (f"The `/health` probers each ran in a session of their own, as a kubelet probes from a process of its "
+            f"own, not in the load generator's: in a scheduling group (Linux autogroup, scheduling by them "
+            f"{enabled} here) apart from the flood's and the small requests' clients' "
+            f"{'in every block' if apart else 'NOT in every block'} (`/proc/PID/autogroup`).")
+
+
 def _idle_cpu_values(result: dict[str, Any]) -> list[float]:
     return [b["idle_cpu_per_s"][phase] for blocks in result["blocks"].values() for b in blocks
             if "idle_cpu_per_s" in b for phase in PHASES]
@@ -860,7 +888,7 @@ def markdown(result: dict[str, Any]) -> str:
     if any(unsent.values()):
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
-    lines += ["", _idle_line(result)]
+    lines += ["", _probers_line(result), "", _idle_line(result)]
     if result.get("memory_mib"):
         lines += [
             "",
@@ -923,20 +951,17 @@ def markdown(result: dict[str, Any]) -> str:
 # ---- main ------------------------------------------------------------------
 
 
-def _dirty() -> bool:
-    done = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT, check=False)
-    return bool(done.stdout.strip())
-
-
-def _loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def _write(out: Path, result: dict[str, Any]) -> None:
+    _common.write(out, result_name(result), result, markdown(result))
+
+
+def result_name(result: dict[str, Any]) -> str:
+    """The stem of a run's result files: `mixed-<variant>`, and what sets the
+    run apart from the standard one. An open-loop flood and the health port
+    are other experiments: their results do not replace the standard run's."""
     heavy = result.get("heavy") or {}
-    # An open-loop flood is another experiment: its results do not replace the closed loop's.
-    stem = f"mixed-{result['variant']}" + (f"-heavy-{heavy['rate']:g}-per-s" if heavy.get("rate") else "")
-    _common.write(out, stem, result, markdown(result))
+    return (f"mixed-{result['variant']}" + (f"-heavy-{heavy['rate']:g}-per-s" if heavy.get("rate") else "")
+            + ("-health-port" if result.get("health_port") else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -981,11 +1006,12 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     result: dict[str, Any] = {
         "argv": argv, "command": " ".join(["python -m benchmarks mixed", *map(_quote, argv)]),
-        "variant": args.variant, "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(),
+        "variant": args.variant, "machine": _common.machine(), "dirty": _common.dirty(), "loadavg_before": _common.loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s,
         "small_clients": args.small_clients, "heavy_clients": args.heavy_clients,
         "small": dataclasses.asdict(traffic), "heavy": dataclasses.asdict(heavy_traffic),
         "idle_servers": args.idle_servers, "health_port": args.health_port,
+        "autogroups_enabled": _common.autogroups_enabled(),
     }
 
     usage = adapter_usage()
@@ -1071,7 +1097,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{block['idle_cpu_per_s']['flooded']:.3f} CPU-s/s",
                     )
     result.update(
-        loadavg_after=_loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
+        loadavg_after=_common.loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
         targets=[evaluate(t, blocks) for t in targets(rows, args.health_port)],
     )
     _write(args.out, result)

@@ -37,7 +37,11 @@ read from the bounded server's `/metrics` before and after each level): what
 `/ready` answered at the decision itself, where the client's `/ready` was
 answered at the moment the request was sent.
 
-Writes overload.json and overload.md into --out (default benchmarks/results/).
+Writes overload.json and overload.md into --out (default
+benchmarks/results/latest/overload/); `--compare-retry-after` writes
+overload-retry-after.json and .md there instead (the goal: per pair, refused
+attempts at most 0.5x the constant clients', accepted requests/s at least
+0.95x, judged on the median's interval).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, progress, workloads
+from benchmarks.harness import load, models, progress, stats, workloads
 from benchmarks.harness.server import HOST, ServerConfig, free_port, running_servers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +83,8 @@ async def _level(
 
     accepted: list[float] = []
     statuses: dict[int, int] = {}
+    #: The `Retry-After` header's values on the 503s -> how many.
+    told: dict[str, int] = {}
     #: (request's status, readiness's status) -> how many (`ready_url`).
     side_by_side: dict[tuple[int, int], int] = {}
     #: `SEND_BIN_S` of send time -> [admitted, refused] requests sent in it (`ready_url`).
@@ -111,7 +117,10 @@ async def _level(
                 async with session.post(url, json=payload) as resp:
                     await resp.read()
                     status = resp.status
-                    retry_after = float(resp.headers.get("Retry-After", "0") or 0)
+                    header = resp.headers.get("Retry-After", "")
+                    retry_after = float(header or 0)
+                    if status == 503:
+                        told[header] = told.get(header, 0) + 1
                     if constant_retry_s is not None:
                         retry_after = constant_retry_s
                 statuses[status] = statuses.get(status, 0) + 1
@@ -132,6 +141,7 @@ async def _level(
     stats = load.summarize_ms(accepted)
     return {
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "retry_after_told": told,
         **({"side_by_side": {f"{a} {r}": n for (a, r), n in sorted(side_by_side.items())},
             "send_bins": {str(k): v for k, v in send_bins.items()}} if ready_url else {}),
         "accepted_per_s": len(accepted) / wall,
@@ -416,6 +426,7 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
         env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
     )
     rows: dict[str, list[dict[str, Any]]] = {"computed": [], "constant": []}
+    began, machine, dirty, loadavg_before = time.monotonic(), _common.machine(), _common.dirty(), _common.loadavg()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         servers = stack.enter_context(
@@ -433,21 +444,113 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
                 level = run_level(url, clients, make_payload, seconds, 1.0, constant)
                 rows[name].append(level)
                 print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
-    refused = [
-        c["statuses"].get("503", 0) / k["statuses"].get("503", 1) for c, k in zip(rows["computed"], rows["constant"], strict=True)
-    ]
-    accepted = [c["accepted_per_s"] / k["accepted_per_s"] for c, k in zip(rows["computed"], rows["constant"], strict=True)]
-    summary = (
-        f"`python -m benchmarks overload {' '.join(argv)}`: {clients} clients, {pairs} pairs of {seconds:g} s "
-        f"levels on one server (max_queue={MAX_QUEUE}); computed / constant {CONSTANT_RETRY_S:g} s Retry-After, "
-        f"per pair: refused attempts {_interval(refused)}; accepted/s {_interval(accepted)}."
-    )
+    result = {
+        "argv": argv, "command": " ".join(["python -m benchmarks overload", *argv]), "machine": machine,
+        "dirty": dirty, "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
+        "wall_s": time.monotonic() - began, "clients": clients, "pairs": pairs, "seconds": seconds,
+        "max_queue": MAX_QUEUE, "strategy": STRATEGY, "workers": WORKERS, "constant_retry_s": CONSTANT_RETRY_S,
+        "rows": rows, **retry_after_ratios(rows),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overload-retry-after.json").write_text(
-        json.dumps({"argv": argv, "rows": rows, "refused_ratio": refused, "accepted_ratio": accepted}, indent=2)
-    )
-    print(summary)
+    _common.write(args.out, "overload-retry-after", result, retry_after_markdown(result))
+    print(retry_after_markdown(result))
+    print(f"wrote the results into {args.out}")
     return 0
+
+
+#: The goals of a computed `Retry-After` against the constant, per pair:
+#: refused attempts at most this ratio ...
+REFUSED_GOAL_RATIO = 0.5
+#: ... at accepted requests/s of at least this ratio.
+ACCEPTED_GOAL_RATIO = 0.95
+
+
+def retry_after_ratios(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Per pair, computed / constant: refused attempts (`refused_ratio`; a
+    constant level with no refusal counts as one) and accepted requests/s
+    (`accepted_ratio`)."""
+    pairs = list(zip(rows["computed"], rows["constant"], strict=True))
+    return {
+        "refused_ratio": [c["statuses"].get("503", 0) / (k["statuses"].get("503", 0) or 1) for c, k in pairs],
+        "accepted_ratio": [c["accepted_per_s"] / k["accepted_per_s"] for c, k in pairs],
+    }
+
+
+def goal_verdict(values: list[float], bound: float, *, at_least: bool) -> str:
+    """Whether per-pair ratios `values` meet `bound` (`at_least`: >=, else
+    <=): by the whole interval of their median, by the median alone (the
+    interval crosses the bound), or not (the median misses)."""
+    ratio = stats.median_interval(values)
+
+    def meets(x: float) -> bool:
+        return x >= bound if at_least else x <= bound
+
+    if not meets(ratio.median):
+        return "missed (the median misses)"
+    if meets(ratio.low) and meets(ratio.high):
+        return "met by the whole interval"
+    return "met by the median only (the interval crosses the bound)"
+
+
+def _median_interval(values: list[float]) -> str:
+    ratio = stats.median_interval(values)
+    return f"{ratio.median:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
+
+
+def retry_after_markdown(result: dict[str, Any]) -> str:
+    """The report of `--compare-retry-after`: per pair and the median with its interval."""
+    rows = result["rows"]
+    refused, accepted = result["refused_ratio"], result["accepted_ratio"]
+    coverage = stats.median_interval(refused).coverage
+    constant = result["constant_retry_s"]
+
+    def told(level: dict[str, Any]) -> str:
+        counts = level.get("retry_after_told", {})
+        return ", ".join(f"{value or 'none'} s: {n}" for value, n in sorted(counts.items(), key=lambda kv: float(kv[0] or 0)))
+
+    lines = [
+        "# Overload: computed against constant `Retry-After`",
+        "",
+        "<!-- --8<-- [start:meta] -->",
+        _common.run_line(result),
+        "",
+        (f"One server (`{result['strategy']}` with {result['workers']} workers, "
+         f"`OFFLOAD_VLLM_MAX_QUEUE={result['max_queue']}`), {result['clients']} closed-loop clients, "
+         f"{result['pairs']} pairs of {result['seconds']:g} s levels, the two kinds of level alternating "
+         f"(computed first in pairs 1, 3, ...): clients that wait the `Retry-After` they are told (computed) "
+         f"against clients that wait {constant:g} s whatever it says (constant); a refused client's wait is "
+         f"cut at its level's end. Run took {result['wall_s']:.0f} s."),
+        "<!-- --8<-- [end:meta] -->",
+        "",
+        "<!-- --8<-- [start:tables] -->",
+        "| pair | refused, computed | refused, constant | ratio | accepted/s, computed | accepted/s, constant | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n, (c, k) in enumerate(zip(rows["computed"], rows["constant"], strict=True)):
+        lines.append(
+            f"| {n + 1} | {c['statuses'].get('503', 0)} | {k['statuses'].get('503', 0)} | {refused[n]:.2f} "
+            f"| {c['accepted_per_s']:.1f} | {k['accepted_per_s']:.1f} | {accepted[n]:.2f} |"
+        )
+    lines += [
+        "",
+        (f"Per pair, computed / constant, median [distribution-free interval of the median, coverage "
+         f"{100 * coverage:.1f}% with {len(refused)} pairs]: refused attempts {_median_interval(refused)}, "
+         f"accepted requests/s {_median_interval(accepted)}."),
+        "",
+        "`Retry-After` told with the computed levels' 503s (value: how many), per pair:",
+        "",
+        *(f"- pair {n + 1}: {told(level) or 'no 503'}" for n, level in enumerate(rows["computed"])),
+        "<!-- --8<-- [end:tables] -->",
+        "",
+        "<!-- --8<-- [start:targets] -->",
+        (f"- refused attempts <= {REFUSED_GOAL_RATIO:g}x the constant's: "
+         f"{goal_verdict(refused, REFUSED_GOAL_RATIO, at_least=False)}"),
+        (f"- accepted requests/s >= {ACCEPTED_GOAL_RATIO:g}x the constant's: "
+         f"{goal_verdict(accepted, ACCEPTED_GOAL_RATIO, at_least=True)}"),
+        "<!-- --8<-- [end:targets] -->",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def load_cpus() -> int:

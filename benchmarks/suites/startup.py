@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -183,15 +182,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _dirty() -> bool:
-    done = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT, check=False)
-    return bool(done.stdout.strip())
-
-
-def _loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def _quote(arg: str) -> str:
     return f'"{arg}"' if " " in arg else arg
 
@@ -210,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     result: dict[str, Any] = {
         "argv": argv, "command": " ".join(["python -m benchmarks startup", *map(_quote, argv)]),
-        "machine": _common.machine(), "dirty": _dirty(), "loadavg_before": _loadavg(), "rounds": rounds,
+        "machine": _common.machine(), "dirty": _common.dirty(), "loadavg_before": _common.loadavg(), "rounds": rounds,
     }
     shuffle = random.Random(args.seed)
     blocks: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
@@ -236,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{block['pss_api']:.0f} + workers {block['pss_workers']:.0f} MiB "
                         f"({block['worker_processes']:.0f})"
                     )
-    result.update(loadavg_after=_loadavg(), wall_s=time.monotonic() - began, blocks=blocks,
+    result.update(loadavg_after=_common.loadavg(), wall_s=time.monotonic() - began, blocks=blocks,
                   summary=summarize(blocks))
     _common.write(args.out, "startup", result, markdown(result))
     print(markdown(result))

@@ -551,6 +551,41 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
     assert 0 < health["p99_arrived_ms"] <= health["p99_ms"] + 1.0
 
 
+@pytest.mark.skipif(load.autogroup() is None, reason="this kernel has no autogroups to compare")
+def test_the_prober_probes_from_a_session_and_scheduling_group_of_its_own(answering_server: str) -> None:
+    """As a kubelet probes from a process of its own: not in the scheduling
+    group of the process driving the load (nor of its clients' processes)."""
+    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    with load.HealthProber(answering_server) as prober, mixed.Flood(answering_server + "/ok", build, 1) as flood:
+        assert prober.pid is not None
+        assert flood.pid is not None
+        assert os.getsid(prober.pid) == prober.pid
+        assert load.autogroup(prober.pid) not in {load.autogroup(), load.autogroup(flood.pid)}
+    assert prober.failures == 0
+    assert prober.latencies
+
+
+def test_the_report_says_where_the_probers_ran() -> None:
+    def grouped(health: str) -> dict[str, Any]:
+        return {**block(10, 1000, 20), "scheduling_groups": {"health": health, "flood": "/autogroup-1",
+                                                              "small": "/autogroup-1"}}
+
+    apart = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [grouped("/autogroup-2")]}, autogroups_enabled="1"))
+    assert "a scheduling group (Linux autogroup, scheduling by them on here) apart from" in apart
+    assert "clients' in every block" in apart
+    shared = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [grouped("/autogroup-2"), grouped("/autogroup-1")]}))
+    assert "NOT in every block" in shared
+    before = bench_mixed.markdown(_result({bench_mixed.DEFAULT: [block(10, 1000, 20)]}))
+    assert "ran in the benchmark's session, in its scheduling group with the clients" in before
+
+
+def test_a_health_port_run_has_result_files_of_its_own() -> None:
+    """They do not replace the standard run's, nor an open-loop flood's."""
+    assert bench_mixed.result_name({"variant": "preprocess"}) == "mixed-preprocess"
+    assert bench_mixed.result_name({"variant": "preprocess", "health_port": True}) == "mixed-preprocess-health-port"
+    assert bench_mixed.result_name({"variant": "engine", "heavy": {"rate": 15.0}}) == "mixed-engine-heavy-15-per-s"
+
+
 @contextlib.contextmanager
 def _one_answer_per_connection(headers: bytes) -> Iterator[str]:
     """A loopback server that answers one `/health` per connection (with

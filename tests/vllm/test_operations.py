@@ -280,7 +280,9 @@ def test_each_admission_decision_is_counted_with_what_readiness_answered(server:
 
 
 def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -> None:
-    # Every family has a series once requests ran (the tests above).
+    # Every family has a series once requests ran (the tests above); an
+    # admission decision shows every series of the readiness-at-admission count.
+    assert embed(server, {"input": "one more decision"}).status_code == 200
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     exported = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
     dashboard = json.loads(DASHBOARD.read_text())
@@ -288,6 +290,7 @@ def test_the_dashboard_queries_only_metrics_the_server_exports(server: Server) -
     queries += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     queried = {name for query in queries for name in re.findall(r"\b(offload_[a-z_]+)\b", query)}
     assert len(queried) >= 9
+    assert DECISIONS in queried  # readiness at admission has its panels
     assert queried - exported == set()
 
 
