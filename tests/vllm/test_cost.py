@@ -25,6 +25,7 @@ from offload_vllm._cost import (
     MAX_DEPTH,
     PIECE_COST,
     PIXEL_COST,
+    POSTPROCESS_COST_PER_OUTPUT,
     POSTPROCESS_COST_PER_VALUE,
     PROMPT_COST,
     URL_IMAGE_COST,
@@ -141,7 +142,9 @@ def test_postprocessing_costs_the_output_values() -> None:
 
     outputs = [SimpleNamespace(outputs=SimpleNamespace(data=torch.zeros(384))) for _ in range(3)]
     request = _embedding(input=["a text it does not echo"] * 3)
-    assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=outputs)) == 3 * 384 * POSTPROCESS_COST_PER_VALUE
+    assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=outputs)) == 3 * (
+        POSTPROCESS_COST_PER_OUTPUT + 384 * POSTPROCESS_COST_PER_VALUE
+    )
     assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=[])) == 0
 
 
@@ -185,11 +188,11 @@ def test_a_rerank_answer_costs_at_least_the_documents_it_echoes() -> None:
     without = _rerank_body([""] * 32, scores).decode()
     echoed = len(body) - len(without)
     assert echoed == sum(map(len, documents))
-    assert cost >= ECHO_COST_PER_CHARACTER * echoed + 32 * POSTPROCESS_COST_PER_VALUE
+    assert cost >= ECHO_COST_PER_CHARACTER * echoed + 32 * (POSTPROCESS_COST_PER_OUTPUT + POSTPROCESS_COST_PER_VALUE)
     assert cost > DEFAULT_INLINE_COST
     score = _score(queries="which fox", documents=documents)
     assert postprocess_cost(SimpleNamespace(request=score, final_res_batch=_scored_outputs(scores))) == (
-        32 * POSTPROCESS_COST_PER_VALUE
+        32 * (POSTPROCESS_COST_PER_OUTPUT + POSTPROCESS_COST_PER_VALUE)
     )
 
 

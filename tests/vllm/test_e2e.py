@@ -163,7 +163,7 @@ def test_small_calls_run_on_the_loop_by_default(
     embedding is vLLM's own. A request priced above the bound still goes to
     the workers, and is not counted there."""
     from offload_vllm._config import DEFAULT_INLINE_COST
-    from offload_vllm._cost import POSTPROCESS_COST_PER_VALUE
+    from offload_vllm._cost import POSTPROCESS_COST_PER_OUTPUT, POSTPROCESS_COST_PER_VALUE
 
     if strategy not in ("thread", "process", "ray"):
         pytest.skip(f"{strategy} has no worker pool: every call runs where it always does")
@@ -171,7 +171,7 @@ def test_small_calls_run_on_the_loop_by_default(
     text = TEXTS[0]
     # The one-sentence request's two calls are both under the bound.
     assert PROMPT_COST + len(text) <= DEFAULT_INLINE_COST
-    assert 384 * POSTPROCESS_COST_PER_VALUE <= DEFAULT_INLINE_COST
+    assert POSTPROCESS_COST_PER_OUTPUT + 384 * POSTPROCESS_COST_PER_VALUE <= DEFAULT_INLINE_COST
     before, on_loop = _executor_calls(s, strategy), _loop_calls(s)
     ours = embeddings(s, text)
     assert _executor_calls(s, strategy) == before

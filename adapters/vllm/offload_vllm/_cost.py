@@ -116,6 +116,16 @@ def body_floor(content_length: int) -> float:
 #: embedding, a score): ~0.55 µs a value against ~0.36 µs a character.
 POSTPROCESS_COST_PER_VALUE = 1.5
 
+#: Building the response costs this much per engine output besides its values
+#: (an embedding's or a score's own object in the answer: a rerank result with
+#: its document, index and score). `python -m benchmarks echo-cost`
+#: (`benchmarks/results/latest/echo-cost/`, the rows of empty documents): a
+#: rerank answer without text cost 7.5-9 µs a document, about 30 units; 40
+#: bounds it. Without it, an answer of many short documents was priced at its
+#: scores alone (1.5 each), a twentieth of its work, and built on the event
+#: loop. Why: docs/decisions/0017-an-echoed-character-priced-0.1.md
+POSTPROCESS_COST_PER_OUTPUT = 40.0
+
 #: Building the response costs this much per character of the request it
 #: carries back (a rerank answer echoes every document: its text, or a
 #: multimodal document's content parts). `python -m benchmarks echo-cost`

@@ -37,7 +37,7 @@ from vllm.entrypoints.pooling.base.serving import (
 )
 
 from .. import _phases as phases
-from .._cost import ECHO_COST_PER_CHARACTER, POSTPROCESS_COST_PER_VALUE, characters
+from .._cost import ECHO_COST_PER_CHARACTER, POSTPROCESS_COST_PER_OUTPUT, POSTPROCESS_COST_PER_VALUE, characters
 from .._request_policy import RequestPolicy, content_length
 from . import io_processor as io_processor_seam
 from . import requests as requests_seam
@@ -114,12 +114,18 @@ def postprocess(serving: Any, io_processor: Any, ctx: Any) -> Any:
 
 def postprocess_cost(ctx: Any) -> float:
     """What building the response of `ctx` costs (`_cost.py`): its engine
-    outputs' values (an embedding's floats, a score), counted without copying,
-    and the characters of the request it carries back (`requests.echoed`: a
-    rerank answer's documents), read as pricing reads a request."""
-    values = sum(output.outputs.data.numel() for output in ctx.final_res_batch or ())
+    outputs (each one's object in the answer) and their values (an
+    embedding's floats, a score), counted without copying, and the characters
+    of the request it carries back (`requests.echoed`: a rerank answer's
+    documents), read as pricing reads a request."""
+    outputs = ctx.final_res_batch or ()
+    values = sum(output.outputs.data.numel() for output in outputs)
     echoed = characters(requests_seam.echoed(ctx.request))
-    return float(values * POSTPROCESS_COST_PER_VALUE + echoed * ECHO_COST_PER_CHARACTER)
+    return float(
+        len(outputs) * POSTPROCESS_COST_PER_OUTPUT
+        + values * POSTPROCESS_COST_PER_VALUE
+        + echoed * ECHO_COST_PER_CHARACTER
+    )
 
 
 def strip_context(ctx: Any) -> Any:
