@@ -131,8 +131,8 @@ POSTPROCESS_COST_PER_OUTPUT = 40.0
 #: multimodal document's content parts). `python -m benchmarks echo-cost`
 #: (`benchmarks/results/latest/echo-cost/`): the costliest answer, control
 #: characters and emoji encoded by Starlette's encoder (an answer
-#: `_seams/responses.py` leaves to it), cost 0.072 of a character's
-#: tokenizing per character, 0.72 of this price; prose encoded by
+#: `_seams/responses.py` leaves to it), cost 0.070 of a character's
+#: tokenizing per character, 0.70 of this price; prose encoded by
 #: pydantic-core, 0.003. Why: docs/decisions/0017-an-echoed-character-priced-0.1.md
 ECHO_COST_PER_CHARACTER = 0.1
 

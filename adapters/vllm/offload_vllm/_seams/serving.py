@@ -37,7 +37,12 @@ from vllm.entrypoints.pooling.base.serving import (
 )
 
 from .. import _phases as phases
-from .._cost import ECHO_COST_PER_CHARACTER, POSTPROCESS_COST_PER_OUTPUT, POSTPROCESS_COST_PER_VALUE, characters
+from .._cost import (
+    ECHO_COST_PER_CHARACTER,
+    POSTPROCESS_COST_PER_OUTPUT,
+    POSTPROCESS_COST_PER_VALUE,
+    characters,
+)
 from .._request_policy import RequestPolicy, content_length
 from . import io_processor as io_processor_seam
 from . import requests as requests_seam
