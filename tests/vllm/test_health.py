@@ -379,6 +379,48 @@ def test_the_answering_process_runs_above_the_server_where_allowed(health_server
         assert theirs == ours
 
 
+_WITHOUT_CAP_SYS_NICE = """
+import os, time, httpx, psutil
+from offload_vllm._health import HealthServer, HealthState
+state = HealthState(max_stall=3600.0)
+server = HealthServer("127.0.0.1", 0, state, "OFFLOAD_VLLM_HEALTH_PORT")
+try:
+    status = httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=60).status_code
+    print(status, os.getpriority(os.PRIO_PROCESS, 0), psutil.Process(server.pid).nice())
+finally:
+    server.close()
+"""
+
+
+def _drop_cap_sys_nice() -> None:
+    """In a child before its exec: take `CAP_SYS_NICE` out of its capability
+    bounding set, so that neither it nor what it execs (root included) may
+    lower a niceness, as in a container that drops the capability (Docker's
+    and Kubernetes' default). Not root: the capability is not there to drop."""
+    import ctypes
+
+    pr_capbset_drop, cap_sys_nice = 24, 23  # <linux/prctl.h>, <linux/capability.h>
+    if os.geteuid() == 0 and ctypes.CDLL(None, use_errno=True).prctl(pr_capbset_drop, cap_sys_nice, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_NICE)")
+
+
+def test_where_the_os_refuses_a_higher_priority_the_answering_process_runs_at_the_servers() -> None:
+    """Without `CAP_SYS_NICE`, the answering process's `setpriority` is
+    refused: it keeps the server's niceness and answers all the same."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_CAP_SYS_NICE],
+        preexec_fn=_drop_cap_sys_nice,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    status, server_nice, answering_nice = (int(word) for word in done.stdout.split())
+    assert status == 200
+    assert answering_nice == server_nice
+
+
 def test_free_port_helper_is_bindable_by_the_health_server() -> None:
     port = free_port()
     server = HealthServer("127.0.0.1", port, HealthState(3600.0), "OFFLOAD_VLLM_HEALTH_PORT")
