@@ -218,3 +218,20 @@ def test_a_herd_past_what_the_cap_serves_is_told_the_cap(full_places: offload.Ex
     assert set(told) == set(range(1, RETRY_AFTER_CAP_S + 1)), told
     assert all(abs(told[seconds] - 100) <= 1 for seconds in range(1, RETRY_AFTER_CAP_S)), told
     assert told[RETRY_AFTER_CAP_S] >= 5_000 - 101 * (RETRY_AFTER_CAP_S - 1), told
+
+
+def test_a_client_back_before_its_time_is_counted_again(full_places: offload.Executor) -> None:
+    """The count's stated limit: the same 100 clients, refused every half
+    second whatever they were told, are counted again each time while their
+    earlier refusals are still due, so the wait told grows over the
+    rounds, though 100 clients need 1 s at 100 a second."""
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    longest = []
+    for _ in range(6):
+        longest.append(max(herd(rates, clock, full_places, 100)))
+        serve(rates, clock, 100, 0.5)  # answered as before: no place is ever free for them
+    assert longest[0] == 1
+    assert longest[-1] >= 4, longest
