@@ -3,6 +3,7 @@ state it reads (`offload_vllm._admission_view`), on a real executor."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 
@@ -13,7 +14,6 @@ from offload_vllm._retry_after import (
     RETRY_AFTER_CAP_S,
     DrainRates,
     _Rate,
-    clamp_retry_after,
 )
 
 import offload
@@ -27,9 +27,13 @@ class Clock:
         return self.now
 
 
-def test_clamped_to_whole_seconds_from_one_to_the_cap() -> None:
-    assert [clamp_retry_after(s) for s in (None, float("nan"), 0.0, 0.2, 1.0, 1.01, 7.5)] == [1, 1, 1, 1, 1, 2, 8]
-    assert clamp_retry_after(1e9) == RETRY_AFTER_CAP_S
+def serve(rates: DrainRates, clock: Clock, per_second: int, seconds: float, cost: float = 1.0) -> None:
+    """`per_second` requests of `cost` answered a second, evenly, for `seconds`
+    from `clock.now`, which is left at the last answer."""
+    start = clock.now
+    for k in range(int(per_second * seconds)):
+        clock.now = start + k / per_second
+        rates.served(None, cost)
 
 
 def test_a_steady_rate_reads_as_itself_and_decays_once_nothing_is_served() -> None:
@@ -98,44 +102,136 @@ def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.E
         unbounded.shutdown()
 
 
-def test_retry_after_is_the_time_to_drain_and_serve_the_clients_waiting_first(
+def test_retry_after_is_the_time_to_drain_and_serve_the_clients_due_back_first(
     held_executor: tuple[offload.Executor, threading.Event],
 ) -> None:
     executor, _ = held_executor
     clock = Clock()
     rates = DrainRates(clock)
     assert rates.retry_after(executor, None, 200.0) == 1  # nothing served yet: the least
-    clock.now += 20 * RATE_TIME_CONSTANT_S  # that refusal is long forgotten
-    for _ in range(100):  # 10 cost a second in `default`, for 10 s
-        clock.now += 0.1
-        rates.served(None, 1.0)
+    clock.now += 20 * RATE_TIME_CONSTANT_S  # that refusal is long past
+    serve(rates, clock, 10, 10 * RATE_TIME_CONSTANT_S)  # 10 cost a second in `default`
     with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
         # 850 held; a request of 200 needs 50 drained: 5 s at 10 a second.
         assert rates.retry_after(executor, None, 200.0) == 5
-        # Refusals keep coming, 10 a second of cost 200: each is told to wait
-        # behind the ones told before it, until the wait is the time to serve
-        # the backlog that refusal rate and wait make (Little's law).
-        told = []
-        for _ in range(50):
-            clock.now += 0.1
-            told.append(rates.retry_after(executor, None, 200.0))
-        assert told == sorted(told)
-        assert told[-1] > 5 * 5
+        # The next is told to wait behind that one's 200 too: 25 s. The one
+        # after it would need 45 s: the cap.
+        clock.now += 0.0001
+        assert rates.retry_after(executor, None, 200.0) == 25
+        clock.now += 0.0001
+        assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
         # Costlier than the lane's share: admitted once its lane is empty.
         clock.now += 20 * RATE_TIME_CONSTANT_S  # nothing served for long: the rate is near 0
         assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
 
 
-def test_under_a_place_bound_alone_the_wait_counts_requests() -> None:
-    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
+def test_a_herd_refused_together_is_told_to_come_back_spread_by_the_cost_due_back(
+    held_executor: tuple[offload.Executor, threading.Event],
+) -> None:
+    """20 requests of cost 200, each needing 50 drained, refused within a
+    millisecond, at 1,000 cost a second: each second takes 5 of them."""
+    executor, _ = held_executor
     clock = Clock()
     rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S, cost=10.0)
+    with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
+        told = []
+        for _ in range(20):
+            clock.now += 0.00005
+            told.append(rates.retry_after(executor, None, 200.0))
+    assert told == [1] * 5 + [2] * 5 + [3] * 5 + [4] * 5
+
+
+@pytest.fixture
+def full_places() -> Iterator[offload.Executor]:
+    """A bound of places alone (`max_queue=0`), full."""
+    executor = offload.get_executor("thread", max_workers=1, max_queue=0)
     try:
-        for _ in range(20):  # 2 requests a second, for 10 s
-            clock.now += 0.5
-            rates.served(None, 1e6)
         with executor.admission("test", cost=1.0):
             assert executor.overloaded
-            assert rates.retry_after(executor, None, 1.0) == 1  # one place, at 2 a second
+            yield executor
     finally:
         executor.shutdown()
+
+
+def test_under_a_place_bound_alone_the_wait_counts_requests(full_places: offload.Executor) -> None:
+    clock = Clock()
+    rates = DrainRates(clock)
+    serve(rates, clock, 2, 10.0, cost=1e6)
+    assert rates.retry_after(full_places, None, 1.0) == 1  # one place, at 2 a second
+    clock.now += 0.001
+    assert rates.retry_after(full_places, None, 1.0) == 1  # and the one due back before it
+    clock.now += 0.001
+    assert rates.retry_after(full_places, None, 1.0) == 2
+
+
+def herd(rates: DrainRates, clock: Clock, executor: offload.Executor, count: int) -> list[int]:
+    """`Retry-After` told to `count` requests refused within a millisecond."""
+    told = []
+    for _ in range(count):
+        clock.now += 1e-3 / count
+        told.append(rates.retry_after(executor, None, 1.0))
+    return told
+
+
+def test_a_herd_is_told_to_come_back_as_fast_as_the_lane_serves_not_all_at_the_cap(
+    full_places: offload.Executor,
+) -> None:
+    """500 refused within a millisecond, at 100 requests a second: a second
+    each for 100 of them, 5 s for the last. (Estimated as the rate of
+    refusals times the last value told, the herd's few milliseconds read as
+    hundreds a second, and the value climbed to the cap within the herd.)"""
+    clock = Clock()
+    clock.now += 0.3  # the herd within one whole second of the clock
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    told = herd(rates, clock, full_places, 500)
+    assert told == sorted(told)
+    counted = collections.Counter(told)
+    assert set(counted) == {1, 2, 3, 4, 5}, counted
+    assert all(abs(n - 100) <= 1 for n in counted.values()), counted
+
+
+def test_the_requests_due_back_leave_the_count_once_their_time_is_past(full_places: offload.Executor) -> None:
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    assert max(herd(rates, clock, full_places, 500)) == 5
+    # 2.5 s on (served as before), the 200 told 1 and 2 s are past: the 300
+    # still due and this one take a little over 3 s.
+    serve(rates, clock, 100, 2.5)
+    clock.now += 0.01
+    assert rates.retry_after(full_places, None, 1.0) == 4
+    # Once every one told is past, only this request's own place is waited for.
+    serve(rates, clock, 100, 5.0)
+    clock.now += 0.01
+    assert rates.retry_after(full_places, None, 1.0) == 1
+
+
+def test_a_herd_past_what_the_cap_serves_is_told_the_cap(full_places: offload.Executor) -> None:
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    told = collections.Counter(herd(rates, clock, full_places, 5_000))
+    assert set(told) == set(range(1, RETRY_AFTER_CAP_S + 1)), told
+    assert all(abs(told[seconds] - 100) <= 1 for seconds in range(1, RETRY_AFTER_CAP_S)), told
+    assert told[RETRY_AFTER_CAP_S] >= 5_000 - 101 * (RETRY_AFTER_CAP_S - 1), told
+
+
+def test_a_client_back_before_its_time_is_counted_again(full_places: offload.Executor) -> None:
+    """The count's stated limit: the same 100 clients, refused every half
+    second whatever they were told, are counted again each time while their
+    earlier refusals are still due, so the wait told grows over the
+    rounds, though 100 clients need 1 s at 100 a second."""
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    longest = []
+    for _ in range(6):
+        longest.append(max(herd(rates, clock, full_places, 100)))
+        serve(rates, clock, 100, 0.5)  # answered as before: no place is ever free for them
+    assert longest[0] == 1
+    assert longest[-1] >= 4, longest

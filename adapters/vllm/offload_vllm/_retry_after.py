@@ -1,12 +1,13 @@
 """A computed `Retry-After` for a 503 from a full bound.
 
-How long the refused request's lane needs to drain enough cost to admit it
-(`_admission_view.cost_to_drain`), and the cost of the clients refused before
-it that are still waiting, at the rate that lane's cost has been served of
-late (`DrainRates.retry_after`): seconds, rounded up, between 1 and
-`RETRY_AFTER_CAP_S`. Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not cost),
-the same in requests. Until a lane has served anything, 1 (the smallest the
-header allows).
+The fewest whole seconds, between 1 and `RETRY_AFTER_CAP_S`, in which the
+refused request's lane, at the rate its cost has been served of late, serves
+the cost that must drain before it is admitted
+(`_admission_view.cost_to_drain`) and the cost of the requests refused before
+it that were told to come back before it and are still due
+(`DrainRates.retry_after`). Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not
+cost), the same in requests. Until a lane has served anything, 1 (the
+smallest the header allows).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from ._lanes import DEFAULT_LANE
 #: the server half a minute on.
 RETRY_AFTER_CAP_S = 30
 
-#: The shortest span a rate is measured over, in seconds: the first refusals
-#: of a flood come together (a hundred clients within milliseconds), and as a
-#: rate over their few milliseconds they would read as thousands a second.
+#: The shortest span a rate is measured over, in seconds: the first answers
+#: of a flood come together (a batch within milliseconds), and as a rate over
+#: their few milliseconds they would read as thousands a second.
 RATE_MIN_SPAN_S = 1.0
 
 #: The time constant of the served-rate average, in seconds: long enough to
@@ -70,23 +71,73 @@ class _Rate:
 
 
 @final
-class _LaneRates:
-    """One lane's served and refused rates, and the last `Retry-After` it gave."""
+class _DueBack:
+    """The refused requests told to come back that are still due, by the whole
+    second they are due back in: a ring of `RETRY_AFTER_CAP_S + 1` seconds
+    (the current one and the furthest a `Retry-After` reaches), each with the
+    cost and the count of the requests due back in it. A second's place in the
+    ring is reused once that second has passed, so memory stays bounded and a
+    refusal costs at most one pass over the ring."""
 
-    __slots__ = ("refused_cost", "refused_requests", "retry_after", "served_cost", "served_requests")
+    __slots__ = ("_cost", "_count", "_latest", "_second")
+
+    def __init__(self) -> None:
+        size = RETRY_AFTER_CAP_S + 1
+        self._second: list[int | None] = [None] * size  # the whole second each place holds
+        self._cost = [0.0] * size
+        self._count = [0] * size
+        self._latest = [0.0] * size  # the last time due in it
+
+    def add(self, due: float, cost: float) -> None:
+        """A request of `cost`, refused, is due back at `due`."""
+        second = math.floor(due)
+        i = second % len(self._second)
+        if self._second[i] != second:  # a second passed: its place is free
+            self._second[i], self._cost[i], self._count[i], self._latest[i] = second, 0.0, 0, due
+        self._cost[i] += cost
+        self._count[i] += 1
+        self._latest[i] = max(self._latest[i], due)
+
+    def _in(self, second: int, by_cost: bool) -> float:
+        i = second % len(self._second)
+        if self._second[i] != second:
+            return 0.0
+        return self._cost[i] if by_cost else float(self._count[i])
+
+    def first_fit(self, now: float, need: float, per_second: float, by_cost: bool) -> int:
+        """The fewest whole seconds `r` (1 to `RETRY_AFTER_CAP_S`) in which,
+        at `per_second`, the lane serves `need` and the cost (`by_cost`) or
+        the count of the requests due back before `now + r`;
+        `RETRY_AFTER_CAP_S` if none. At one second's resolution: the current
+        second's requests count until the last of them is due, and those due
+        in the same whole second as `now + r` count as before it."""
+        current = math.floor(now)
+        i = current % len(self._second)
+        waiting = self._in(current, by_cost) if self._latest[i] > now else 0.0
+        for seconds in range(1, RETRY_AFTER_CAP_S + 1):
+            waiting += self._in(current + seconds, by_cost)
+            if (need + waiting) / per_second <= seconds:
+                return seconds
+        return RETRY_AFTER_CAP_S
+
+
+@final
+class _LaneRates:
+    """One lane's served rates, and its refused requests still due back."""
+
+    __slots__ = ("due_back", "served_cost", "served_requests")
 
     def __init__(self) -> None:
         self.served_cost = _Rate()
         self.served_requests = _Rate()
-        self.refused_cost = _Rate()
-        self.refused_requests = _Rate()
-        self.retry_after = 1
+        self.due_back = _DueBack()
 
 
 @final
 class DrainRates:
     """Per lane, the rates at which requests and their cost were served
-    (their admission ended) and refused. Used on the event loop's thread only."""
+    (their admission ended), and the refused requests told to come back that
+    are still due. Used on the event loop's thread only."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -116,34 +167,30 @@ class DrainRates:
 
     def retry_after(self, executor: offload.Executor, lane: str | None, cost: float) -> int:
         """`Retry-After` for a request of `cost` in `lane` just refused: the
-        seconds its lane takes, at the rate it has been served, to serve what
-        must drain before it is admitted (`cost_to_drain`; under
-        `OFFLOAD_VLLM_MAX_QUEUE` alone, one request) plus what the clients
-        refused before it and still waiting will bring back first. That
-        backlog is Little's law: the lane's refusals per second times the
-        `Retry-After` they were given. Without it, every client refused
-        during a flood is told the same short wait, and they come back
-        together to be refused again."""
+        fewest whole seconds `r` (1 to `RETRY_AFTER_CAP_S`) in which its lane,
+        at the rate it has been served, serves what must drain before it is
+        admitted (`cost_to_drain`; under `OFFLOAD_VLLM_MAX_QUEUE` alone, one
+        request) and the requests refused before it that are due back before
+        it (`now + r`); those due back later come after it. The request is
+        then counted as due back at `now + r`, until then. Without that
+        count, every client refused during a flood is told the same short
+        wait, and they come back together to be refused again.
+
+        The count is exact for clients that honour the header: a herd of N
+        refused within a millisecond counts N, one each. It assumes they
+        do. A client that comes back early is counted again while its first
+        refusal is still due, so clients that ignore the header inflate it
+        for every client of the lane, up to the cap."""
         now = self._clock()
         rates = self._lane(lane)
         excess = cost_to_drain(executor, lane, cost)
         # Refused with no cost to drain: a place (OFFLOAD_VLLM_MAX_QUEUE) must free up.
         by_cost = bool(excess)
         served = rates.served_cost if by_cost else rates.served_requests
-        refused = rates.refused_cost if by_cost else rates.refused_requests
-        backlog = refused.per_second(now) * rates.retry_after
-        rates.refused_cost.add(cost, now)
-        rates.refused_requests.add(1.0, now)
         per_second = served.per_second(now)
         if per_second <= 0:
-            return 1  # nothing served yet: the least the header allows
-        need = (excess if by_cost and excess is not None else 1.0) + backlog
-        rates.retry_after = clamp_retry_after(need / per_second)
-        return rates.retry_after
-
-
-def clamp_retry_after(seconds: float | None) -> int:
-    """Whole seconds, rounded up, between 1 and `RETRY_AFTER_CAP_S` (1 for `None`)."""
-    if seconds is None or math.isnan(seconds):
-        return 1
-    return int(min(RETRY_AFTER_CAP_S, max(1, math.ceil(seconds))))
+            told = 1  # nothing served yet: the least the header allows
+        else:
+            told = rates.due_back.first_fit(now, excess if excess else 1.0, per_second, by_cost)
+        rates.due_back.add(now + told, cost)
+        return told
