@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import signal
 import threading
@@ -154,16 +155,23 @@ class LifecycleContract(_ContractBase):
                 outcomes[tag] = exc
 
         started = [tmp_path / f"started{i}" for i in range(capacity)]
+        release = tmp_path / "release"
+        queued = [f"queued{i}" for i in range(5)]
         async with anyio.create_task_group() as tg:
             for i, marker in enumerate(started):
-                tg.start_soon(one, f"running{i}", f.mark_then_square_after, str(marker), 0.5, 3)
+                tg.start_soon(one, f"running{i}", f.mark_then_square_once, str(marker), str(release), 3)
             # Running, not queued: each has left its marker (a fixed wait was
             # too short on a loaded machine).
             await _wait_until(lambda: all(marker.exists() for marker in started), 60)
-            for i in range(5):
-                tg.start_soon(one, f"queued{i}", f.square_after, 0.0, 3)
+            for tag in queued:
+                tg.start_soon(one, tag, f.square_after, 0.0, 3)
             await _wait_until(lambda: _inflight(ex) == capacity + 5)
-            await ex.aclose(timeout=30)
+            # The running calls hold their workers until the queued ones have
+            # their answer (a call that ended on its own could free a worker
+            # for a queued call before `aclose` began, on a loaded machine).
+            tg.start_soon(functools.partial(ex.aclose, timeout=30))
+            await _wait_until(lambda: all(tag in outcomes for tag in queued), 30)
+            release.touch()
         with pytest.raises(offload.ExecutorClosed):
             await ex.run(f.add, 1)
         for i in range(capacity):
