@@ -376,3 +376,25 @@ async def wait_until(predicate: Any, seconds: float = 30.0) -> None:
     with anyio.fail_after(seconds):
         while not predicate():  # noqa: ASYNC110 (state other threads and processes change)
             await anyio.sleep(0.005)
+
+
+def fork_a_child_that_calls(ex: offload.Executor) -> int:
+    """Fork; the child writes what `ex` answers for `add(20, 22)` ("child got
+    42") or how the call failed to stdout, and exits 0 only if it was answered
+    (killed by SIGALRM after a minute if it hangs). Returns the child's pid."""
+    import signal
+    import sys
+
+    child = os.fork()
+    if child == 0:
+        signal.alarm(60)
+        code = 1
+        try:
+            sys.stdout.write(f"child got {ex.submit(add, 20, 22).result(30)}\n")
+            code = 0
+        except BaseException as exc:
+            sys.stdout.write(f"child failed: {exc!r}\n")
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    return child

@@ -105,7 +105,7 @@ def test_a_child_forked_while_a_worker_start_was_inside_the_resource_tracker_can
     out = check(
         run_python(
             """
-            import os, signal, threading
+            import os, threading
             from multiprocessing import resource_tracker
             import offload
             from tests import helpers
@@ -128,17 +128,7 @@ def test_a_child_forked_while_a_worker_start_was_inside_the_resource_tracker_can
                 ex = offload.get_executor("process", max_workers=1)
                 busy = ex.submit(helpers.add, 1, 1)
                 assert inside.wait(60), "the slot thread never reached the tracker"
-                pid = os.fork()
-                if pid == 0:
-                    signal.alarm(60)
-                    code = 1
-                    try:
-                        print("child got", ex.submit(helpers.add, 20, 22).result(30), flush=True)
-                        code = 0
-                    except BaseException as exc:
-                        print("child failed:", repr(exc), flush=True)
-                    finally:
-                        os._exit(code)
+                pid = helpers.fork_a_child_that_calls(ex)
                 release.set()
                 _, status = os.waitpid(pid, 0)
                 print("child exit", os.waitstatus_to_exitcode(status), "parent got", busy.result(60), flush=True)
@@ -207,7 +197,7 @@ def test_a_child_forked_while_a_metric_lock_was_held_can_count() -> None:
     out = check(
         run_python(
             """
-            import os, signal
+            import os
             import offload
             from offload import _metrics
             from tests import helpers
@@ -219,15 +209,7 @@ def test_a_child_forked_while_a_metric_lock_was_held_can_count() -> None:
                 # A worker of the parent counting a call at the fork holds this lock.
                 child = families.queued.labels("thread", _metrics.function_label(helpers.add))
                 child._value._lock.acquire()
-                pid = os.fork()
-                if pid == 0:
-                    signal.alarm(60)
-                    code = 1
-                    try:
-                        print("child got", ex.submit(helpers.add, 20, 22).result(30), flush=True)
-                        code = 0
-                    finally:
-                        os._exit(code)
+                pid = helpers.fork_a_child_that_calls(ex)
                 child._value._lock.release()
                 _, status = os.waitpid(pid, 0)
                 print("child exit", os.waitstatus_to_exitcode(status), flush=True)
