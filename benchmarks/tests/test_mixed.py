@@ -565,6 +565,42 @@ def test_the_prober_probes_from_a_session_and_scheduling_group_of_its_own(answer
     assert prober.latencies
 
 
+_PROBER_THEN_SLEEP = """
+import sys, time
+from benchmarks.harness import load
+prober = load.HealthProber(sys.argv[1]).__enter__()
+print(prober.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_prober_stops_by_itself_once_the_benchmark_is_killed(answering_server: str) -> None:
+    """In a session of its own, a Ctrl-C or a kill of the benchmark does not
+    reach it: it must notice its parent is gone and stop, not probe forever."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _PROBER_THEN_SLEEP, answering_server],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
+    )
+    with driver:
+        try:
+            assert driver.stdout is not None
+            prober = int(driver.stdout.readline())
+            assert os.getsid(prober) == prober
+        finally:
+            driver.kill()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(prober, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{prober}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return  # ended; its new parent has not reaped it yet
+        time.sleep(0.1)
+    os.kill(prober, signal.SIGKILL)
+    pytest.fail("the prober was still probing a minute after the benchmark was killed")
+
+
 def test_the_report_says_where_the_probers_ran() -> None:
     def grouped(health: str) -> dict[str, Any]:
         return {**block(10, 1000, 20), "scheduling_groups": {"health": health, "flood": "/autogroup-1",
