@@ -59,11 +59,12 @@ DEFAULT_START_METHOD = (
 _START_METHODS = ("forkserver", "spawn")
 
 #: How long a worker may take from its start to the end of its initializer
-#: before it is killed and the call waiting for it fails: the `ray` strategy's
-#: `actor_start_timeout` for the same reason, long enough for a cold worker
-#: that imports a model's tokenizer and processors on a busy machine, while a
-#: stuck initializer fails the calls instead of hanging them.
-DEFAULT_WORKER_START_TIMEOUT = 120.0
+#: before it is killed and the call waiting for it fails. vLLM gives its
+#: engine the same 600 s to come up (`VLLM_ENGINE_READY_TIMEOUT_S`): a cold
+#: worker that imports a tokenizer (6 s on an idle 2-core machine) took over
+#: 120 s on a shared machine slowed ~20x, so the bound is for stuck workers,
+#: not slow ones.
+DEFAULT_WORKER_START_TIMEOUT = 600.0
 _CANCEL_MODES = ("finish", "kill")
 
 
@@ -152,7 +153,7 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         nice: added to the workers' niceness (0 to 19; default 10, see
             `DEFAULT_NICE`); 0 runs them at this process's priority.
         worker_start_timeout: seconds a worker process may take to start and
-            run its initializer (default 120, see
+            run its initializer (default 600, see
             `DEFAULT_WORKER_START_TIMEOUT`); past that it is killed and the
             call that started it (or `start()`) fails with `OffloadError`.
             `None`: no limit.
