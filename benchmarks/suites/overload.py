@@ -13,7 +13,11 @@ more pressure on), and sends its next request.
 `--compare-retry-after` runs the bounded server alone, its levels alternating
 between clients that honour its computed `Retry-After` and clients that wait
 a constant 1 s whatever it says (what the header said before it was
-computed): refused attempts and accepted requests/s, per pair.
+computed): refused attempts and accepted requests/s, per pair. Before each
+level the server gets no traffic for `--settle` seconds (default 31, longer
+than the longest `Retry-After`, 30 s), so that no refusal of the level
+before is still counted as due back: the two kinds of client are compared
+apart, not the constant clients' leftovers against the computed ones.
 
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
@@ -345,8 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-queued-cost", type=float, default=None,
         help="bound the bounded row by OFFLOAD_VLLM_MAX_QUEUED_COST (this much cost) instead of max_queue",
     )
+    p.add_argument(
+        "--settle", type=float, default=SETTLE_S,
+        help="with --compare-retry-after: seconds without traffic before each level (default: %(default)s)",
+    )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
+    if not args.settle >= 0:
+        p.error("--settle must be a number of seconds >= 0")
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
     if args.compare_retry_after:
@@ -417,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
 #: constant clients of `--compare-retry-after` wait.
 CONSTANT_RETRY_S = 1.0
 
+#: Seconds without traffic before each level of `--compare-retry-after`: past
+#: the longest `Retry-After` (`offload_vllm._retry_after.RETRY_AFTER_CAP_S`),
+#: every refusal of the level before is no longer due back when it begins.
+SETTLE_S = 31.0
+
 
 def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int, pairs: int, seconds: float) -> int:
     """Levels alternating on the bounded server: clients honouring its
@@ -438,9 +453,11 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
         url = servers["bounded"][0]
         make_payload = workloads.long_text_factory(str(model))
         asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))  # warm-up
+        settle = 0.0 if args.smoke else args.settle
         for pair in range(pairs):
             for name in (["computed", "constant"] if pair % 2 == 0 else ["constant", "computed"]):
                 constant = CONSTANT_RETRY_S if name == "constant" else None
+                time.sleep(settle)
                 level = run_level(url, clients, make_payload, seconds, 1.0, constant)
                 rows[name].append(level)
                 print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
@@ -449,6 +466,7 @@ def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int,
         "dirty": dirty, "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
         "wall_s": time.monotonic() - began, "clients": clients, "pairs": pairs, "seconds": seconds,
         "max_queue": MAX_QUEUE, "strategy": STRATEGY, "workers": WORKERS, "constant_retry_s": CONSTANT_RETRY_S,
+        "settle_s": settle,
         "rows": rows, **retry_after_ratios(rows),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -519,7 +537,9 @@ def retry_after_markdown(result: dict[str, Any]) -> str:
          f"{result['pairs']} pairs of {result['seconds']:g} s levels, the two kinds of level alternating "
          f"(computed first in pairs 1, 3, ...): clients that wait the `Retry-After` they are told (computed) "
          f"against clients that wait {constant:g} s whatever it says (constant); a refused client's wait is "
-         f"cut at its level's end. Run took {result['wall_s']:.0f} s."),
+         f"cut at its level's end"
+         + (f"; no traffic for {result['settle_s']:g} s before each level" if result.get("settle_s") else "")
+         + f". Run took {result['wall_s']:.0f} s."),
         "<!-- --8<-- [end:meta] -->",
         "",
         "<!-- --8<-- [start:tables] -->",

@@ -84,3 +84,25 @@ def test_retry_after_comparison_is_judged_per_pair_on_the_medians_interval() -> 
 def test_a_constant_level_without_refusals_counts_as_one() -> None:
     rows = {"computed": _levels([3], [10.0]), "constant": _levels([0], [10.0])}
     assert overload.retry_after_ratios(rows)["refused_ratio"] == [3.0]
+
+
+def test_the_comparison_settles_past_the_longest_retry_after_and_says_so() -> None:
+    from offload_vllm._retry_after import RETRY_AFTER_CAP_S
+
+    assert overload.SETTLE_S > RETRY_AFTER_CAP_S
+    rows = {"computed": _levels([3], [10.0]), "constant": _levels([6], [10.0])}
+    machine = {"cpus": 2, "platform": "Linux", "date": "today", "commit": "abc", "versions": {}}
+    result = {
+        "command": "python -m benchmarks overload --compare-retry-after", "machine": machine, "dirty": False,
+        "loadavg_before": "1", "loadavg_after": "2", "wall_s": 200.0, "clients": 512, "pairs": 1, "seconds": 15.0,
+        "max_queue": 30, "strategy": "thread", "workers": 2, "constant_retry_s": 1.0, "settle_s": 31.0, "rows": rows,
+        **overload.retry_after_ratios(rows),
+    }
+    assert "no traffic for 31 s before each level" in overload.retry_after_markdown(result)
+
+
+def test_a_negative_settle_is_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        overload.main(["--compare-retry-after", "--settle", "-1"])
+    assert exited.value.code == 2
+    assert "--settle must be" in capsys.readouterr().err

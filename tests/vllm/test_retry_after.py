@@ -29,11 +29,14 @@ class Clock:
 
 def serve(rates: DrainRates, clock: Clock, per_second: int, seconds: float, cost: float = 1.0) -> None:
     """`per_second` requests of `cost` answered a second, evenly, for `seconds`
-    from `clock.now`, which is left at the last answer."""
+    from `clock.now`, which is left at the last answer: a busy lane, each
+    answer followed by the next request's admission, so one is left in flight."""
     start = clock.now
+    rates.started(None)
     for k in range(int(per_second * seconds)):
-        clock.now = start + k / per_second
+        clock.now = start + (k + 1) / per_second
         rates.served(None, cost)
+        rates.started(None)
 
 
 def test_a_steady_rate_reads_as_itself_and_decays_once_nothing_is_served() -> None:
@@ -122,6 +125,27 @@ def test_retry_after_is_the_time_to_drain_and_serve_the_clients_due_back_first(
         assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
         # Costlier than the lane's share: admitted once its lane is empty.
         clock.now += 20 * RATE_TIME_CONSTANT_S  # nothing served for long: the rate is near 0
+        assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
+
+
+def test_a_lane_idle_for_long_then_full_is_told_the_rate_it_was_served_at_while_busy(
+    held_executor: tuple[offload.Executor, threading.Event],
+) -> None:
+    """The rate runs on the lane's busy time: five idle minutes do not make a
+    flood that follows them look slow to drain (on wall time it read as
+    e^-30 of itself, and the first refusals were told the cap)."""
+    executor, _ = held_executor
+    clock = Clock()
+    rates = DrainRates(clock)
+    serve(rates, clock, 10, 10 * RATE_TIME_CONSTANT_S)  # 10 cost a second in `default`
+    clock.now += 0.1
+    rates.served(None, 1.0)  # the last one in flight answered: the lane is idle
+    clock.now += 30 * RATE_TIME_CONSTANT_S
+    with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
+        assert rates.retry_after(executor, None, 200.0) == 5  # 50 to drain at 10 a second
+        # Busy again, with nothing answered for long: then it reads as slow.
+        rates.started(None)
+        clock.now += 20 * RATE_TIME_CONSTANT_S
         assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
 
 

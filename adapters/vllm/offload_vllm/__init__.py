@@ -158,6 +158,7 @@ def register() -> None:
         engine_priority=settings.engine_priority,
         retry_after=rates.retry_after,
         answers=ANSWERS,
+        started=rates.started,
         served=rates.served,
         max_request_cost=settings.max_request_cost,
         # Readiness follows admission as it changes, not only at the loop's next publish.

@@ -91,8 +91,10 @@ class RequestPolicy:
     #: of the request refused (`_retry_after.DrainRates.retry_after`).
     retry_after: Callable[[offload.Executor, str | None, float], int]
     answers: Answers
-    #: Told `(lane, cost)` of each admitted request once it is answered (its
-    #: admission ended): what the `Retry-After` is measured from.
+    #: Told the lane of each request as it is admitted, and `(lane, cost)` of
+    #: it once it is answered (its admission ended): what the `Retry-After`
+    #: is measured from (a lane's served rate, over the time it was busy).
+    started: Callable[[str | None], None] = lambda lane: None
     served: Callable[[str | None, float], None] = lambda lane, cost: None
     #: Told, on the loop's thread, each time admission's counts changed: a
     #: request admitted, its cost released, its admission ended; and before
@@ -153,6 +155,7 @@ class RequestPolicy:
                 return self.answers.overflow(self.retry_after(executor, lane, cost))
             self.decided(lane, True)
             self.changed()
+            self.started(lane)
             held.callback(self.served, lane, cost)
             held.callback(_admitted.reset, _admitted.set((admitted, self)))
             phases.admitted(lane)

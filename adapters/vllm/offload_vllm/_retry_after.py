@@ -8,6 +8,12 @@ it that were told to come back before it and are still due
 (`DrainRates.retry_after`). Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not
 cost), the same in requests. Until a lane has served anything, 1 (the
 smallest the header allows).
+
+A lane's rate is measured over the time it was busy (a request of it
+admitted and not yet answered), not over wall time: a lane idle for a
+minute and then flooded drains as fast as it did when it was last busy,
+and its first refusals are told so, not a wait stretched by the idle
+minute.
 """
 
 from __future__ import annotations
@@ -123,14 +129,22 @@ class _DueBack:
 
 @final
 class _LaneRates:
-    """One lane's served rates, and its refused requests still due back."""
+    """One lane's served rates, on the clock of its busy time, and its refused
+    requests still due back."""
 
-    __slots__ = ("due_back", "served_cost", "served_requests")
+    __slots__ = ("busy_before", "busy_since", "due_back", "in_flight", "served_cost", "served_requests")
 
     def __init__(self) -> None:
         self.served_cost = _Rate()
         self.served_requests = _Rate()
         self.due_back = _DueBack()
+        self.in_flight = 0  # admitted, not yet answered
+        self.busy_since: float | None = None  # when `in_flight` last left 0
+        self.busy_before = 0.0  # busy seconds before `busy_since`
+
+    def busy_clock(self, now: float) -> float:
+        """Seconds this lane has been busy, up to `now`: the clock its rates run on."""
+        return self.busy_before + (0.0 if self.busy_since is None else now - self.busy_since)
 
 
 @final
@@ -150,18 +164,31 @@ class DrainRates:
             rates = self._lanes[name] = _LaneRates()
         return rates
 
-    def served(self, lane: str | None, cost: float) -> None:
-        """A request of `cost` in `lane` (`None`: default) was answered."""
-        now = self._clock()
+    def started(self, lane: str | None) -> None:
+        """A request in `lane` (`None`: default) was admitted: its lane is busy
+        until every request admitted in it is answered (`served`)."""
         rates = self._lane(lane)
-        rates.served_cost.add(cost, now)
-        rates.served_requests.add(1.0, now)
+        if rates.in_flight == 0:
+            rates.busy_since = self._clock()
+        rates.in_flight += 1
+
+    def served(self, lane: str | None, cost: float) -> None:
+        """A request of `cost` in `lane` (`None`: default), admitted
+        (`started`), was answered."""
+        rates = self._lane(lane)
+        busy = rates.busy_clock(self._clock())
+        rates.served_cost.add(cost, busy)
+        rates.served_requests.add(1.0, busy)
+        rates.in_flight = max(0, rates.in_flight - 1)
+        if rates.in_flight == 0:
+            rates.busy_before, rates.busy_since = busy, None
 
     def typical_cost(self, lane: str | None = None) -> float:
         """The mean cost of the requests of `lane` answered of late, weighted as
-        the served rates are (over `RATE_TIME_CONSTANT_S`); 1 before any."""
-        now = self._clock()
+        the served rates are (over `RATE_TIME_CONSTANT_S` of its busy time);
+        1 before any."""
         rates = self._lane(lane)
+        now = rates.busy_clock(self._clock())
         requests = rates.served_requests.per_second(now)
         return rates.served_cost.per_second(now) / requests if requests > 0 else 1.0
 
@@ -187,7 +214,7 @@ class DrainRates:
         # Refused with no cost to drain: a place (OFFLOAD_VLLM_MAX_QUEUE) must free up.
         by_cost = bool(excess)
         served = rates.served_cost if by_cost else rates.served_requests
-        per_second = served.per_second(now)
+        per_second = served.per_second(rates.busy_clock(now))
         if per_second <= 0:
             told = 1  # nothing served yet: the least the header allows
         else:
