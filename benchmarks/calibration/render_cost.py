@@ -13,11 +13,11 @@ thread's CPU clock, with vLLM's own code and the served model's config
 - rendering: vLLM's `PoolingIOProcessor.render` (an `EmbedIOProcessor` on
   a renderer built from the config, `renderer_from_config`) over every set
   of render parameters of an `/v1/embeddings` request, one call each, as
-  the adapter's render call does (`_workers.render_each`). Three requests:
-  one prompt of prose; as many one-word prompts as that prompt has words
-  (its characters, less the spaces), which separates what a prompt costs
-  from what its characters cost; and as many prompts of one token id
-  each (no tokenizing). Beside it, what vLLM does for the request before
+  the adapter's render call does (`_workers.render_each`). Four requests:
+  one prompt of prose; one of its first half's words; as many one-word
+  prompts as that prompt has words (its characters, less the spaces),
+  which separates what a prompt costs from what its characters cost; and
+  as many prompts of one token id each (no tokenizing). Beside it, what vLLM does for the request before
   any render call (`get_request_factory_online`, on the event loop);
 - an embeddings answer: vLLM's `ServingEmbedding._postprocessing` (its
   IO processor's `post_process_online`, then `_build_response`), from
@@ -65,6 +65,10 @@ from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
+# As the benchmarks' servers run (`harness/server.py`): with the tokenizers
+# library's parallelism on, vLLM's tokenizer cost this thread ~1.5 units a
+# character of prose instead of ~1.2 (its pool's threads, woken per call).
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress, workloads
@@ -80,6 +84,7 @@ WORDS = 150
 #: The renders: what each request's `input` is.
 RENDERS = {
     "one prompt": "one prompt of prose",
+    "half a prompt": "one prompt of its first half's words",
     "a word a prompt": "each of its words a prompt of its own",
     "a token id a prompt": "as many prompts of one token id each",
 }
@@ -159,10 +164,12 @@ def _context(v: dict[str, Any], request: Any) -> Any:
 
 
 def render_inputs(words: int, seed: int) -> dict[str, list[Any]]:
-    """Each render case's `input`: one text of `words` words, its words, and as many one-id prompts."""
+    """Each render case's `input`: one text of `words` words, the text of its first
+    half's words, its words, and as many one-id prompts."""
     (text,) = workloads.long_texts(1, words, seed=seed)
     return {
         "one prompt": [text],
+        "half a prompt": [" ".join(text.split()[: words // 2])],
         "a word a prompt": text.split(),
         "a token id a prompt": [[1000 + i] for i in range(words)],
     }
@@ -234,6 +241,7 @@ def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: i
         "postprocess_cost_per_value": v["cost"].POSTPROCESS_COST_PER_VALUE,
         "postprocess_cost_per_output": v["cost"].POSTPROCESS_COST_PER_OUTPUT,
         "response_class": v["shell"].json_response_cls.__name__,
+        "tokenizers_parallelism": os.environ["TOKENIZERS_PARALLELISM"],
         "renders": {name: {k: case[k] for k in ("prompts", "characters", "price")} for name, case in renders.items()},
         "answers": {
             name: {k: case[k] for k in ("outputs", "values", "encoding", "price")} for name, case in answers.items()
@@ -313,11 +321,21 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         solve_prompt_cost(a / u, b / u, one["characters"], many["characters"], many["prompts"])
         for a, b, u in zip(s["render/one prompt"], s["render/a word a prompt"], unit, strict=True)
     ]
+    # The same two costs from two prompts' lengths alone (no one-word prompts):
+    # what a character of prose costs, and what is left of the long prompt.
+    half = result["renders"]["half a prompt"]
+    per_character = [
+        slope(h / u, a / u, half["characters"], one["characters"])
+        for h, a, u in zip(s["render/half a prompt"], s["render/one prompt"], unit, strict=True)
+    ]
+    beside = [a / u - b * one["characters"] for a, b, u in zip(s["render/one prompt"], per_character, unit, strict=True)]
     prompt_cost = result["prompt_cost"]
     out["prompt"] = {
         "units_per_prompt": interval([a for a, _ in split]),
         "over_price": interval([a / prompt_cost for a, _ in split]),
         "units_per_character": interval([b for _, b in split]),
+        "units_per_character_by_length": interval(per_character),
+        "units_per_prompt_by_length": interval(beside),
     }
     for name, case in result["answers"].items():
         built = s[f"answer/{name}"]
@@ -400,7 +418,8 @@ def markdown(result: dict[str, Any]) -> str:
         + f"`{result['command']}` at commit `{info['commit'] or 'uncommitted'}`: {result['rounds']} rounds of "
         f"{result['repeats']} calls per measurement, in a random order each round, CPU time of this thread; "
         f"medians over rounds [order-statistic intervals, coverage {100 * unit[3]:.1f}%]. The unit: the "
-        f"all-MiniLM-L6-v2 fast tokenizer on prose, one text per call, {fmt(unit, 0)} ns a character; each "
+        f"all-MiniLM-L6-v2 fast tokenizer on prose, one text per call, {fmt(unit, 0)} ns a character "
+        f"(`TOKENIZERS_PARALLELISM={result['tokenizers_parallelism']}`, as the benchmarks' servers run); each "
         "figure in units is paired with its round's unit. A price bounds the work where a ratio to it is at "
         "most 1.\n\n"
         f"**Rendering** (vLLM's `PoolingIOProcessor.render`, one call per prompt, as the adapter's render call "
@@ -410,7 +429,10 @@ def markdown(result: dict[str, Any]) -> str:
         + renders
         + f"\nA prompt beyond its characters (the first two requests solved for a cost per prompt and per "
         f"character): **{fmt(p['units_per_prompt'], 1)} units**, {fmt(p['over_price'], 2)} of `PROMPT_COST` "
-        f"({result['prompt_cost']}); a character of it, {fmt(p['units_per_character'], 2)} units.\n\n"
+        f"({result['prompt_cost']}); a character of it, {fmt(p['units_per_character'], 2)} units. From the two "
+        f"prompts of prose alone (the slope between their lengths): a character, "
+        f"{fmt(p['units_per_character_by_length'], 2)} units; a prompt beyond it, "
+        f"{fmt(p['units_per_prompt_by_length'], 1)} units.\n\n"
         f"**An embeddings answer** (vLLM's `ServingEmbedding._postprocessing`, to the response's bytes, with "
         f"`{result['response_class']}`; priced `postprocess_cost`: {result['postprocess_cost_per_output']:g} an "
         f"output and {result['postprocess_cost_per_value']:g} a value).\n\n"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 import pytest
 
 from benchmarks.calibration import render_cost
+from benchmarks.harness.common import RESULTS as ALL_RESULTS
+
+RESULTS = ALL_RESULTS / "render-cost"
 
 
 def test_the_one_word_prompts_are_the_one_prompts_characters_less_its_spaces() -> None:
@@ -20,6 +24,7 @@ def test_the_one_word_prompts_are_the_one_prompts_characters_less_its_spaces() -
     assert " ".join(words) == text
     assert sum(map(len, words)) == len(text) - 39
     assert inputs["a token id a prompt"] == [[1000 + i] for i in range(40)]
+    assert inputs["half a prompt"] == [" ".join(words[:20])]
 
 
 @pytest.mark.parametrize(("per_prompt", "per_character"), [(50.0, 1.0), (128.0, 1.2), (0.0, 0.9), (300.0, 0.5)])
@@ -41,6 +46,7 @@ def _result(unit_ns: list[float], per_prompt: float, per_character: float, per_v
     rng = random.Random(0)
     renders = {
         "one prompt": {"prompts": 1, "characters": 1_800, "price": 1_800 + 128.0},
+        "half a prompt": {"prompts": 1, "characters": 900, "price": 900 + 128.0},
         "a word a prompt": {"prompts": 300, "characters": 1_500, "price": 1_500 + 300 * 128.0},
         "a token id a prompt": {"prompts": 300, "characters": 0, "price": 300 * 129.0},
     }
@@ -69,6 +75,7 @@ def _result(unit_ns: list[float], per_prompt: float, per_character: float, per_v
                     "commit": "abc1234", "versions": {}},
         "unit_characters": 28_000, "prompt_cost": 128, "postprocess_cost_per_value": 1.5,
         "postprocess_cost_per_output": 40.0, "response_class": "JSONResponse",
+        "tokenizers_parallelism": "false",
         "renders": renders, "answers": answers, "samples": samples,
         "handoffs": {"sizes": [1, 32], "repeats": 20, "pickled_bytes": {1: 900, 32: 20_000}, "samples": handoff},
     }
@@ -81,6 +88,8 @@ def test_the_summary_recovers_the_costs_the_samples_were_made_of() -> None:
     assert s["prompt"]["units_per_prompt"][:3] == pytest.approx([64.0] * 3)
     assert s["prompt"]["over_price"][:3] == pytest.approx([0.5] * 3)
     assert s["prompt"]["units_per_character"][:3] == pytest.approx([1.1] * 3)
+    assert s["prompt"]["units_per_character_by_length"][:3] == pytest.approx([1.1] * 3)
+    assert s["prompt"]["units_per_prompt_by_length"][:3] == pytest.approx([64.0] * 3)
     assert s["value"]["units_per_value"][:3] == pytest.approx([0.75] * 3)
     assert s["value"]["over_price"][:3] == pytest.approx([0.5] * 3)
     assert s["output"]["units_per_output"][:3] == pytest.approx([12.0] * 3)
@@ -112,3 +121,21 @@ def test_rounds_and_repeats_must_be_positive(flag: str, tmp_path: Path, capsys: 
     assert exit_info.value.code == 2
     assert "--rounds and --repeats must be at least 1" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_prices_bound_the_committed_measurement() -> None:
+    """`_cost.py`'s prices are at least the committed run's costs, at the upper
+    end of their intervals: a prompt beyond its characters, an output value,
+    an output besides its values, and every request and answer it timed
+    (the run prices them with the constants of its commit, as they are now)."""
+    from offload_vllm import _cost
+
+    result = json.loads((RESULTS / "render-cost.json").read_text())
+    s = result["summary"]
+    assert (result["prompt_cost"], result["postprocess_cost_per_value"], result["postprocess_cost_per_output"]) == (
+        _cost.PROMPT_COST, _cost.POSTPROCESS_COST_PER_VALUE, _cost.POSTPROCESS_COST_PER_OUTPUT
+    ), "render-cost's results were measured with other prices: rerun `python -m benchmarks render-cost`"
+    assert s["prompt"]["units_per_prompt"][2] <= _cost.PROMPT_COST
+    assert s["value"]["units_per_value"][2] <= _cost.POSTPROCESS_COST_PER_VALUE
+    assert s["output"]["units_per_output"][2] <= _cost.POSTPROCESS_COST_PER_OUTPUT
+    assert {name: a["answer_over_its_price"][2] <= 1 for name, a in s["answers"].items()} == dict.fromkeys(s["answers"], True)

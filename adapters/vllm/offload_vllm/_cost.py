@@ -113,8 +113,10 @@ def body_floor(content_length: int) -> float:
 
 
 #: Building the response costs this much per output value (a float of an
-#: embedding, a score): ~0.55 µs a value against ~0.36 µs a character.
-POSTPROCESS_COST_PER_VALUE = 1.5
+#: embedding, a score). `python -m benchmarks render-cost`
+#: (`benchmarks/results/latest/render-cost/`) times vLLM's embeddings answer.
+#: Why: docs/decisions/0018-a-prompt-priced-128-and-a-value-2.5.md
+POSTPROCESS_COST_PER_VALUE = 2.5
 
 #: Building the response costs this much per engine output besides its values
 #: (an embedding's or a score's own object in the answer: a rerank result with
