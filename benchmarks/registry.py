@@ -94,7 +94,7 @@ SUITES: tuple[Suite, ...] = (
           0.5, "echo-cost.{json,md}", kind="calibration"),
     Suite("render-cost", "benchmarks.calibration.render_cost",
           "What do rendering a prompt and building an embeddings answer cost, against their prices (the prompt and value prices)?",
-          1, "render-cost.{json,md}", kind="calibration"),
+          0.5, "render-cost.{json,md}", kind="calibration"),
     Suite("batch-wait", "benchmarks.calibration.batch_wait",
           "What does async-renderer's batching window buy, per window (the 10 ms default)?",
           5, "batch-wait.{json,md}", kind="calibration", vllm=True),

@@ -23,8 +23,7 @@ thread's CPU clock (`time.thread_time_ns`):
   UTF-8 each, and a string Python stores four bytes a character); and, for
   what an answer costs beside its text, as many documents of no characters;
 - the unit: tokenizing prose, one text per call, with the all-MiniLM-L6-v2
-  fast tokenizer the adapter's constants were measured with (`_cost.py`:
-  ~0.36 µs a character through vLLM's renderer, which adds per prompt).
+  fast tokenizer (`harness/unit_cost.py`, shared with `render-cost`).
 
 Each round times the unit and every answer, in a fresh random order, each
 over `--repeats` calls. Per round, an answer's CPU per echoed character over
