@@ -39,12 +39,14 @@ same unit.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -156,7 +158,8 @@ def measure(rounds: int, repeats: int, count: int, words: int, seed: int) -> dic
             assert taken == case["encoder"], (name, taken)
             assert sorted(r["document"]["text"] for r in content["results"]) == sorted(case["documents"]), name
         unit.tokenize()  # warm up
-        calls = {"unit": unit.tokenize, **{name: (lambda case=case: answer(case)) for name, case in cases.items()}}
+        calls: dict[str, Callable[[], object]] = {"unit": unit.tokenize}
+        calls |= {name: functools.partial(answer, case) for name, case in cases.items()}
         samples = timed_rounds(calls, rounds, repeats, rng, "echo-cost rounds")
     samples["unit"] = [ns / unit.characters for ns in samples["unit"]]
     return {

@@ -54,6 +54,7 @@ on the loop, by wall-clock time: what a hand-off adds to a call, and, for
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pickle
@@ -144,7 +145,8 @@ def _vllm() -> dict[str, Any]:
                 model=str(minilm_dir()), runner="pooling", dtype="float32", max_model_len=MAX_MODEL_LEN
             ).create_engine_config()
         chat_config = ChatTemplateConfig()
-        io = EmbedIOProcessor(vllm_config=config, renderer=renderer_from_config(config), chat_template_config=chat_config)
+        processor_cls: Any = EmbedIOProcessor  # untyped in vLLM
+        io = processor_cls(vllm_config=config, renderer=renderer_from_config(config), chat_template_config=chat_config)
         # `_postprocessing` reads of its serving object only what `__init__` sets here.
         shell = object.__new__(ServingEmbedding)
         shell.json_response_cls = get_json_response_cls()
@@ -207,7 +209,8 @@ def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: i
         }
 
     def render(case: dict[str, Any]) -> list[Any]:
-        return render_each(io.render, (), case["params"])
+        rendered: list[Any] = render_each(io.render, (), case["params"])
+        return rendered
 
     def answer(case: dict[str, Any]) -> bytes:
         body: bytes = v["serving_seam"].postprocess(v["shell"], io, case["ctx"]).body
@@ -227,10 +230,10 @@ def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: i
     unit.tokenize()  # warm up
     calls: dict[str, Callable[[], object]] = {"unit": unit.tokenize}
     for name, case in renders.items():
-        calls[f"render/{name}"] = lambda case=case: render(case)
-        calls[f"prepare/{name}"] = lambda case=case: io.get_request_factory_online(case["ctx"])
+        calls[f"render/{name}"] = functools.partial(render, case)
+        calls[f"prepare/{name}"] = functools.partial(io.get_request_factory_online, case["ctx"])
     for name, case in answers.items():
-        calls[f"answer/{name}"] = lambda case=case: answer(case)
+        calls[f"answer/{name}"] = functools.partial(answer, case)
     samples = timed_rounds(calls, rounds, repeats, rng, "render-cost rounds")
     samples["unit"] = [ns / unit.characters for ns in samples["unit"]]
 
