@@ -23,8 +23,7 @@ thread's CPU clock (`time.thread_time_ns`):
   UTF-8 each, and a string Python stores four bytes a character); and, for
   what an answer costs beside its text, as many documents of no characters;
 - the unit: tokenizing prose, one text per call, with the all-MiniLM-L6-v2
-  fast tokenizer the adapter's constants were measured with (`_cost.py`:
-  ~0.36 µs a character through vLLM's renderer, which adds per prompt).
+  fast tokenizer (`harness/unit_cost.py`, shared with `render-cost`).
 
 Each round times the unit and every answer, in a fresh random order, each
 over `--repeats` calls. Per round, an answer's CPU per echoed character over
@@ -40,13 +39,13 @@ same unit.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import sys
 import time
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -54,20 +53,24 @@ from unittest import mock
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import progress, workloads
-from benchmarks.harness.models import minilm_dir, multilingual_text
-from benchmarks.harness.stats import median_interval
+from benchmarks.harness import workloads
+from benchmarks.harness.models import multilingual_text
+from benchmarks.harness.unit_cost import (
+    MICROSECONDS_PER_UNIT,
+    UNIT_WORDS,
+    Unit,
+    fmt,
+    interval,
+    quiet_imports,
+    timed_rounds,
+)
 
 MODEL = "tiny-bert-cross-encoder"
 #: The rerank benchmark's documents: 32 of 5,000 words (`workloads.rerank_factory`).
 DOCUMENTS, WORDS = 32, 5000
-#: Prose tokenized for the unit: texts under the model's 512 tokens, as one prompt is.
-UNIT_TEXTS, UNIT_WORDS = 16, 300
 #: A score the adapter's encoder refuses (Python writes it with an exponent), so that
 #: the answer holding it is encoded by Starlette's.
 REFUSED_SCORE = 1e-5
-#: The figure `_cost.py`'s constants use for a character of text.
-MICROSECONDS_PER_UNIT = 0.36
 
 KINDS = {
     "prose": "the rerank benchmark's documents (English words, ASCII)",
@@ -99,10 +102,7 @@ def documents(kind: str, count: int, words: int) -> list[str]:
 
 
 def _vllm() -> dict[str, Any]:
-    # vLLM's import warns (torch deprecations); under pytest's warnings-as-errors
-    # that would fail the smoke run when no vLLM test imported it first.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
+    with quiet_imports():
         import torch
         from offload_vllm import _cost
         from offload_vllm._seams import responses
@@ -117,27 +117,12 @@ def _vllm() -> dict[str, Any]:
     }
 
 
-def load_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(minilm_dir()), local_files_only=True)
-
-
-def cpu_ns_per_call(call: Callable[[], object], repeats: int) -> float:
-    start = time.thread_time_ns()
-    for _ in range(repeats):
-        call()
-    return (time.thread_time_ns() - start) / repeats
-
-
 def measure(rounds: int, repeats: int, count: int, words: int, seed: int) -> dict[str, Any]:
     v = _vllm()
     serving_cls = v["scoring_serving"].ServingScores
     # `_request_output_to_rerank_response` reads nothing of its serving object.
     shell = object.__new__(serving_cls)
-    tokenizer = load_tokenizer()
-    unit_texts = workloads.long_texts(UNIT_TEXTS, UNIT_WORDS, seed=seed + 1)
-    unit_characters = sum(map(len, unit_texts))
+    unit = Unit(seed + 1)
     rng = random.Random(seed)
 
     def outputs(scores: list[float]) -> list[Any]:
@@ -166,31 +151,19 @@ def measure(rounds: int, repeats: int, count: int, words: int, seed: int) -> dic
         body: bytes = response.body
         return body
 
-    def tokenize() -> None:
-        for text in unit_texts:
-            tokenizer(text)
-
-    samples: dict[str, list[float]] = {"unit": [], **{name: [] for name in cases}}
     with mock.patch.object(v["scoring_serving"], "JSONResponse", v["responses"].ScoringJSONResponse):
         for name, case in cases.items():  # each answer takes the encoder it is meant to
             content = json.loads(answer(case))
             taken = "pydantic-core" if v["responses"].same_bytes_in_pydantic_core(content) else "Starlette"
             assert taken == case["encoder"], (name, taken)
             assert sorted(r["document"]["text"] for r in content["results"]) == sorted(case["documents"]), name
-        tokenize()  # warm up
-        with progress.Progress(rounds, "echo-cost rounds") as bar:
-            for _ in range(rounds):
-                order = ["unit", *cases]
-                rng.shuffle(order)
-                for name in order:
-                    if name == "unit":
-                        samples["unit"].append(cpu_ns_per_call(tokenize, repeats) / unit_characters)
-                    else:
-                        case = cases[name]
-                        samples[name].append(cpu_ns_per_call(lambda case=case: answer(case), repeats))
-                bar.step()
+        unit.tokenize()  # warm up
+        calls: dict[str, Callable[[], object]] = {"unit": unit.tokenize}
+        calls |= {name: functools.partial(answer, case) for name, case in cases.items()}
+        samples = timed_rounds(calls, rounds, repeats, rng, "echo-cost rounds")
+    samples["unit"] = [ns / unit.characters for ns in samples["unit"]]
     return {
-        "unit_characters": unit_characters,
+        "unit_characters": unit.characters,
         "echo_cost_per_character": v["cost"].ECHO_COST_PER_CHARACTER,
         "postprocess_cost_per_value": v["cost"].POSTPROCESS_COST_PER_VALUE,
         "cases": {name: {k: case[k] for k in ("kind", "encoder", "echoed", "price")} for name, case in cases.items()},
@@ -218,18 +191,9 @@ def summary(result: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
                 "units_per_character": in_units,
                 "over_price": [x / price for x in in_units],
             }
-        out[name] = {}
-        for key, values in series.items():
-            found = median_interval(values)
-            out[name][key] = [found.median, found.low, found.high, found.coverage]
-    found = median_interval(unit)
-    out["unit"] = {"ns_per_character": [found.median, found.low, found.high, found.coverage]}
+        out[name] = {key: interval(values) for key, values in series.items()}
+    out["unit"] = {"ns_per_character": interval(unit)}
     return out
-
-
-def _fmt(interval: list[float], digits: int) -> str:
-    median, low, high, _ = interval
-    return f"{median:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -238,10 +202,10 @@ def markdown(result: dict[str, Any]) -> str:
     price = result["echo_cost_per_character"]
     rows = [
         [f"{case['kind']}: {KINDS[case['kind']]}", f"{case['encoder']} ({ENCODERS[case['encoder']]})",
-         f"{case['echoed']:,}", f"{case['price']:,.0f}", _fmt(s[name]["answer_ms"], 2),
-         *([_fmt(s[name]["ns_per_character"], 1), _fmt(s[name]["units_per_character"], 4),
-            _fmt(s[name]["over_price"], 2)] if case["echoed"] else ["", "", ""]),
-         _fmt(s[name]["answer_over_its_price"], 2)]
+         f"{case['echoed']:,}", f"{case['price']:,.0f}", fmt(s[name]["answer_ms"], 2),
+         *([fmt(s[name]["ns_per_character"], 1), fmt(s[name]["units_per_character"], 4),
+            fmt(s[name]["over_price"], 2)] if case["echoed"] else ["", "", ""]),
+         fmt(s[name]["answer_over_its_price"], 2)]
         for name, case in result["cases"].items()
     ]
     table = _common.table(
@@ -259,7 +223,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{100 * unit[3]:.1f}%]. An answer: vLLM's `_request_output_to_rerank_response` with the adapter's "
         f"`ScoringJSONResponse`, {result['documents']} documents, to the response's bytes. The unit: the "
         f"all-MiniLM-L6-v2 fast tokenizer on prose, one text of ~{UNIT_WORDS} words per call, "
-        f"{_fmt(unit, 0)} ns a character (the constants use {MICROSECONDS_PER_UNIT * 1000:.0f}); each answer's "
+        f"{fmt(unit, 0)} ns a character (the constants use {MICROSECONDS_PER_UNIT * 1000:.0f}); each answer's "
         "figures in units are paired with its round's unit. A price bounds the work where the last two "
         "columns are at most 1.\n\n"
         + table

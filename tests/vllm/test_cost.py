@@ -148,6 +148,20 @@ def test_postprocessing_costs_the_output_values() -> None:
     assert postprocess_cost(SimpleNamespace(request=request, final_res_batch=[])) == 0
 
 
+def test_a_one_sentence_embeddings_answer_is_priced_to_be_built_on_the_loop() -> None:
+    """The value's price (docs/decisions/0018) keeps one all-MiniLM-L6-v2
+    embedding's answer (384 floats) under the default inline bound, where it
+    is built on the loop; a 1024-float embedding's answer goes to a worker."""
+    import torch
+
+    def answer(width: int) -> float:
+        outputs = [SimpleNamespace(outputs=SimpleNamespace(data=torch.zeros(width)))]
+        return postprocess_cost(SimpleNamespace(request=_embedding(input="one sentence"), final_res_batch=outputs))
+
+    assert answer(384) == POSTPROCESS_COST_PER_OUTPUT + 384 * POSTPROCESS_COST_PER_VALUE
+    assert answer(384) <= DEFAULT_INLINE_COST < answer(1024)
+
+
 def _scored_outputs(scores: list[float]) -> list[Any]:
     """Engine outputs of a cross-encoder, one score each, as vLLM hands them to post-processing."""
     import torch

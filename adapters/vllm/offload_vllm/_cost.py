@@ -20,16 +20,20 @@ bounded by a small constant per byte (`characters`); the early-refusal
 middleware, which has not read the body yet, uses `body_floor` of its
 `Content-Length`, which is never more.
 
-Figures measured on the 2-core test machine with all-MiniLM-L6-v2's fast
-tokenizer through vLLM's renderer (`PoolingIOProcessor.render`): ~0.36 µs per
-character, plus ~50 µs per prompt; building an embeddings response, ~0.55
-µs per output value (float); building a rerank answer, at most 0.072 of a
-character's tokenizing per character it echoes (`ECHO_COST_PER_CHARACTER`);
-a `process` hand-off, ~0.3 ms plus ~25 µs per prompt pickled both ways; a
-`thread` hand-off, ~0.02 ms. Through a server
-(`python -m benchmarks image-cost`, tiny CLIP, `inline`), a one-image
-request costs the loop ~3.7-3.8 ms more than a short text request at 32 and
-96 pixels: `IMAGE_COST`.
+The figures below are measured against the unit itself, timed in the same
+run: tokenizing prose with all-MiniLM-L6-v2's fast tokenizer, 297 ns a
+character on the 2-core test machine (`python -m benchmarks render-cost`,
+`benchmarks/results/latest/render-cost/`), where the image prices were
+converted at 0.36 µs. That run also times a render call handed to a
+worker, against the same call on the event loop, by wall-clock time: a
+`thread` hand-off added 0.16 ms to a call of one prompt, a `process`
+hand-off 0.48 ms, and 14 µs a prompt more (pickled both ways). It renders
+a request of one prompt of prose at 1.38 [1.27, 1.51] of its price: a
+character rendered through vLLM costs more than a character tokenized by
+the tokenizer alone (docs/decisions/0018-a-prompt-priced-128-and-a-value-2.5.md).
+Through a server (`python -m benchmarks image-cost`, tiny CLIP, `inline`),
+a one-image request costs the loop ~3.7-3.8 ms more than a short text
+request at 32 and 96 pixels: `IMAGE_COST`.
 """
 
 from __future__ import annotations
@@ -44,13 +48,20 @@ from pydantic import BaseModel
 
 from . import _image_header, _prefix
 
-#: What rendering one prompt costs beyond its characters: ~50 µs at ~0.36 µs a character.
+#: What rendering one prompt costs beyond its characters. `python -m
+#: benchmarks render-cost` (`benchmarks/results/latest/render-cost/`):
+#: vLLM's renderer rendered 150 one-word prompts, one call each, and one
+#: prompt of the same words; solved for a cost per prompt and per character,
+#: a prompt cost 110.6 [107.1, 113.4] units beyond its characters, 0.86 of
+#: this price. Why: docs/decisions/0018-a-prompt-priced-128-and-a-value-2.5.md
 PROMPT_COST = 128
 
 #: A piece of one request's rendering costs at most this much (one prompt may
-#: cost more: a prompt is never split). ~6 ms of rendering: a `process` hand-off
-#: is ~5% of it, and a small request waits at most that long per busy worker
-#: behind another request's pieces.
+#: cost more: a prompt is never split): ~5 ms at the unit `render-cost`
+#: measured (297 ns). A `process` hand-off of a piece of 16 prompts adds about
+#: 0.7 ms to it (0.48 ms and 14 µs a prompt, `render-cost`), and a small
+#: request waits at most about a piece per busy worker behind another
+#: request's pieces.
 PIECE_COST = 16384
 
 #: Decoding an image costs this much per pixel (decode, then CLIP's resize,
@@ -113,8 +124,15 @@ def body_floor(content_length: int) -> float:
 
 
 #: Building the response costs this much per output value (a float of an
-#: embedding, a score): ~0.55 µs a value against ~0.36 µs a character.
-POSTPROCESS_COST_PER_VALUE = 1.5
+#: embedding, a score). `python -m benchmarks render-cost`
+#: (`benchmarks/results/latest/render-cost/`): building vLLM's embeddings
+#: answer as floats (Starlette's `JSONResponse`) cost 1.77 [1.71, 1.83] units
+#: a value (from 32 x 384 to 32 x 1024 values), 1.18 of the 1.5 it was
+#: priced; 2.5 bounds it (0.71), and a one-sentence embedding's answer
+#: (40 + 384 x 2.5 = 1,000) stays under `OFFLOAD_VLLM_INLINE_COST`'s 1,024,
+#: on the loop. As base64, an answer cost 0.03 of its price.
+#: Why: docs/decisions/0018-a-prompt-priced-128-and-a-value-2.5.md
+POSTPROCESS_COST_PER_VALUE = 2.5
 
 #: Building the response costs this much per engine output besides its values
 #: (an embedding's or a score's own object in the answer: a rerank result with
@@ -122,8 +140,10 @@ POSTPROCESS_COST_PER_VALUE = 1.5
 #: (`benchmarks/results/latest/echo-cost/`, the rows of empty documents): a
 #: rerank answer without text cost 7.5-9 µs a document, about 30 units; 40
 #: bounds it. Without it, an answer of many short documents was priced at its
-#: scores alone (1.5 each), a twentieth of its work, and built on the event
-#: loop. Why: docs/decisions/0017-an-echoed-character-priced-0.1.md
+#: scores alone (1.5 each then), a twentieth of its work, and built on the
+#: event loop. `render-cost`: an embedding besides its values cost 15.9
+#: [14.9, 17.3] units (256 outputs of 8 values), 0.40 of this.
+#: Why: docs/decisions/0017-an-echoed-character-priced-0.1.md
 POSTPROCESS_COST_PER_OUTPUT = 40.0
 
 #: Building the response costs this much per character of the request it
