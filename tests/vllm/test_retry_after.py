@@ -4,6 +4,7 @@ state it reads (`offload_vllm._admission_view`), on a real executor."""
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from collections.abc import Iterator
 
@@ -259,3 +260,41 @@ def test_a_client_back_before_its_time_is_counted_again(full_places: offload.Exe
         serve(rates, clock, 100, 0.5)  # answered as before: no place is ever free for them
     assert longest[0] == 1
     assert longest[-1] >= 4, longest
+
+
+def test_clients_refused_again_when_they_come_back_are_told_to_wait_longer(full_places: offload.Executor) -> None:
+    """100 refused together are told 1 s at 100 a second. When they come back
+    and all are refused again (the places went to requests nobody told to
+    wait), the lane lets none of its returning clients in: the next is told
+    the cap. Where half are refused again, it drains for them at half the rate."""
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    assert set(herd(rates, clock, full_places, 100)) == {1}
+    clock.now = math.floor(clock.now) + 1.5  # their second: every one refused again
+    assert max(herd(rates, clock, full_places, 100)) <= 2
+    clock.now = math.floor(clock.now) + 1.5
+    assert rates.retry_after(full_places, None, 1.0) == RETRY_AFTER_CAP_S
+
+    half = DrainRates(clock)
+    serve(half, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    clock.now = math.floor(clock.now) + 0.3
+    assert set(herd(half, clock, full_places, 100)) == {1}
+    clock.now = math.floor(clock.now) + 1.5
+    herd(half, clock, full_places, 50)  # about half of those due refused again
+    clock.now = math.floor(clock.now) + 1.1
+    # The ~50 due back later in this second, and this one: at the share let
+    # in of 100 a second (about 50), 2 s; at 100 a second it would be 1 s.
+    assert half.retry_after(full_places, None, 1.0) == 2
+    assert 0.4 < half._lane(None).refused_again.share() < 0.6
+
+
+def test_clients_let_in_when_they_come_back_leave_the_rate_as_served(full_places: offload.Executor) -> None:
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    assert set(herd(rates, clock, full_places, 100)) == {1}
+    serve(rates, clock, 100, 2.0)  # their second passes without a refusal: all let in
+    assert set(herd(rates, clock, full_places, 100)) == {1}

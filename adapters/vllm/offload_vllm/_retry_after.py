@@ -9,6 +9,12 @@ it that were told to come back before it and are still due
 cost), the same in requests. Until a lane has served anything, 1 (the
 smallest the header allows).
 
+The rate is the share of it that reaches the clients told to come back:
+of those due back in the seconds past, the share not refused again then
+(`_RefusedAgain`). The places that free up are also taken by requests
+nobody told to wait (new clients, the next request of a client just
+answered); where those take them all, the header is the cap.
+
 A lane's rate is measured over the time it was busy (a request of it
 admitted and not yet answered), not over wall time: a lane idle for a
 minute and then flooded drains as fast as it did when it was last busy,
@@ -104,6 +110,11 @@ class _DueBack:
         self._count[i] += 1
         self._latest[i] = max(self._latest[i], due)
 
+    def count_in(self, second: int) -> int:
+        """How many requests are due back in the whole `second` (0 once its
+        place in the ring holds another second)."""
+        return int(self._in(second, by_cost=False))
+
     def _in(self, second: int, by_cost: bool) -> float:
         i = second % len(self._second)
         if self._second[i] != second:
@@ -127,17 +138,68 @@ class _DueBack:
         return RETRY_AFTER_CAP_S
 
 
+#: Weight kept by the share of returning requests refused again, per whole
+#: second closed with any due: an average over about `RATE_TIME_CONSTANT_S`
+#: such seconds.
+_AGAIN_KEPT = math.exp(-1.0 / RATE_TIME_CONSTANT_S)
+
+
+@final
+class _RefusedAgain:
+    """Of the refused requests due back in each past whole second (`_DueBack`),
+    how many of them at most were refused again in it: each refusal counted
+    in its whole second, and the second closed (its due ones compared with
+    its refusals, of which at most that many were theirs) once a refusal
+    comes in a later one. An exponentially weighted share over the seconds
+    in which any were due. A second with no refusal let every one due in."""
+
+    __slots__ = ("_refused", "_second", "again", "due")
+
+    def __init__(self) -> None:
+        self._second: int | None = None  # the whole second refusals are counted in
+        self._refused = 0
+        self.due = 0.0  # due back in the seconds closed, weighted
+        self.again = 0.0  # of them, refused again (at most), weighted
+
+    def refused(self, now: float, due_back: _DueBack) -> None:
+        """Count a refusal at `now`, closing the seconds before it first (before
+        anything is added to `due_back` for this one: a second's place in its
+        ring is reused for the second `RETRY_AFTER_CAP_S + 1` after it)."""
+        second = math.floor(now)
+        if self._second is not None and second > self._second:
+            self._close(due_back.count_in(self._second), self._refused)
+            for past in range(max(self._second + 1, second - RETRY_AFTER_CAP_S), second):
+                self._close(due_back.count_in(past), 0)
+            self._refused = 0
+        if self._second is None or second > self._second:
+            self._second = second
+        self._refused += 1
+
+    def _close(self, due: int, refused: int) -> None:
+        if due <= 0:
+            return
+        self.due = self.due * _AGAIN_KEPT + due
+        self.again = self.again * _AGAIN_KEPT + min(refused, due)
+
+    def share(self) -> float:
+        """The weighted share of the requests due back that were refused again; 0 before any was due."""
+        return self.again / self.due if self.due > 0 else 0.0
+
+
 @final
 class _LaneRates:
     """One lane's served rates, on the clock of its busy time, and its refused
     requests still due back."""
 
-    __slots__ = ("busy_before", "busy_since", "due_back", "in_flight", "served_cost", "served_requests")
+    __slots__ = (
+        "busy_before", "busy_since", "due_back", "in_flight", "refused_again", "served_cost", "served_requests",
+    )
 
     def __init__(self) -> None:
         self.served_cost = _Rate()
         self.served_requests = _Rate()
         self.due_back = _DueBack()
+        self.refused_again = _RefusedAgain()
         self.in_flight = 0  # admitted, not yet answered
         self.busy_since: float | None = None  # when `in_flight` last left 0
         self.busy_before = 0.0  # busy seconds before `busy_since`
@@ -203,6 +265,10 @@ class DrainRates:
         count, every client refused during a flood is told the same short
         wait, and they come back together to be refused again.
 
+        The rate is the lane's served rate times the share of the requests
+        due back in the seconds past that were not refused again then
+        (`_RefusedAgain`); the cap where none was let in.
+
         The count is exact for clients that honour the header: a herd of N
         refused within a millisecond counts N, one each. It assumes they
         do. A client that comes back early is counted again while its first
@@ -215,9 +281,15 @@ class DrainRates:
         by_cost = bool(excess)
         served = rates.served_cost if by_cost else rates.served_requests
         per_second = served.per_second(rates.busy_clock(now))
+        rates.refused_again.refused(now, rates.due_back)
+        # The places that free up go to every request then arriving, not only
+        # to those told to come back: they get the share that was let in.
+        let_in = per_second * (1.0 - rates.refused_again.share())
         if per_second <= 0:
             told = 1  # nothing served yet: the least the header allows
+        elif let_in <= 0:
+            told = RETRY_AFTER_CAP_S  # every one told to come back was refused again
         else:
-            told = rates.due_back.first_fit(now, excess if excess else 1.0, per_second, by_cost)
+            told = rates.due_back.first_fit(now, excess if excess else 1.0, let_in, by_cost)
         rates.due_back.add(now + told, cost)
         return told
