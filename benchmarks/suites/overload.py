@@ -118,15 +118,20 @@ async def _level(
                 t0 = time.perf_counter()
                 # Sent in the same turn of this loop as the request: readiness at its moment.
                 readiness = asyncio.ensure_future(ready()) if ready_url is not None else None
-                async with session.post(url, json=payload) as resp:
-                    await resp.read()
-                    status = resp.status
-                    header = resp.headers.get("Retry-After", "")
-                    retry_after = float(header or 0)
-                    if status == 503:
-                        told[header] = told.get(header, 0) + 1
-                    if constant_retry_s is not None:
-                        retry_after = constant_retry_s
+                try:
+                    async with session.post(url, json=payload) as resp:
+                        await resp.read()
+                        status = resp.status
+                        header = resp.headers.get("Retry-After", "")
+                        retry_after = float(header or 0)
+                        if status == 503:
+                            told[header] = told.get(header, 0) + 1
+                        if constant_retry_s is not None:
+                            retry_after = constant_retry_s
+                except aiohttp.ClientConnectionError:
+                    # No answer: the connection dropped (a kept-alive one the server
+                    # closed as this request went out). Counted as status 0, not fatal.
+                    status, retry_after = 0, 0.0
                 statuses[status] = statuses.get(status, 0) + 1
                 if readiness is not None:
                     pair = (status, await readiness)
@@ -551,6 +556,14 @@ def retry_after_markdown(result: dict[str, Any]) -> str:
             f"| {n + 1} | {c['statuses'].get('503', 0)} | {k['statuses'].get('503', 0)} | {refused[n]:.2f} "
             f"| {c['accepted_per_s']:.1f} | {k['accepted_per_s']:.1f} | {accepted[n]:.2f} |"
         )
+    dropped = [
+        f"pair {n + 1} {name}: {level['statuses']['0']}"
+        for name in ("computed", "constant")
+        for n, level in enumerate(rows[name])
+        if level["statuses"].get("0")
+    ]
+    if dropped:
+        lines += ["", f"Requests whose connection dropped before an answer (not counted above): {', '.join(dropped)}."]
     lines += [
         "",
         (f"Per pair, computed / constant, median [distribution-free interval of the median, coverage "

@@ -14,10 +14,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import unittest.mock
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from benchmarks.harness import idle_servers, load, mixed, raw_http
 from benchmarks.harness.server import ServerFailed
 from benchmarks.suites import mixed as bench_mixed
+from benchmarks.tests.loopback import loopback_server, read_head
 
 TODAY = "usage: python -m offload_vllm serve MODEL [--offload-strategy S] [--offload-workers N] [...]"
 LATER = TODAY + " [--offload-scheduling fifo|lanes] [--offload-engine-priority] [--offload-worker-nice N] [--offload-inline-cost C] [--offload-express-cost C] [--offload-validation-shortcut 1|0]"
@@ -140,72 +140,6 @@ def test_verdicts_come_from_the_rounds() -> None:
     line = bench_mixed.verdict_line(lanes)
     assert "**met**" in line
     assert "2.20" in line
-
-
-def _read_head(conn: socket.socket) -> bytes | None:
-    """Read up to the end of one request's head; None if the client closed first."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
-@contextlib.contextmanager
-def _loopback_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
-    """A loopback server running `handle(conn)` on a thread per connection."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    listener.close()
-
-
-@pytest.fixture
-def answering_server() -> Iterator[str]:
-    """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
-    /close 200 with `Connection: close` and closes, /chunked a chunked 200,
-    /busy 503, /drop closes the connection unanswered, /hang never answers."""
-
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            while (data := _read_head(conn)) is not None:
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:
-                    body += conn.recv(65536)
-                path = head.split(b" ")[1]
-                if path == b"/drop":
-                    return
-                if path == b"/slow":
-                    time.sleep(0.5)
-                if path == b"/close":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
-                    return
-                if path == b"/hang":  # never answers; returns once the client gives up
-                    conn.recv(1)
-                    return
-                if path == b"/chunked":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
-                    continue
-                status = b"200 OK" if path in (b"/ok", b"/health", b"/slow") else b"503 Service Unavailable"
-                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}")
-
-    with _loopback_server(serve) as url:
-        yield url
 
 
 @pytest.mark.parametrize(("path", "status"), [("/ok", "200"), ("/busy", "503"), ("/drop", None)])
@@ -629,10 +563,10 @@ def _one_answer_per_connection(headers: bytes) -> Iterator[str]:
 
     def answer_once(conn: socket.socket) -> None:
         with conn:
-            if _read_head(conn) is not None:
+            if read_head(conn) is not None:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + headers + b"\r\n{}")
 
-    with _loopback_server(answer_once) as url:
+    with loopback_server(answer_once) as url:
         yield url
 
 

@@ -4,6 +4,7 @@ counted it at each decision."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -106,3 +107,19 @@ def test_a_negative_settle_is_refused_before_anything_runs(capsys: pytest.Captur
         overload.main(["--compare-retry-after", "--settle", "-1"])
     assert exited.value.code == 2
     assert "--settle must be" in capsys.readouterr().err
+
+
+def test_a_request_whose_connection_drops_is_counted_not_fatal(answering_server: str) -> None:
+    level = asyncio.run(overload._level(answering_server + "/drop", 4, lambda i: {"i": i}, 0.3))
+    assert set(level["statuses"]) == {"0"}
+    assert level["statuses"]["0"] >= 4
+    rows = {"computed": [level], "constant": _levels([6], [10.0])}
+    machine = {"cpus": 2, "platform": "Linux", "date": "today", "commit": "abc", "versions": {}}
+    result = {
+        "command": "python -m benchmarks overload --compare-retry-after", "machine": machine, "dirty": False,
+        "loadavg_before": "1", "loadavg_after": "2", "wall_s": 200.0, "clients": 4, "pairs": 1, "seconds": 0.3,
+        "max_queue": 30, "strategy": "thread", "workers": 2, "constant_retry_s": 1.0, "rows": rows,
+        **overload.retry_after_ratios(rows),
+    }
+    report = overload.retry_after_markdown(result)
+    assert f"dropped before an answer (not counted above): pair 1 computed: {level['statuses']['0']}" in report
