@@ -43,8 +43,6 @@ import functools
 import json
 import os
 import random
-import sys
-import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -53,7 +51,7 @@ from unittest import mock
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import workloads
+from benchmarks.harness import unit_cost, workloads
 from benchmarks.harness.models import multilingual_text
 from benchmarks.harness.unit_cost import (
     MICROSECONDS_PER_UNIT,
@@ -232,27 +230,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(__doc__.splitlines()[0], "echo-cost")
-    p.add_argument("--rounds", type=int, default=21)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p = unit_cost.parser(__doc__, "echo-cost")
     args = p.parse_args(argv)
-    rounds, repeats, count, words = args.rounds, args.repeats, DOCUMENTS, WORDS
-    if args.smoke:
-        rounds, repeats, count, words = 3, 1, 2, 50
-    if rounds < 1 or repeats < 1:
-        p.error("--rounds and --repeats must be at least 1")
-    started = time.monotonic()
-    result: dict[str, Any] = {
-        "command": " ".join(["python -m benchmarks echo-cost", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": _common.machine(), "rounds": rounds, "repeats": repeats, "documents": count,
-        **measure(rounds, repeats, count, words, args.seed),
-    }
-    result["summary"] = summary(result)
-    result["wall_s"] = round(time.monotonic() - started, 1)
-    _common.write(args.out, "echo-cost-smoke" if args.smoke else "echo-cost", result, markdown(result))
-    print(f"wrote the results into {args.out}")
-    return 0
+    rounds, repeats, count, words = (3, 1, 2, 50) if args.smoke else (args.rounds, args.repeats, DOCUMENTS, WORDS)
+    return unit_cost.run(
+        p, args, argv, "echo-cost", lambda: measure(rounds, repeats, count, words, args.seed), summary, markdown,
+        rounds=rounds, repeats=repeats, documents=count,
+    )
 
 
 if __name__ == "__main__":

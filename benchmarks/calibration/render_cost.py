@@ -59,20 +59,15 @@ import json
 import os
 import pickle
 import random
-import sys
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
-# As the benchmarks' servers run (`harness/server.py`): with the tokenizers
-# library's parallelism on, vLLM's tokenizer cost this thread ~1.5 units a
-# character of prose instead of ~1.2 (its pool's threads, woken per call).
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import progress, workloads
+from benchmarks.harness import progress, unit_cost, workloads
 from benchmarks.harness.models import minilm_dir
 from benchmarks.harness.unit_cost import Unit, fmt, interval, quiet_imports, timed_rounds
 
@@ -178,6 +173,9 @@ def render_inputs(words: int, seed: int) -> dict[str, list[Any]]:
 
 
 def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: int) -> dict[str, Any]:
+    # As the benchmarks' servers run (`harness/server.py`), set here, not at
+    # import: importing this module (its tests do) changes nothing else's.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     v = _vllm()
     io, torch = v["io"], v["torch"]
     unit = Unit(seed + 1)
@@ -454,27 +452,15 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(__doc__.splitlines()[0], "render-cost")
-    p.add_argument("--rounds", type=int, default=21)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p = unit_cost.parser(__doc__, "render-cost")
     args = p.parse_args(argv)
-    rounds, repeats, words, handoff_repeats = args.rounds, args.repeats, WORDS, HANDOFF_REPEATS
-    if args.smoke:
-        rounds, repeats, words, handoff_repeats = 3, 1, 20, 1
-    if rounds < 1 or repeats < 1:
-        p.error("--rounds and --repeats must be at least 1")
-    started = time.monotonic()
-    result: dict[str, Any] = {
-        "command": " ".join(["python -m benchmarks render-cost", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": _common.machine(), "rounds": rounds, "repeats": repeats, "words": words,
-        **measure(rounds, repeats, words, handoff_repeats, args.seed),
-    }
-    result["summary"] = summary(result)
-    result["wall_s"] = round(time.monotonic() - started, 1)
-    _common.write(args.out, "render-cost-smoke" if args.smoke else "render-cost", result, markdown(result))
-    print(f"wrote the results into {args.out}")
-    return 0
+    rounds, repeats, words, handoff_repeats = (
+        (3, 1, 20, 1) if args.smoke else (args.rounds, args.repeats, WORDS, HANDOFF_REPEATS)
+    )
+    return unit_cost.run(
+        p, args, argv, "render-cost", lambda: measure(rounds, repeats, words, handoff_repeats, args.seed),
+        summary, markdown, rounds=rounds, repeats=repeats, words=words,
+    )
 
 
 if __name__ == "__main__":

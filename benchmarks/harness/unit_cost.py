@@ -13,13 +13,16 @@ constants were first measured with, on prose, one text per call.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from benchmarks.harness import common as _common
 from benchmarks.harness import progress, workloads
 from benchmarks.harness.models import minilm_dir
 from benchmarks.harness.stats import median_interval
@@ -98,3 +101,36 @@ def fmt(stored: list[float], digits: int) -> str:
     """A stored interval as the reports write it: `median [low, high]`."""
     median, low, high, _ = stored
     return f"{median:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def parser(doc: str, suite: str) -> argparse.ArgumentParser:
+    """A calibration suite's options: the common ones, and `--rounds`,
+    `--repeats` (each at least 1) and `--seed`."""
+    p = _common.parser(doc.splitlines()[0], suite)
+    p.add_argument("--rounds", type=int, default=21)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run(
+    p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None, suite: str,
+    measure: Callable[[], dict[str, Any]], summary: Callable[[dict[str, Any]], Any],
+    markdown: Callable[[dict[str, Any]], str], **fields: Any,
+) -> int:
+    """Run a calibration suite whose sizes are decided (`fields`: `rounds`,
+    `repeats` and what it reports besides): refuse rounds or repeats below 1
+    before anything runs, then `measure()`, summarise, and write
+    `SUITE.{json,md}` (`SUITE-smoke.*` in smoke mode) into `args.out`."""
+    if fields["rounds"] < 1 or fields["repeats"] < 1:
+        p.error("--rounds and --repeats must be at least 1")
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "command": " ".join([f"python -m benchmarks {suite}", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": _common.machine(), **fields, **measure(),
+    }
+    result["summary"] = summary(result)
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    _common.write(args.out, f"{suite}-smoke" if args.smoke else suite, result, markdown(result))
+    print(f"wrote the results into {args.out}")
+    return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,15 +111,6 @@ def test_the_report_states_the_prices_against_the_work() -> None:
     assert "**0.75 [0.75, 0.75] units**, 0.50 [0.50, 0.50] of `POSTPROCESS_COST_PER_VALUE`" in report
     assert "**12.0 [12.0, 12.0] units**, 0.30 [0.30, 0.30] of `POSTPROCESS_COST_PER_OUTPUT`" in report
     assert "| `process` | 325 [325, 325] | 1100 [1100, 1100] | 25.0 [25.0, 25.0] |" in report
-
-
-@pytest.mark.parametrize("flag", ["--rounds", "--repeats"])
-def test_rounds_and_repeats_must_be_positive(flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        render_cost.main([flag, "0", "--out", str(tmp_path)])
-    assert exit_info.value.code == 2
-    assert "--rounds and --repeats must be at least 1" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_prices_bound_the_committed_measurement() -> None:
