@@ -290,6 +290,25 @@ def test_clients_refused_again_when_they_come_back_are_told_to_wait_longer(full_
     assert 0.4 < half._lane(None).refused_again.share() < 0.6
 
 
+def test_a_new_overload_after_a_quiet_spell_starts_without_the_last_ones_share(full_places: offload.Executor) -> None:
+    """Every returning client refused again: the cap. Then no refusal for
+    longer than any wait told (the overload over, the lane serving): the next
+    herd is spread at the rate served, not told the cap for what happened
+    before."""
+    clock = Clock()
+    clock.now += 0.3
+    rates = DrainRates(clock)
+    serve(rates, clock, 100, 10 * RATE_TIME_CONSTANT_S)
+    herd(rates, clock, full_places, 100)
+    clock.now = math.floor(clock.now) + 1.5
+    herd(rates, clock, full_places, 100)  # all due now, all refused again
+    clock.now = math.floor(clock.now) + 1.5
+    assert rates.retry_after(full_places, None, 1.0) == RETRY_AFTER_CAP_S
+    serve(rates, clock, 100, RETRY_AFTER_CAP_S + 5.0)  # served, nobody refused
+    clock.now = math.floor(clock.now) + 1.3  # the herd within one whole second
+    assert set(herd(rates, clock, full_places, 50)) == {1}  # 50 at 100 a second
+
+
 def test_clients_let_in_when_they_come_back_leave_the_rate_as_served(full_places: offload.Executor) -> None:
     clock = Clock()
     clock.now += 0.3

@@ -151,7 +151,9 @@ class _RefusedAgain:
     in its whole second, and the second closed (its due ones compared with
     its refusals, of which at most that many were theirs) once a refusal
     comes in a later one. An exponentially weighted share over the seconds
-    in which any were due. A second with no refusal let every one due in."""
+    in which any were due. A second with no refusal let every one due in.
+    After longer than `RETRY_AFTER_CAP_S` without a refusal, every wait told
+    is over and the overload it measured has ended: the share starts anew."""
 
     __slots__ = ("_refused", "_second", "again", "due")
 
@@ -170,6 +172,8 @@ class _RefusedAgain:
             self._close(due_back.count_in(self._second), self._refused)
             for past in range(max(self._second + 1, second - RETRY_AFTER_CAP_S), second):
                 self._close(due_back.count_in(past), 0)
+            if second - self._second > RETRY_AFTER_CAP_S:
+                self.due = self.again = 0.0
             self._refused = 0
         if self._second is None or second > self._second:
             self._second = second
