@@ -352,7 +352,11 @@ async def _load_and_probe(server: Server, clients: int = 64, per_client: int = 1
     # about the server.
     async with load_client(clients) as client, load_client(1) as probe_client:
         done = asyncio.Event()
-        text = " ".join(["offload keeps the loop alive"] * 30)
+        # About 1,800 characters a request: past the cost rendered on the loop
+        # (`OFFLOAD_VLLM_INLINE_COST`), so under a pooled strategy the work goes
+        # to the workers while the probe runs. Longer texts only lengthen the
+        # engine's part, which runs in its own process.
+        text = " ".join(["offload keeps the loop alive"] * 15)
 
         async def worker(i: int) -> None:
             for j in range(per_client):
