@@ -98,6 +98,8 @@ def test_offload_steps_have_their_own_categories() -> None:
     assert categorize([*RUN.split(";"), plan]) == "offload: prefix-tokenization planning"
     shortcut = "UnionShortcut.validate (offload_vllm/_seams/validation.py:150)"
     assert categorize([*RUN.split(";"), shortcut]) == "offload: validation shortcut"
+    sampler = "_Sampler.run (offload/_lag.py:50);Histogram.observe (prometheus_client/metrics.py:1)"
+    assert categorize([*RUN.split(";"), *sampler.split(";")]) == "offload: loop-lag sampler (per second, not per request)"
     assert categorize([*RUN.split(";"), "RequestPolicy.admit (offload_vllm/_request_policy.py:1)"]) == (
         "offload: executor and adapter"
     )

@@ -34,7 +34,12 @@ inside the call.
 
 `--workload` takes the paired suite's workloads (`benchmarks/suites/paired.py`),
 each on its model and route: `rerank` (`/rerank` on a tiny cross-encoder) and
-`multilingual` (an XLM-R-style embedding model) among them.
+`multilingual` (an XLM-R-style embedding model) among them. A share is of
+samples, not of CPU: where workers keep the cores busy (`thread` on those
+bodies), a loop preempted inside a long call (decoding a 1 MB body) is
+sampled there all the same, so read offload's own rows beside a count of
+their work. The loop-lag sampler runs at a fixed rate: its ms per request
+fall as requests/s rise, and the pauses lower requests/s.
 
 Needs py-spy (the `bench` extra) and the right to trace the server (ptrace).
 Writes profile_loop.json and profile_loop.md (`--no-native`:
@@ -82,6 +87,9 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("offload: validation shortcut", r"\(offload_vllm/_seams/validation\.py"),
     ("offload: prefix-tokenization planning", r"\(offload_vllm/_prefix/"),
     ("offload: metrics", r"\(offload/_metrics\.py|\(offload_vllm/(_phases|_loop_calls|_metric_family)\.py"),
+    # A fixed rate (100 wake-ups a second), not per request: its ms per request
+    # fall as requests/s rise, and py-spy's pauses lower requests/s.
+    ("offload: loop-lag sampler (per second, not per request)", r"\(offload/_lag\.py"),
     ("offload: executor and adapter", r"\(offload/_[a-z]|\(offload_vllm/_[a-z]"),
     ("JSON decoding (the request body)", r"^(loads|JSONDecoder\.\w+) \(json/"),
     ("response encoding (JSON, model_dump)", r"^(dumps|JSONEncoder\.\w+) \(json/|jsonable_encoder|serialize_response|JSONResponse\.render|model_dump"),
