@@ -377,7 +377,19 @@ def _targets(result: dict[str, Any]) -> list[str]:
     return loop_targets(result["summary"])
 
 
-def _what(workload: str) -> str:
+def build_workload(workload: str, directory: Path, *, smoke: bool = False) -> tuple[Path, Any, str]:
+    """A workload's model, built under `directory`, its payload factory
+    (a `workloads.Rotation`) and the route its requests go to."""
+    if workload in MODEL_WORKLOADS:
+        _, factory, build, name, path = MODEL_WORKLOADS[workload]
+        model = build(directory / name)
+        return model, factory(str(model), smoke), path
+    model = models.build_tiny_embedding_model(directory / models.EMBED_NAME)
+    return model, WORKLOADS[workload][1](str(model)), "/v1/embeddings"
+
+
+def describe_workload(workload: str) -> str:
+    """What a workload sends and to which model, in the reports' words."""
     if workload in MODEL_WORKLOADS:
         return MODEL_WORKLOADS[workload][0]
     return f"tiny BERT embedding (random weights), {WORKLOADS[workload][0]}"
@@ -389,7 +401,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}: {_what(result.get('workload', 'tiny'))}, "
+        f"{result['started']}: {describe_workload(result.get('workload', 'tiny'))}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -515,14 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        path = "/v1/embeddings"
-        if args.workload in MODEL_WORKLOADS:
-            _, factory, build, name, path = MODEL_WORKLOADS[args.workload]
-            model = build(Path(tmp) / name)
-            make_payload = factory(str(model), args.smoke)
-        else:
-            model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
-            make_payload = WORKLOADS[args.workload][1](str(model))
+        model, make_payload, path = build_workload(args.workload, Path(tmp), smoke=args.smoke)
         send = make_payload.body  # the bodies as JSON bytes, encoded once (here, before any block)
         send(0)
         began = time.perf_counter()

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from benchmarks.tools.profile_loop import IDLE, LOOP_ITSELF, OTHER, categorize, loop_thread_shares
+import pytest
+
+from benchmarks.tools.profile_loop import (
+    IDLE,
+    LOOP_ITSELF,
+    OTHER,
+    categorize,
+    loop_thread_shares,
+    main,
+    parse_args,
+)
 
 MAIN = "thread (1): MainThread"
 RUN = "<module> (offload_vllm/__main__.py:72);run (uvloop/__init__.py:92)"
@@ -76,3 +86,43 @@ def test_writes_are_counted_within_their_category() -> None:
     # Still counted in their categories: the writes are an "of which".
     assert counts == {http: 6, zmq: 3}
     assert writes == {http: 4, zmq: 3}
+
+
+def test_offload_steps_have_their_own_categories() -> None:
+    # Each step of offload's on the loop is named before the catch-all of offload's code.
+    door = "RefuseWhenFull.__call__ (offload_vllm/_door.py:60)"
+    assert categorize([*RUN.split(";"), door]) == "offload: door middleware"
+    cost = "characters (offload_vllm/_cost.py:200)"
+    assert categorize([*RUN.split(";"), door, cost]) == "offload: pricing (a request's cost)"
+    plan = "plan_texts (offload_vllm/_prefix/_plan.py:40)"
+    assert categorize([*RUN.split(";"), plan]) == "offload: prefix-tokenization planning"
+    shortcut = "UnionShortcut.validate (offload_vllm/_seams/validation.py:150)"
+    assert categorize([*RUN.split(";"), shortcut]) == "offload: validation shortcut"
+    sampler = "_Sampler.run (offload/_lag.py:50);Histogram.observe (prometheus_client/metrics.py:1)"
+    assert categorize([*RUN.split(";"), *sampler.split(";")]) == "offload: loop-lag sampler (per second, not per request)"
+    assert categorize([*RUN.split(";"), "RequestPolicy.admit (offload_vllm/_request_policy.py:1)"]) == (
+        "offload: executor and adapter"
+    )
+    # Library code a step calls is filed under what it does: the innermost named frame decides.
+    loads = "loads (json/__init__.py:346);JSONDecoder.decode (json/decoder.py:337)"
+    assert categorize([*RUN.split(";"), "Request.json (starlette/requests.py:251)", *loads.split(";")]) == (
+        "JSON decoding (the request body)"
+    )
+    dumps = "JSONResponse.render (starlette/responses.py:187);dumps (json/__init__.py:238)"
+    assert categorize([*RUN.split(";"), *dumps.split(";")]) == "response encoding (JSON, model_dump)"
+
+
+def test_the_paired_workloads_are_taken() -> None:
+    for workload in ("tiny", "truncated", "rerank", "multilingual"):
+        args = parse_args(["--workload", workload, "--rows", "vLLM default", "thread", "--seconds", "10"])
+        assert args.workload == workload
+        assert args.rows == ["vLLM default", "thread"]
+        assert args.seconds == 10.0
+    assert parse_args([]).workload == "tiny"
+
+
+def test_an_unknown_workload_is_refused_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--workload", "no-such-workload"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'no-such-workload'" in capsys.readouterr().err

@@ -30,6 +30,16 @@ inside the call.
     python -m benchmarks profile-loop --rows process --seconds 30
     python -m benchmarks profile-loop --no-native            # no pauses, but idle waits count as C code
     python -m benchmarks profile-loop --workload truncated --clients 8   # 150 KB bodies
+    python -m benchmarks profile-loop --workload rerank --rows 'vLLM default' thread --clients 8
+
+`--workload` takes the paired suite's workloads (`benchmarks/suites/paired.py`),
+each on its model and route: `rerank` (`/rerank` on a tiny cross-encoder) and
+`multilingual` (an XLM-R-style embedding model) among them. A share is of
+samples, not of CPU: where workers keep the cores busy (`thread` on those
+bodies), a loop preempted inside a long call (decoding a 1 MB body) is
+sampled there all the same, so read offload's own rows beside a count of
+their work. The loop-lag sampler runs at a fixed rate: its ms per request
+fall as requests/s rise, and the pauses lower requests/s.
 
 Needs py-spy (the `bench` extra) and the right to trace the server (ptrace).
 Writes profile_loop.json and profile_loop.md (`--no-native`:
@@ -44,6 +54,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,16 +64,35 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, procstat, progress
+from benchmarks.harness import load, procstat, progress
 from benchmarks.harness.server import running_server_process
-from benchmarks.suites.paired import DEFAULT, ROWS, WORKLOADS, config
+from benchmarks.suites.paired import (
+    DEFAULT,
+    MODEL_WORKLOADS,
+    ROWS,
+    WORKLOADS,
+    build_workload,
+    config,
+    describe_workload,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: (category, pattern of a frame). The innermost frame that matches one decides;
 #: the order breaks ties within a frame.
 CATEGORIES: tuple[tuple[str, str], ...] = (
+    # offload's own steps first: the catch-all of offload's code follows them.
+    ("offload: door middleware", r"\(offload_vllm/_door\.py"),
+    ("offload: pricing (a request's cost)", r"\(offload_vllm/(_cost|_image_header|_seams/requests)\.py"),
+    ("offload: validation shortcut", r"\(offload_vllm/_seams/validation\.py"),
+    ("offload: prefix-tokenization planning", r"\(offload_vllm/_prefix/"),
+    ("offload: metrics", r"\(offload/_metrics\.py|\(offload_vllm/(_phases|_loop_calls|_metric_family)\.py"),
+    # A fixed rate (100 wake-ups a second), not per request: its ms per request
+    # fall as requests/s rise, and py-spy's pauses lower requests/s.
+    ("offload: loop-lag sampler (per second, not per request)", r"\(offload/_lag\.py"),
     ("offload: executor and adapter", r"\(offload/_[a-z]|\(offload_vllm/_[a-z]"),
+    ("JSON decoding (the request body)", r"^(loads|JSONDecoder\.\w+) \(json/"),
+    ("response encoding (JSON, model_dump)", r"^(dumps|JSONEncoder\.\w+) \(json/|jsonable_encoder|serialize_response|JSONResponse\.render|model_dump"),
     ("vLLM engine client: send to engine (msgspec, zmq)", r"add_request_async|_send_input|send_multipart"),
     ("vLLM engine client: input processing", r"InputProcessor|process_inputs|AsyncLLM\._?add_request"),
     ("vLLM engine client: output handler", r"output_handler|process_outputs|OutputProcessor|get_output_async"),
@@ -137,12 +167,18 @@ def loop_thread_shares(
 
 def profile_row(
     row: str, model: Path, seconds: float, clients: int, logs: Path, *,
-    native: bool = False, workload: str = "tiny",
+    native: bool = False, workload: str = "tiny", payload: Any = None, path: str = "/v1/embeddings",
 ) -> dict[str, Any]:
+    """One row's server under `clients` closed-loop clients for `seconds`,
+    sampled by py-spy; `payload`, the requests' bodies (a `workloads.Rotation`,
+    by default `workload`'s on `model`), sent to `path`."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    payload = WORKLOADS[workload][1](str(model))
+    if payload is None:
+        payload = WORKLOADS[workload][1](str(model))
+    # The bodies as JSON bytes, encoded once, as the paired suite sends them.
+    send = payload.body
     with running_server_process(config(row), model, logs / f"profile-{row}.log") as (url, pid):
-        load.run_level(url, "/v1/embeddings", clients, payload, 3.0, max_requests=10**9)  # warm
+        load.run_level(url, path, clients, send, 3.0, max_requests=10**9)  # warm
         with tempfile.TemporaryDirectory() as scratch:
             out = Path(scratch) / "raw.txt"
             spy = subprocess.Popen(
@@ -152,12 +188,12 @@ def profile_row(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             before = procstat.snapshot(pid)
-            level = load.run_level(url, "/v1/embeddings", clients, payload, seconds, max_requests=10**9)
+            level = load.run_level(url, path, clients, send, seconds, max_requests=10**9)
             after = procstat.snapshot(pid)
             spy.wait(timeout=seconds + 60)
             raw = out.read_text() if out.exists() else ""
     # The raw samples stay beside the server's log, for reading below the categories.
-    (logs / f"profile-{row}-{workload}.raw.txt").write_text(raw)
+    (logs / f"profile-{row.replace(' ', '-')}-{workload}.raw.txt").write_text(raw)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
     natives: collections.Counter[str] = collections.Counter()
@@ -218,8 +254,8 @@ def markdown(result: dict[str, Any]) -> str:
             natives += f"- {name}: {top or '–'}\n"
     return (
         "<!-- --8<-- [start:tables] -->\n"
-        f"`python -m benchmarks profile-loop {' '.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}, commit `{result['commit']}`: {WORKLOADS[result.get('workload', 'tiny')][0]}, "
+        f"`python -m benchmarks profile-loop {shlex.join(result['argv'])}` on {result['machine']}, "
+        f"{result['started']}, commit `{result['commit']}`: {describe_workload(result.get('workload', 'tiny'))}, "
         f"{result['clients']} clients, "
         f"{result['seconds']:.0f} s per row, one row at a time"
         + (", native frames (the server paused per sample)" if result.get("native") else ", Python frames only")
@@ -240,18 +276,26 @@ def markdown(result: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The tool's options; an unknown row or workload exits with status 2 (argparse's)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", nargs="+", choices=ROWS, default=[DEFAULT, "thread", "process"])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
+    p.add_argument(
+        "--workload", choices=sorted([*WORKLOADS, *MODEL_WORKLOADS]), default="tiny",
+        help="the paired suite's workloads (benchmarks/suites/paired.py), on their models and routes",
+    )
     p.add_argument(
         "--native", action=argparse.BooleanOptionalAction, default=True,
         help="unwind native frames, to leave I/O waits out (pauses the server per sample)",
     )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "profile-loop")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -268,12 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         "rows": {},
     }
     with tempfile.TemporaryDirectory() as scratch:
-        model = models.build_tiny_embedding_model(Path(scratch) / "tiny-bert")
+        model, payload, path = build_workload(args.workload, Path(scratch))
         with progress.Progress(len(args.rows), "profiled rows") as bar:
             for row in args.rows:
                 result["rows"][row] = profile_row(
                     row, model, args.seconds, args.clients, args.out / "logs",
-                    native=args.native, workload=args.workload,
+                    native=args.native, workload=args.workload, payload=payload, path=path,
                 )
                 bar.step(row)
                 bar.note(f"{row}: {json.dumps(result['rows'][row]['cpu_ms_per_request'])}")

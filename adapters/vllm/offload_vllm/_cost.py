@@ -173,7 +173,9 @@ class Images(enum.Enum):
     EVERY = "every"
 
 
-def characters(value: Any, cap: int | None = None, images: Images = Images.NONE) -> float:
+def characters(
+    value: Any, cap: int | None = None, images: Images = Images.NONE, priced: PricedTexts | None = None
+) -> float:
     """The cost of every string in `value` (lists, tuples, dicts' values and
     pydantic models' fields, all the way down): its characters, plus
     `image_cost` for a string that `images` says vLLM loads as an image;
@@ -182,7 +184,8 @@ def characters(value: Any, cap: int | None = None, images: Images = Images.NONE)
     tokens (`truncated_cap`), and counts the most characters prefix
     tokenization hands the tokenizer for it (`_prefix.read_bound`): a few
     first guesses of characters per token where it has the words to stop
-    there, else its length and the pieces tried (at most twice its length).
+    there, else its length and the pieces tried (at most twice its length);
+    with `priced`, read once per text there (`PricedTexts.read_bound`).
 
     Walked a level at a time, without recursion and with no per-node
     allocation beyond the next level's list, so its cost per byte of the
@@ -201,7 +204,10 @@ def characters(value: Any, cap: int | None = None, images: Images = Images.NONE)
             if kind is str:
                 # What prefix tokenization may read of it: its pieces, and the
                 # whole text where they may not be enough.
-                total += len(item) if cap is None else _prefix.read_bound(item, cap)
+                if cap is None:
+                    total += len(item)
+                else:
+                    total += _prefix.read_bound(item, cap) if priced is None else priced.read_bound(item, cap)
                 if every:
                     total += image_cost(item)
             elif kind is int:
@@ -288,10 +294,12 @@ def prompts(value: Any) -> int:
     return 1
 
 
-def inputs_cost(value: Any, cap: int | None = None, images: Images = Images.NONE) -> float:
+def inputs_cost(
+    value: Any, cap: int | None = None, images: Images = Images.NONE, priced: PricedTexts | None = None
+) -> float:
     """The cost of rendering `value`, one request field of inputs (texts,
-    token ids, messages, images); `cap` and `images` as `characters` takes them."""
-    return float(characters(value, cap, images) + PROMPT_COST * prompts(value))
+    token ids, messages, images); `cap`, `images` and `priced` as `characters` takes them."""
+    return float(characters(value, cap, images, priced) + PROMPT_COST * prompts(value))
 
 
 def pairs_cost(
@@ -301,7 +309,7 @@ def pairs_cost(
     cap: int | None = None,
     *,
     whole_pairs: bool = False,
-    priced: PricedPairs | None = None,
+    priced: PricedTexts | None = None,
 ) -> float:
     """The cost of scoring `queries` against `documents` (vLLM pairs one query
     with every document, or the i-th query with the i-th document): every
@@ -312,7 +320,7 @@ def pairs_cost(
     or as two prompts of a bi-encoder's (`_prefix.read_bound`), whichever is
     more; `whole_pairs`: a cross-encoder tokenizes pairs whole (`_prefix.pair_plan`);
     `priced`: each text pair's cost is kept there (or read from it, where it
-    was kept already) for pricing the pair again (`PricedPairs`)."""
+    was kept already) for pricing the pair again (`PricedTexts`)."""
     query_list = _as_list(queries)
     document_list = _as_list(documents)
     pairs = len(document_list)
@@ -338,19 +346,29 @@ def pair_cost(query: Any, document: Any, images: Images, cap: int, whole_pairs: 
 
 
 @final
-class PricedPairs:
-    """The costs of one request's text pairs (`pair_cost`), kept as they are
-    first read (at admission) for when its rendering is priced again to be
-    cut into pieces: the texts of a pair are scanned once. A pair is known by
-    the identity of its two strings (the render parameters vLLM builds hold
-    the request's own) and `pair_cost`'s arguments. Holds one request's
-    strings for as long as it is kept: one request's lifetime."""
+class PricedTexts:
+    """The costs of one request's truncated texts (`_prefix.read_bound`) and
+    text pairs (`pair_cost`), kept as they are first read (at admission) for
+    when its rendering is priced again to be cut into pieces: each text and
+    each pair is scanned once on the event loop. A text is known by the
+    identity of its string, a pair by its two (the render parameters vLLM
+    builds hold the request's own), with the arguments that price it. Holds
+    one request's strings for as long as it is kept: one request's lifetime."""
 
-    __slots__ = ("_costs",)
+    __slots__ = ("_bounds", "_costs")
 
     def __init__(self) -> None:
-        # Each value holds its two strings, so no key's ids are reused while it is here.
+        # Each value holds its strings, so no key's ids are reused while it is here.
         self._costs: dict[tuple[int, int, int, bool], tuple[str, str, float]] = {}
+        self._bounds: dict[tuple[int, int], tuple[str, int]] = {}
+
+    def read_bound(self, text: str, cap: int) -> int:
+        """`_prefix.read_bound(text, cap)`, read once per text."""
+        key = (id(text), cap)
+        known = self._bounds.get(key)
+        if known is None:
+            known = self._bounds[key] = (text, _prefix.read_bound(text, cap))
+        return known[1]
 
     def cost(self, query: Any, document: Any, images: Images, cap: int, whole_pairs: bool = False) -> float:
         """`pair_cost(query, document, images, cap, whole_pairs)`, read once per text pair."""

@@ -29,7 +29,7 @@ from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequ
 from .._cost import (
     PROMPT_COST,
     Images,
-    PricedPairs,
+    PricedTexts,
     body_floor,
     characters,
     inputs_cost,
@@ -62,26 +62,27 @@ RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
 
 
-#: The text pairs priced so far in the request being served (`pricing_pairs`).
-_priced_pairs: contextvars.ContextVar[PricedPairs | None] = contextvars.ContextVar(
-    "offload_vllm_priced_pairs", default=None
+#: The truncated texts and text pairs priced so far in the request being served (`pricing_texts`).
+_priced_texts: contextvars.ContextVar[PricedTexts | None] = contextvars.ContextVar(
+    "offload_vllm_priced_texts", default=None
 )
 
 
 @contextlib.contextmanager
-def pricing_pairs() -> Iterator[None]:
-    """Within it, a text pair priced once (a scoring request's at admission,
+def pricing_texts() -> Iterator[None]:
+    """Within it, a truncated text or a text pair priced once (at admission,
     `request_cost`) is not read again when its render parameters are priced
-    (`render_params_cost`): one request's pairs, kept until it ends
-    (`_cost.PricedPairs`). Entered again within itself, it keeps the pairs."""
-    if _priced_pairs.get() is not None:
+    (`render_params_cost`) nor when a prompt of it is (`prompt_cost`): one
+    request's texts and pairs, kept until it ends (`_cost.PricedTexts`), the
+    same prices read once. Entered again within itself, it keeps them."""
+    if _priced_texts.get() is not None:
         yield
         return
-    token = _priced_pairs.set(PricedPairs())
+    token = _priced_texts.set(PricedTexts())
     try:
         yield
     finally:
-        _priced_pairs.reset(token)
+        _priced_texts.reset(token)
 
 
 def takes_images(serving: Any) -> bool:
@@ -106,7 +107,7 @@ def _inputs_cost(request: Any, multimodal: bool) -> float:
     if isinstance(request, ScoringRequestMixin):
         cap = _pair_cap(request.truncate_prompt_tokens, request.max_tokens_per_query, request.max_tokens_per_doc)
         whole = not pair_prefix_installed()
-        priced = _priced_pairs.get()
+        priced = _priced_texts.get()
         if isinstance(request, RerankRequest):
             return pairs_cost(request.query, request.documents, scoring_images, cap, whole_pairs=whole, priced=priced)
         # Every form of ScoreRequest names its sides so.
@@ -118,8 +119,10 @@ def _inputs_cost(request: Any, multimodal: bool) -> float:
         return float(characters(messages, images=Images.PARTS) + PROMPT_COST * conversations)
     # A truncated text is tokenized only as far as its kept tokens need (prefix tokenization).
     cap = truncated_cap(getattr(request, "truncate_prompt_tokens", None)) if prefix_installed() else None
+    priced = _priced_texts.get()
     return sum(
-        inputs_cost(getattr(request, name, None), cap, IMAGE_FIELDS.get(name, Images.NONE)) for name in INPUT_FIELDS
+        inputs_cost(getattr(request, name, None), cap, IMAGE_FIELDS.get(name, Images.NONE), priced)
+        for name in INPUT_FIELDS
     )
 
 
@@ -142,7 +145,7 @@ def echoed(request: Any) -> Any:
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
     """What rendering one prompt's render parameters costs (a scoring pair's
     query and document together); a truncated text prompt's as `request_cost`
-    prices it; a text pair priced already within `pricing_pairs`, as it was priced."""
+    prices it; a text or text pair priced already within `pricing_texts`, as it was priced."""
     if "data_1" in render_params:
         cap = _pair_cap(
             getattr(render_params.get("tok_params"), "truncate_prompt_tokens", None),
@@ -151,7 +154,7 @@ def render_params_cost(render_params: Mapping[str, Any]) -> float:
         )
         if cap is not None:
             whole = not pair_prefix_installed()
-            priced = _priced_pairs.get()
+            priced = _priced_texts.get()
             price = pair_cost if priced is None else priced.cost
             return price(render_params["data_1"], render_params["data_2"], Images.PARTS, cap, whole) + PROMPT_COST
     cap = None
@@ -160,15 +163,16 @@ def render_params_cost(render_params: Mapping[str, Any]) -> float:
     # A chat's conversation and a scoring pair's content parts reach rendering
     # only where vLLM loads their images (a scoring side's parts are refused
     # before for a model that takes none): priced as parts.
+    priced = _priced_texts.get()
     return float(
-        sum(characters(render_params.get(key), cap, Images.PARTS) for key in RENDER_INPUT_KEYS) + PROMPT_COST
+        sum(characters(render_params.get(key), cap, Images.PARTS, priced) for key in RENDER_INPUT_KEYS) + PROMPT_COST
     )
 
 
 def prompt_cost(prompt: Any, tok_params: Any) -> float:
     """What tokenizing one text prompt with `tok_params` costs (`async-renderer`'s calls)."""
     cap = truncated_cap(getattr(tok_params, "truncate_prompt_tokens", None)) if prefix_installed() else None
-    return characters(prompt, cap)
+    return characters(prompt, cap, priced=_priced_texts.get())
 
 
 def sets_own_priority(request: Any) -> bool:

@@ -199,8 +199,8 @@ def _admitting(
             if requests_seam.sets_own_priority(request)
             else functools.partial(requests_seam.set_engine_priority, request)
         )
-        # A scoring request's pairs are read at admission, and not again to cut its rendering into pieces.
-        with requests_seam.pricing_pairs():
+        # A request's truncated texts and pairs are read at admission, and not again to cut its rendering into pieces.
+        with requests_seam.pricing_texts():
             return await policy.admit(scope, cost_of, set_priority, lambda: original(self, *args, **kwargs))
 
     __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
