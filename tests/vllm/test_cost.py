@@ -648,34 +648,17 @@ def test_truncated_pairs_are_priced_by_what_prefix_tokenization_reads() -> None:
             assert request_cost(truncated) >= whole
 
 
-def test_a_scoring_requests_pairs_are_read_once() -> None:
-    """Admitted through the serving seam, a truncated rerank request's pairs
-    are read at admission (`_prefix.pair_read_bounds`, once per pair), and
-    pricing its render parameters again, to cut its rendering into pieces,
-    reads none of them again and gives the same price; outside a request
-    (`pricing_texts`), each pricing reads them."""
+def _served_through_admission(serve: Any, request: Any) -> tuple[Any, list[float]]:
+    """`serve(self, request, raw_request)` run as the serving seam runs a
+    request (`serving._admitting`, a real `RequestPolicy` on a one-worker
+    `thread` executor): its result, and the cost admission charged."""
     import asyncio
 
-    from offload_vllm import _prefix
     from offload_vllm._request_policy import RequestPolicy
-    from offload_vllm._seams import requests as requests_seam
     from offload_vllm._seams import serving as serving_seam
     from offload_vllm._seams.errors import ANSWERS
-    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
 
     import offload
-
-    query = "which fox"
-    documents = [f"{i} " + ("the quick brown fox jumps " * 400) for i in range(8)]
-    request = RerankRequest(query=query, documents=documents, truncate_prompt_tokens=64)
-    tok_params = SimpleNamespace(truncate_prompt_tokens=64)
-
-    def render_params() -> list[dict[str, Any]]:
-        # As vLLM's request factory builds them: the request's own strings.
-        return [{"data_1": request.query, "data_2": d, "tok_params": tok_params} for d in request.documents]
-
-    async def serve(self: Any, request: Any, raw_request: Any) -> float:
-        return sum(render_params_cost(params) for params in render_params())
 
     executor = offload.get_executor("thread", max_workers=1)
     policy = RequestPolicy(
@@ -690,20 +673,46 @@ def test_a_scoring_requests_pairs_are_read_once() -> None:
         return await original_admit(self, scope, lambda: admitted[-1], set_priority, call)
 
     serving = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False))
-    wrapped = serving_seam._admitting(serve, policy)
-    read = mock.Mock(wraps=_prefix.pair_read_bounds)
     try:
-        with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
-            requests_seam, "pair_prefix_installed", return_value=True
-        ), mock.patch.object(_prefix, "pair_read_bounds", read), mock.patch.object(RequestPolicy, "admit", admit):
-            rendered = asyncio.run(wrapped(serving, request, None))
-            assert read.call_count == len(documents)
-            assert rendered == admitted[0]
-            read.reset_mock()
-            assert sum(render_params_cost(params) for params in render_params()) == rendered
-            assert read.call_count == len(documents)
+        with mock.patch.object(RequestPolicy, "admit", admit):
+            result = asyncio.run(serving_seam._admitting(serve, policy)(serving, request, None))
     finally:
         executor.shutdown()
+    return result, admitted
+
+
+def test_a_scoring_requests_pairs_are_read_once() -> None:
+    """Admitted through the serving seam, a truncated rerank request's pairs
+    are read at admission (`_prefix.pair_read_bounds`, once per pair), and
+    pricing its render parameters again, to cut its rendering into pieces,
+    reads none of them again and gives the same price; outside a request
+    (`pricing_texts`), each pricing reads them."""
+    from offload_vllm import _prefix
+    from offload_vllm._seams import requests as requests_seam
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+    query = "which fox"
+    documents = [f"{i} " + ("the quick brown fox jumps " * 400) for i in range(8)]
+    request = RerankRequest(query=query, documents=documents, truncate_prompt_tokens=64)
+    tok_params = SimpleNamespace(truncate_prompt_tokens=64)
+
+    def render_params() -> list[dict[str, Any]]:
+        # As vLLM's request factory builds them: the request's own strings.
+        return [{"data_1": request.query, "data_2": d, "tok_params": tok_params} for d in request.documents]
+
+    async def serve(self: Any, request: Any, raw_request: Any) -> float:
+        return sum(render_params_cost(params) for params in render_params())
+
+    read = mock.Mock(wraps=_prefix.pair_read_bounds)
+    with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
+        requests_seam, "pair_prefix_installed", return_value=True
+    ), mock.patch.object(_prefix, "pair_read_bounds", read):
+        rendered, admitted = _served_through_admission(serve, request)
+        assert read.call_count == len(documents)
+        assert rendered == admitted[0]
+        read.reset_mock()
+        assert sum(render_params_cost(params) for params in render_params()) == rendered
+        assert read.call_count == len(documents)
 
 
 def test_a_requests_truncated_texts_are_read_once() -> None:
@@ -713,16 +722,9 @@ def test_a_requests_truncated_texts_are_read_once() -> None:
     builds them, the request's own strings), to cut its rendering into
     pieces, reads none of them again and gives the same prices; outside a
     request (`pricing_texts`), each pricing reads them."""
-    import asyncio
-
     from offload_vllm import _prefix
-    from offload_vllm._request_policy import RequestPolicy
     from offload_vllm._seams import requests as requests_seam
-    from offload_vllm._seams import serving as serving_seam
-    from offload_vllm._seams.errors import ANSWERS
     from vllm.renderers.inputs.preprocess import parse_model_prompt, prompt_to_seq
-
-    import offload
 
     texts = [f"{i} " + ("the quick brown fox jumps " * 200) for i in range(6)]
     texts += ["Der schnelle braune Fuchs springt über den faulen Hund " * 60, "быстрая лиса 狐狸 " * 150]
@@ -740,32 +742,15 @@ def test_a_requests_truncated_texts_are_read_once() -> None:
     async def serve(self: Any, request: Any, raw_request: Any) -> list[float]:
         return [render_params_cost(params) for params in render_params()]
 
-    executor = offload.get_executor("thread", max_workers=1)
-    policy = RequestPolicy(
-        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False,
-        retry_after=lambda executor, lane, cost: 1, answers=ANSWERS,
-    )
-    admitted: list[float] = []
-    original_admit = RequestPolicy.admit
-
-    async def admit(self: RequestPolicy, scope: Any, cost_of: Any, set_priority: Any, call: Any) -> Any:
-        admitted.append(cost_of())
-        return await original_admit(self, scope, lambda: admitted[-1], set_priority, call)
-
-    serving = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False))
-    wrapped = serving_seam._admitting(serve, policy)
     read = mock.Mock(wraps=_prefix.read_bound)
-    try:
-        with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
-            _prefix, "read_bound", read
-        ), mock.patch.object(RequestPolicy, "admit", admit):
-            priced_alone = [render_params_cost(params) for params in render_params()]
-            assert read.call_count == len(texts)
-            read.reset_mock()
-            rendered = asyncio.run(wrapped(serving, request, None))
-            assert read.call_count == len(texts)
-            assert rendered == priced_alone
-            assert admitted == [sum(priced_alone)]
-            assert priced_alone == [_prefix.read_bound(text, 16) + PROMPT_COST for text in texts]
-    finally:
-        executor.shutdown()
+    with mock.patch.object(requests_seam, "prefix_installed", return_value=True), mock.patch.object(
+        _prefix, "read_bound", read
+    ):
+        priced_alone = [render_params_cost(params) for params in render_params()]
+        assert read.call_count == len(texts)
+        read.reset_mock()
+        rendered, admitted = _served_through_admission(serve, request)
+        assert read.call_count == len(texts)
+        assert rendered == priced_alone
+        assert admitted == [sum(priced_alone)]
+        assert priced_alone == [_prefix.read_bound(text, 16) + PROMPT_COST for text in texts]
