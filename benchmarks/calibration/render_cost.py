@@ -69,7 +69,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress, unit_cost, workloads
 from benchmarks.harness.models import minilm_dir
-from benchmarks.harness.unit_cost import Unit, fmt, interval, quiet_imports, timed_rounds
+from benchmarks.harness.unit_cost import (
+    Unit,
+    fmt,
+    interval,
+    quiet_imports,
+    timed_rounds,
+    tokenize_as_servers_do,
+)
 
 MODEL = "all-MiniLM-L6-v2"
 #: The served model's length, in tokens (its `sentence_bert_config.json`'s, as the
@@ -173,9 +180,7 @@ def render_inputs(words: int, seed: int) -> dict[str, list[Any]]:
 
 
 def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: int) -> dict[str, Any]:
-    # As the benchmarks' servers run (`harness/server.py`), set here, not at
-    # import: importing this module (its tests do) changes nothing else's.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenize_as_servers_do()
     v = _vllm()
     io, torch = v["io"], v["torch"]
     unit = Unit(seed + 1)

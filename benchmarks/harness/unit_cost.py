@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import sys
 import time
@@ -43,6 +44,14 @@ def quiet_imports() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         yield
+
+
+def tokenize_as_servers_do() -> None:
+    """Tokenize as the benchmarks' servers do (`harness/server.py`), without
+    the tokenizers library's own threads. Called at the start of a
+    measurement, not at import: importing a suite (its tests do) changes
+    nothing else's."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def load_tokenizer() -> Any:

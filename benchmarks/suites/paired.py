@@ -395,13 +395,21 @@ def describe_workload(workload: str) -> str:
     return f"tiny BERT embedding (random weights), {WORKLOADS[workload][0]}"
 
 
+def _commit_words(result: dict[str, Any]) -> str:
+    """", commit `abc1234`" (with " (dirty tree)" where it had changes), or
+    nothing for a result written before runs recorded their commit."""
+    if "commit" not in result:
+        return ""
+    return f", commit `{result['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`"
+
+
 def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rows = list(summary)
     lines = [
         "<!-- --8<-- [start:meta] -->",
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}: {describe_workload(result.get('workload', 'tiny'))}, "
+        f"{result['started']}{_commit_words(result)}: {describe_workload(result.get('workload', 'tiny'))}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -525,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [DEFAULT, *rows]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    commit, dirty = _common.machine()["commit"], _common.dirty()
     shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model, make_payload, path = build_workload(args.workload, Path(tmp), smoke=args.smoke)
@@ -563,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
     result = {
         "argv": argv, "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs",
-        "started": started, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
+        "started": started, "commit": commit, "dirty": dirty, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
         "startup_s": startup_s, "blocks": blocks, "summary": summarize(blocks),
         **({"same_answers": same} if same is not None else {}),
     }

@@ -31,3 +31,16 @@ def test_rows_are_paired_per_round_with_the_rows_they_name() -> None:
         "seconds": 8.0, "blocks": blocks, "startup_s": 60.0, "workload": "truncated", "summary": summary,
     }
     assert "| process | thread defaults | 2.00 [2.00, 2.00]x |" in paired.markdown(result)
+
+
+def test_the_report_names_the_commit_it_measured_and_a_dirty_tree() -> None:
+    blocks = {paired.DEFAULT: [_block(1.0)], "thread": [_block(2.0)]}
+    result: dict[str, Any] = {
+        "argv": [], "machine": "2 CPUs", "started": "today", "clients": 8, "rounds": 1, "seconds": 8.0,
+        "blocks": blocks, "startup_s": 60.0, "workload": "tiny", "summary": paired.summarize(blocks),
+    }
+    assert "commit" not in paired.markdown(result)  # written before results recorded it
+    result.update(commit="abc1234", dirty=False)
+    assert "today, commit `abc1234`:" in paired.markdown(result)
+    result.update(dirty=True)
+    assert "today, commit `abc1234 (dirty tree)`:" in paired.markdown(result)

@@ -222,6 +222,36 @@ def test_a_multimodal_documents_content_is_echoed_and_priced() -> None:
     assert cost >= ECHO_COST_PER_CHARACTER * len(image) + POSTPROCESS_COST_PER_VALUE
 
 
+def test_a_cohere_embed_answer_costs_at_least_the_texts_it_echoes() -> None:
+    """A Cohere-style `/v2/embed` answer carries its request's `texts` back
+    (vLLM's `CohereEmbedResponse.texts`): each character of them the body
+    holds costs `ECHO_COST_PER_CHARACTER`, besides the embeddings' values,
+    measured on the body vLLM's own builder makes."""
+    import torch
+    from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+    from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
+    from vllm.entrypoints.pooling.utils import get_json_response_cls
+    from vllm.outputs import PoolingOutput, PoolingRequestOutput
+
+    def built(texts: list[str]) -> tuple[float, str]:
+        request = CohereEmbedRequest(texts=texts)
+        outputs = [
+            PoolingRequestOutput(f"embed-{i}", PoolingOutput(data=torch.zeros(8)), [101, 102], 0, True)
+            for i in range(len(texts))
+        ]
+        ctx = SimpleNamespace(request=request, final_res_batch=outputs, request_id="embed-0")
+        shell = object.__new__(ServingEmbedding)  # the builder reads only its response class
+        shell.json_response_cls = get_json_response_cls()
+        return postprocess_cost(ctx), bytes(shell._build_cohere_response_from_ctx(ctx).body).decode()
+
+    texts = [f"text {i}: " + "the quick brown fox 狐狸 🦊 " * 200 for i in range(16)]
+    cost, body = built(texts)
+    echoed = len(body) - len(built([""] * 16)[1])
+    assert echoed == sum(map(len, texts))
+    assert cost >= ECHO_COST_PER_CHARACTER * echoed + 16 * (POSTPROCESS_COST_PER_OUTPUT + 8 * POSTPROCESS_COST_PER_VALUE)
+    assert cost > DEFAULT_INLINE_COST
+
+
 def test_engine_priority_is_set_unless_the_client_set_one() -> None:
     request = _embedding(input="x")
     assert not sets_own_priority(request)

@@ -24,6 +24,7 @@ import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
 from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequestMixin
 
 from .._cost import (
@@ -138,8 +139,13 @@ def _pair_cap(truncate_prompt_tokens: Any, max_tokens_per_query: Any, max_tokens
 def echoed(request: Any) -> Any:
     """What of `request` its answer carries back, for post-processing's cost:
     a rerank request's documents (vLLM's `RerankDocument`: a text, or a
-    multimodal document's content parts), `None` for any other request."""
-    return request.documents if isinstance(request, RerankRequest) else None
+    multimodal document's content parts), a Cohere-style `/v2/embed`
+    request's `texts`, `None` for any other request."""
+    if isinstance(request, RerankRequest):
+        return request.documents
+    if isinstance(request, CohereEmbedRequest):
+        return request.texts
+    return None
 
 
 def render_params_cost(render_params: Mapping[str, Any]) -> float:
