@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -110,7 +111,43 @@ def adapter_installed() -> bool:
     return importlib.util.find_spec("offload_vllm") is not None
 
 
+#: Where `free_port` looks first: ports from here up to the start of Linux's
+#: ephemeral range, which the kernel never hands to an outgoing connection.
+LISTEN_PORTS_FROM = 10000
+
+
+def ephemeral_ports() -> range:
+    """The ports Linux gives outgoing connections (and `bind` to port 0) their
+    source ports from (`/proc/sys/net/ipv4/ip_local_port_range`; its default
+    32768-60999 where that cannot be read)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
+    """A port on `HOST` that nothing listens on now, for a server that binds
+    it later (a vLLM server binds its health port only once its engine is up,
+    seconds to minutes later). Chosen at random below the ephemeral range:
+    a port there is never some connection's source port, where a port picked
+    by binding port 0 is in that range, and once freed, the next connection
+    made on the machine may take it before the server binds it (seen: a
+    health port taken so while a server started beside the Ray suite's
+    connections). Another process picking the same port in between is left
+    to chance: one in about 20,000 a pick. Falls back to port 0's where the
+    ephemeral range leaves nothing below it."""
+    ephemeral = ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(100 if ephemeral.start > LISTEN_PORTS_FROM else 0):
+        port = rng.randrange(LISTEN_PORTS_FROM, ephemeral.start)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue  # in use (listening, or a connection's own)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from ray.cluster_utils import Cluster
 from ray_settings import NODE
 
 import offload
+from benchmarks.harness.server import free_port
 
 pytestmark = [
     pytest.mark.anyio,
@@ -52,12 +52,6 @@ def anyio_backend() -> Any:
     return ("asyncio", {})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     if ray.is_initialized():
@@ -69,7 +63,7 @@ def cluster() -> Iterator[Cluster]:
             "num_cpus": 2,
             "node_ip_address": "127.0.0.1",
             # For `address="ray://..."`: Ray Client's server on the head node.
-            "ray_client_server_port": _free_port(),
+            "ray_client_server_port": free_port(),
             "_system_config": FAST_HEALTH_CHECKS,
         },
     )
