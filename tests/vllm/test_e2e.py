@@ -187,6 +187,39 @@ def test_small_calls_run_on_the_loop_by_default(
     assert np.max(np.abs(ours - embeddings(reference_server, many))) <= 1e-5
 
 
+def test_a_cohere_embed_answer_is_built_where_the_texts_it_echoes_put_it(
+    embed_server: Server, reference_server: Server, strategy: str
+) -> None:
+    """A `/v2/embed` answer carries its `texts` back, priced 0.1 a character
+    besides its embedding: one text of about 500 characters is rendered on
+    the event loop (priced under `OFFLOAD_VLLM_INLINE_COST`), and its answer,
+    priced over it by the text it echoes, is built on a worker. The answer
+    is vLLM's own."""
+    from offload_vllm._config import DEFAULT_INLINE_COST
+    from offload_vllm._cost import (
+        ECHO_COST_PER_CHARACTER,
+        POSTPROCESS_COST_PER_OUTPUT,
+        POSTPROCESS_COST_PER_VALUE,
+    )
+
+    if strategy not in ("thread", "process", "ray"):
+        pytest.skip(f"{strategy} has no worker pool: every call runs where it always does")
+    s = embed_server
+    text = " ".join([TEXTS[0]] * 11)
+    assert PROMPT_COST + len(text) <= DEFAULT_INLINE_COST
+    embedding_alone = POSTPROCESS_COST_PER_OUTPUT + 384 * POSTPROCESS_COST_PER_VALUE
+    assert embedding_alone <= DEFAULT_INLINE_COST < embedding_alone + ECHO_COST_PER_CHARACTER * len(text)
+    body = {"model": s.model, "texts": [text]}
+    before, on_loop = _executor_calls(s, strategy), _loop_calls(s)
+    ours = ok(s, "/v2/embed", body)
+    assert _executor_calls(s, strategy) - before == 1
+    after = _loop_calls(s)
+    assert {call: after[call] - on_loop[call] for call in after} == {"render": 1, "postprocess": 0}
+    theirs = ok(reference_server, "/v2/embed", body)
+    assert ours["texts"] == theirs["texts"] == [text]
+    np.testing.assert_allclose(ours["embeddings"]["float"], theirs["embeddings"]["float"], atol=1e-5)
+
+
 # ---- same numbers under every strategy, and as sentence-transformers -------
 
 
