@@ -61,7 +61,6 @@ from benchmarks.harness.unit_cost import (
     interval,
     quiet_imports,
     timed_rounds,
-    tokenize_as_servers_do,
 )
 
 MODEL = "tiny-bert-cross-encoder"
@@ -117,7 +116,7 @@ def _vllm() -> dict[str, Any]:
 
 
 def measure(rounds: int, repeats: int, count: int, words: int, seed: int) -> dict[str, Any]:
-    tokenize_as_servers_do()
+    unit_cost.tokenize_as_servers_do()
     v = _vllm()
     serving_cls = v["scoring_serving"].ServingScores
     # `_request_output_to_rerank_response` reads nothing of its serving object.

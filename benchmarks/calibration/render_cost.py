@@ -69,14 +69,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress, unit_cost, workloads
 from benchmarks.harness.models import minilm_dir
-from benchmarks.harness.unit_cost import (
-    Unit,
-    fmt,
-    interval,
-    quiet_imports,
-    timed_rounds,
-    tokenize_as_servers_do,
-)
+from benchmarks.harness.unit_cost import Unit, fmt, interval, quiet_imports, timed_rounds
 
 MODEL = "all-MiniLM-L6-v2"
 #: The served model's length, in tokens (its `sentence_bert_config.json`'s, as the
@@ -180,7 +173,7 @@ def render_inputs(words: int, seed: int) -> dict[str, list[Any]]:
 
 
 def measure(rounds: int, repeats: int, words: int, handoff_repeats: int, seed: int) -> dict[str, Any]:
-    tokenize_as_servers_do()
+    unit_cost.tokenize_as_servers_do()
     v = _vllm()
     io, torch = v["io"], v["torch"]
     unit = Unit(seed + 1)
