@@ -112,8 +112,10 @@ def adapter_installed() -> bool:
 
 
 #: Where `free_port` looks first: ports from here up to the start of Linux's
-#: ephemeral range, which the kernel never hands to an outgoing connection.
-LISTEN_PORTS_FROM = 10000
+#: ephemeral range, which the kernel never hands to an outgoing connection,
+#: and above Ray's default worker ports (10002-19999), which a Ray suite
+#: running beside binds as its workers start.
+LISTEN_PORTS_FROM = 20000
 
 
 def ephemeral_ports() -> range:
@@ -136,7 +138,7 @@ def free_port() -> int:
     made on the machine may take it before the server binds it (seen: a
     health port taken so while a server started beside the Ray suite's
     connections). Another process picking the same port in between is left
-    to chance: one in about 20,000 a pick. Falls back to port 0's where the
+    to chance: one in about 13,000 a pick. Falls back to port 0's where the
     ephemeral range leaves nothing below it."""
     ephemeral = ephemeral_ports()
     rng = random.SystemRandom()
