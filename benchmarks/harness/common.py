@@ -15,7 +15,7 @@ from typing import Any
 from offload._lag import percentile
 
 __all__ = [
-    "RESULTS", "autogroups_enabled", "dirty", "header", "loadavg", "machine", "parser", "percentile", "run_line",
+    "RESULTS", "autogroups_enabled", "commit_words", "dirty", "header", "loadavg", "machine", "parser", "percentile", "run_line",
     "table", "write",
 ]
 
@@ -99,13 +99,19 @@ def header(title: str, info: dict[str, Any]) -> str:
     )
 
 
+def commit_words(commit: str, dirty: bool) -> str:
+    """How a report names the commit it measured: "`abc1234`", with " (dirty
+    tree)" where the tree had changes, "`uncommitted`" without a commit."""
+    return f"`{commit or 'uncommitted'}{' (dirty tree)' if dirty else ''}`"
+
+
 def run_line(result: dict[str, Any]) -> str:
     """The meta line of a run that starts servers: its command, the machine,
     the commit (and whether the tree was dirty), versions and the load average."""
     info = result["machine"]
     return (
         f"`{result['command']}` on {info['cpus']} CPUs ({info['platform']}), {info['date']}, commit "
-        f"`{info['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`; "
+        f"{commit_words(info['commit'], result['dirty'])}; "
         f"{', '.join(f'{k} {v}' for k, v in info['versions'].items())}; load average "
         f"{result['loadavg_before']} before, {result['loadavg_after']} after."
     )

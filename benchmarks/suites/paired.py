@@ -400,7 +400,7 @@ def _commit_words(result: dict[str, Any]) -> str:
     nothing for a result written before runs recorded their commit."""
     if "commit" not in result:
         return ""
-    return f", commit `{result['commit'] or 'uncommitted'}{' (dirty tree)' if result['dirty'] else ''}`"
+    return f", commit {_common.commit_words(result['commit'], result['dirty'])}"
 
 
 def markdown(result: dict[str, Any]) -> str:
