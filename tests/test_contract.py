@@ -4,10 +4,14 @@ registered strategy and the docs' examples (see `conftest.strategies_under_test`
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import offload
 from offload.testing import StrategyContract
 
 from .conftest import POOL_EXAMPLE, strategies_under_test
@@ -58,3 +62,60 @@ class TestContractWithExpress(StrategyContract):
         # The express slot is the dispatcher's, which never touches the event
         # loop: the backends are the plain suite's business.
         return ("asyncio", {})
+
+
+_WRONG_STRATEGY = '''
+from offload.strategy import Strategy
+
+
+class WrongAnswer(Strategy):
+    """Answers 6 to every call."""
+
+    name = "wrong-answer"
+
+    def schedule(self, call):
+        if call.claim():
+            call.set_result(6)
+
+    def shutdown(self, wait, cancel_futures):
+        pass
+'''
+
+_AUTHORS_TEST = '''
+from offload.testing import StrategyContract
+
+
+class TestWrongAnswer(StrategyContract):
+    strategy_name = "wrong-answer"
+'''
+
+
+def test_an_outside_authors_run_shows_values_and_leaves_the_folder_clean(tmp_path: Path) -> None:
+    """The suite as an outside author runs it (a plugin registered by its
+    entry point, pytest started in the plugin's folder with no configuration
+    of its own): a failing assertion of the suite shows its values, without
+    the author registering assert rewriting, and neither Hypothesis nor
+    pytest-benchmark leaves a folder behind there."""
+    dist = tmp_path / "wrong_answer-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: wrong-answer\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[offload.strategies]\nwrong-answer = wrong_answer:WrongAnswer\n")
+    (tmp_path / "wrong_answer.py").write_text(_WRONG_STRATEGY)
+    (tmp_path / "test_wrong.py").write_text(_AUTHORS_TEST)
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(offload.__file__).parents[1]), str(tmp_path)])
+    selected = "asyncio and (test_run_returns_result or test_same_result_as_a_direct_call)"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selected],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "2 failed" in out, out
+    assert "assert 6 == 5" in out, out  # the values, as pytest shows them
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert left == [], out
