@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import concurrent.futures
-import threading
+import functools
+import os
+import tempfile
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -130,6 +133,7 @@ class ThreadSlotWorker:
         slot.state = _UNSTARTED
 
 
+
 def run_on_each_worker(
     pool: concurrent.futures.Executor, workers: int, fn: Callable[[], T], *, timeout: float = 60.0
 ) -> list[T]:
@@ -137,24 +141,30 @@ def run_on_each_worker(
     once, and return what each returned: for a strategy whose slots share
     one pool, its `start()` (see `Strategy.start`). Each run holds its
     worker until all have begun, so that a pool which starts a worker only
-    when none is idle (`ThreadPoolExecutor`) starts `workers` of them.
+    when none is idle (`ThreadPoolExecutor`, and `ProcessPoolExecutor` but
+    with the "fork" start method) starts `workers` of them. Its workers may
+    be threads or processes of this machine (`fn` must then pickle).
 
     Raises the first error `fn` raised, or `OffloadError` if `pool` did not
     run `workers` at once within `timeout` seconds (it has fewer workers).
     """
-    together = threading.Barrier(workers)
-
-    def one() -> T:
-        try:
-            return fn()
-        finally:
-            try:
-                together.wait(timeout)
-            except threading.BrokenBarrierError:
-                pass  # the caller reports it, once
-
-    futures = [pool.submit(one) for _ in range(workers)]
-    results = [future.result() for future in futures]
-    if together.broken:
+    # The runs meet in a folder (one file each): a place threads and
+    # processes alike can see.
+    with tempfile.TemporaryDirectory(prefix="offload-warm-") as folder:
+        hold = functools.partial(_held_until_all_began, fn, folder, workers, timeout)
+        outcomes = [future.result() for future in [pool.submit(hold) for _ in range(workers)]]
+    if not all(together for _, together in outcomes):
         raise OffloadError(f"{pool!r} did not run {workers} calls at once within {timeout} s")
-    return results
+    return [result for result, _ in outcomes]
+
+
+def _held_until_all_began(fn: Callable[[], T], folder: str, workers: int, timeout: float) -> tuple[T, bool]:
+    fd, _ = tempfile.mkstemp(dir=folder)
+    os.close(fd)
+    deadline = time.monotonic() + timeout
+    try:
+        result = fn()
+    finally:  # held even if `fn` raised: the other runs need this worker busy
+        while (began := len(os.listdir(folder))) < workers and time.monotonic() < deadline:
+            time.sleep(0.002)
+    return result, began >= workers

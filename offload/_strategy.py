@@ -83,12 +83,13 @@ class Strategy(abc.ABC):
     #: (`offload.testing`) kills a worker to check it.
     replaces_crashed_workers: ClassVar[bool] = False
 
-    #: With `replaces_crashed_workers`: whether a worker's crash fails every
-    #: call running in the pool with `WorkerCrashed`, not only its own (one
-    #: pool behind every slot that breaks whole, as a
-    #: `concurrent.futures.ProcessPoolExecutor` does); the next call still runs,
-    #: on fresh workers. False: the calls running beside it finish. The
-    #: contract suite checks the one declared.
+    #: With `replaces_crashed_workers`: whether a worker's crash fails the
+    #: other calls running in the pool too, with `WorkerCrashed` (one pool
+    #: behind every slot that breaks whole, as a
+    #: `concurrent.futures.ProcessPoolExecutor` does; it may let a call that
+    #: was about to end still end). The next call runs, on fresh workers.
+    #: False: the calls running beside it finish. The contract suite kills a
+    #: worker beside a running call to check the one declared.
     crash_fails_running_calls: ClassVar[bool] = False
 
     # ---- required ------------------------------------------------------------

@@ -271,7 +271,7 @@ class LifecycleContract(_ContractBase):
     async def test_a_crash_fails_the_calls_beside_it_only_where_declared(self, strategy: str, tmp_path: Path) -> None:
         """A worker killed while another call runs: that call finishes, or,
         where the strategy declares `crash_fails_running_calls` (one pool that
-        breaks whole), fails with `WorkerCrashed`; the next call runs."""
+        breaks whole), may fail with `WorkerCrashed` instead; the next call runs."""
         ex = self.new_executor(strategy, max_workers=2)
         try:
             declared = type(ex.strategy)
@@ -293,7 +293,8 @@ class LifecycleContract(_ContractBase):
                     await ex.run(f.kill_self, os.getpid())
                 gate.touch()
             if declared.crash_fails_running_calls:
-                assert isinstance(outcome["beside"], offload.WorkerCrashed), outcome
+                # Failed with it, or (a pool that let it end) its result: nothing else.
+                assert outcome["beside"] == "held" or isinstance(outcome["beside"], offload.WorkerCrashed)
             else:
                 assert outcome["beside"] == "held"
             assert await ex.run(f.add, 1, b=1) == 2
