@@ -60,7 +60,13 @@ from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
 from ._serving import replace_worker
-from ._slot_worker import ExpressSlotWorker, SlotWorker, ThreadSlot, ThreadSlotWorker, run_on_each_worker
+from ._slot_worker import (
+    ExpressSlotWorker,
+    SlotWorker,
+    ThreadSlot,
+    ThreadSlotWorker,
+    run_on_each_worker,
+)
 from ._startup import Startup
 from ._strategy import Strategy
 from ._tracker import count_batch
