@@ -159,7 +159,11 @@ def get_executor(strategy: str | None = None, **options: Any) -> Executor:
     """Build a new executor.
 
     Args:
-        strategy: a name from `offload.STRATEGIES`; `None` reads `OFFLOAD_STRATEGY`,
+        strategy: a registered name: a built-in (`"inline"`, `"thread"`,
+            `"process"`, `"async-renderer"`) or a plugin's entry-point name in
+            the group `offload.strategies`. `offload.STRATEGIES` lists both,
+            as installed when `offload` was first imported; an unknown name's
+            `ConfigError` lists them too. `None` reads `OFFLOAD_STRATEGY`,
             else uses `"thread"`.
         **options: the strategy's options (`max_workers`, `initializer`,
             `initargs`, ...), and the executor's (`max_queue`,

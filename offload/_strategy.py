@@ -34,7 +34,8 @@ class Strategy(abc.ABC):
 
     **Optional**, each with a default that does nothing: `start`, `capacity`,
     `cancel_running`, `terminate_running`, `batch_form`, `after_fork_in_child`,
-    and the class attributes `carries_context` and `replaces_crashed_workers`.
+    and the class attributes `carries_context`, `replaces_crashed_workers`
+    and `crash_fails_running_calls`.
 
     **Options.** Users pass options by keyword (`get_executor(name, **options)`,
     `make_async(strategy=name, **options)`); each goes to the strategy's
@@ -68,7 +69,7 @@ class Strategy(abc.ABC):
     with itself and with `shutdown`.
     """
 
-    #: The registry name (`offload.STRATEGIES`); a plugin's equals its entry-point name.
+    #: The registry name; a plugin's equals its entry-point name.
     name: ClassVar[str]
 
     #: Whether `fn` runs in a copy of the caller's `contextvars` context. A
@@ -81,6 +82,15 @@ class Strategy(abc.ABC):
     #: processes or actors (`process`, `ray`); the contract suite
     #: (`offload.testing`) kills a worker to check it.
     replaces_crashed_workers: ClassVar[bool] = False
+
+    #: With `replaces_crashed_workers`: whether a worker's crash fails the
+    #: other calls running in the pool too, with `WorkerCrashed` (one pool
+    #: behind every slot that breaks whole, as a
+    #: `concurrent.futures.ProcessPoolExecutor` does; it may let a call that
+    #: was about to end still end). The next call runs, on fresh workers.
+    #: False: the calls running beside it finish. The contract suite kills a
+    #: worker beside a running call to check the one declared.
+    crash_fails_running_calls: ClassVar[bool] = False
 
     # ---- required ------------------------------------------------------------
 
@@ -112,7 +122,14 @@ class Strategy(abc.ABC):
         initializer. Raise the error a first call would get if one cannot
         start (the executor passes it on): the workers that did start stay up,
         and the one that failed is tried again by the next call that needs it,
-        never failing that call with this error. Default: nothing to start."""
+        never failing that call with this error. Default: nothing to start.
+
+        Every worker means every worker calls run on: with one pool shared by
+        every slot (a `concurrent.futures` executor), the pool's, as many as
+        `capacity()` (calls that run at once), so that no call afterwards
+        starts one. A pool that starts workers only when none is idle
+        (`ThreadPoolExecutor`) starts that many only for as many calls held at
+        once: `offload.strategy.run_on_each_worker` does it."""
         return
 
     def capacity(self) -> int | None:

@@ -24,7 +24,8 @@ Helpers, public for strategy authors:
   driving one worker (a thread, a process, an actor). `ExpressSlotWorker`:
   a `SlotWorker` that can also make the express slot (cheap calls only).
   `ThreadSlotWorker` (with `ThreadSlot`): one whose slot threads are the
-  workers, what `thread` is made of.
+  workers, what `thread` is made of. `run_on_each_worker`: warm one pool
+  that every slot shares (`start()`).
 - `Startup`: what `start()` waits on.
 - `check_max_workers`, `check_initializer`, `check_cost`, and by kind of
   value `check_positive_int`, `check_non_negative_number`,
@@ -59,7 +60,13 @@ from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
 from ._serving import replace_worker
-from ._slot_worker import ExpressSlotWorker, SlotWorker, ThreadSlot, ThreadSlotWorker
+from ._slot_worker import (
+    ExpressSlotWorker,
+    SlotWorker,
+    ThreadSlot,
+    ThreadSlotWorker,
+    run_on_each_worker,
+)
 from ._startup import Startup
 from ._strategy import Strategy
 from ._tracker import count_batch
@@ -96,6 +103,7 @@ __all__ = [
     "portable_error",
     "replace_worker",
     "run_initializer",
+    "run_on_each_worker",
     "set_worker_state",
     "usable_cpu_count",
 ]

@@ -5,12 +5,20 @@ checked by the contract suite in tests/test_contract.py)."""
 from __future__ import annotations
 
 import pickle
+import threading
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import offload
-from offload.strategy import by_reference, count_worker_restart, portable_error, set_worker_state
+from offload.strategy import (
+    by_reference,
+    count_worker_restart,
+    portable_error,
+    run_on_each_worker,
+    set_worker_state,
+)
 
 from . import helpers
 
@@ -79,3 +87,25 @@ def test_portable_error_checks_with_the_transports_dumps() -> None:
     local = LocalError("here")
     assert isinstance(portable_error(local), offload.OffloadError)  # pickle cannot find the class
     assert portable_error(local, dumps=lambda obj: pickle.dumps(None)) is local
+
+
+def test_run_on_each_worker_starts_that_many_workers_of_a_pool_that_reuses_idle_ones() -> None:
+    """A `ThreadPoolExecutor` starts a thread only when none is idle: a
+    quick function run N times one after another may use one thread; with
+    `run_on_each_worker` every run has a thread of its own, the way a
+    strategy whose slots share one pool warms it in `start()`."""
+    with ThreadPoolExecutor(3) as pool:
+        threads = run_on_each_worker(pool, 3, threading.get_ident)
+        assert len(set(threads)) == 3
+        assert len(set(run_on_each_worker(pool, 3, threading.get_ident)) | set(threads)) == 3  # warm already
+
+
+def test_run_on_each_worker_reports_a_pool_too_small_and_the_function_s_error() -> None:
+    with ThreadPoolExecutor(1) as pool, pytest.raises(offload.OffloadError, match="did not run 2 calls at once"):
+        run_on_each_worker(pool, 2, threading.get_ident, timeout=0.2)
+
+    def refuse() -> None:
+        raise ValueError("nope")
+
+    with ThreadPoolExecutor(2) as pool, pytest.raises(ValueError, match="nope"):
+        run_on_each_worker(pool, 2, refuse, timeout=5)

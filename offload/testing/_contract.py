@@ -34,9 +34,12 @@ class StrategyContract(CallsContract, QueueContract, AdmissionContract, Lifecycl
     `max_queue`, no lanes; calls that run on the caller's thread: no
     cancellation or timeout of a running call; `carries_context = False`: no
     `contextvars`, no local functions; `replaces_crashed_workers = True`: a
-    worker killed mid-call fails that call with `WorkerCrashed` and the next
-    call runs. Metrics are checked where `prometheus_client` is installed;
+    worker killed mid-call fails that call with `WorkerCrashed`, the calls
+    beside it finish (`crash_fails_running_calls = True`: or fail with
+    `WorkerCrashed` too), and the next call runs. Metrics are checked where `prometheus_client` is installed;
     Hypothesis drives the value tests where installed (else fixed examples).
     Functions the tests run live in `offload.testing._functions`, importable
-    by name in a worker process.
+    by name in a worker process. A failure shows its values (pytest rewrites
+    the suite's assertions); the suite keeps Hypothesis's files out of the
+    folder pytest runs in (see docs/strategies, "Check it").
     """

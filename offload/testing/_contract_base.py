@@ -7,6 +7,7 @@ import contextvars
 import importlib.util
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,31 @@ def _installed(module: str) -> bool:
 
 
 _HAS = {name: _installed(name) for name in ("trio", "uvloop", "hypothesis")}
+
+#: Where the suite keeps what its tools store between runs (Hypothesis's
+#: examples and caches), unless the author chose a place: out of the folder
+#: pytest runs in, which is the author's.
+_STORAGE = Path(tempfile.gettempdir()) / f"offload-testing-{getattr(os, 'getuid', lambda: 'user')()}"
+
+
+def _store_hypothesis_outside() -> None:
+    """Hypothesis keeps its examples and caches in `.hypothesis/` of the
+    current folder unless `HYPOTHESIS_STORAGE_DIRECTORY` or
+    `hypothesis.configuration.set_hypothesis_home_dir` says otherwise; with
+    neither, the suite's own folder under `_STORAGE`. A database set in a
+    settings profile is the author's, and stays."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis import configuration
+
+    home: Any = configuration.storage_directory(intent_to_write=False)
+    # A `StorageDirectory` in recent versions, a `Path` before.
+    if Path(getattr(home, "path", home)) == Path.cwd() / ".hypothesis":
+        configuration.set_hypothesis_home_dir(_STORAGE / "hypothesis")
+
+
+if _HAS["hypothesis"]:
+    _store_hypothesis_outside()
 
 #: The event loops the suite runs on: asyncio always, uvloop and trio where installed.
 BACKENDS = [
@@ -169,6 +195,23 @@ class _ContractBase:
     strategy_name: ClassVar[str]
 
     pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
+
+    @pytest.fixture(scope="session", autouse=True)
+    @classmethod
+    def _no_benchmarks_folder(cls, request: pytest.FixtureRequest) -> Iterator[None]:
+        """pytest-benchmark, where installed, makes `.benchmarks/` in the
+        folder pytest runs in at start-up, whether a benchmark runs or not;
+        the suite runs none: an empty one it made at its default place
+        (`--benchmark-storage` not given) is removed at the end."""
+        yield
+        config = request.config
+        if not config.pluginmanager.hasplugin("benchmark"):
+            return
+        if config.getoption("benchmark_storage", None) != "file://./.benchmarks":
+            return  # the author's choice
+        folder = config.invocation_params.dir / ".benchmarks"
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
     @pytest.fixture(params=BACKENDS)
     def anyio_backend(self, request: pytest.FixtureRequest) -> Any:

@@ -85,7 +85,7 @@ class CallsContract(_ContractBase):
                 await sync_executor.run(fn, message)
             except BaseException as exc:
                 return exc
-            raise AssertionError("no exception")
+            pytest.fail(f"{fn.__name__}({message!r}) raised nothing on {sync_executor.name}")
 
         exc = anyio.run(go)
         assert type(exc) is (f.CustomError if kind == "custom" else ValueError)
@@ -170,7 +170,7 @@ class CallsContract(_ContractBase):
                     tg.start_soon(one)
         finally:
             await ex.aclose()
-        assert all(s["tag"] == "T" for s in states)
+        assert [s["tag"] for s in states] == ["T"] * len(states)
         # Each worker has its own state object: calls per worker add up to the total.
         workers: dict[tuple[int, int], int] = {}
         for s in states:

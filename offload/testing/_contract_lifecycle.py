@@ -66,6 +66,7 @@ class LifecycleContract(_ContractBase):
             ex.start()
 
     async def test_start_reports_a_failing_initializer(self, strategy: str) -> None:
+        before = set(threading.enumerate())
         ex = self.new_executor(strategy, initializer=f.fail_init)
         try:
             if not self._starts_workers(ex):
@@ -80,6 +81,8 @@ class LifecycleContract(_ContractBase):
         finally:
             with anyio.fail_after(60):
                 await ex.aclose()
+        # What the failed starts left is released (`SlotWorker.stop_worker`).
+        assert self._threads_left(before) == []
 
     # ---- shutdown --------------------------------------------------------------------
 
@@ -109,9 +112,31 @@ class LifecycleContract(_ContractBase):
             for _ in range(8):
                 tg.start_soon(ex.run, f.sleep_and_return, 0.01)
         await ex.aclose()
+        assert self._threads_left(before) == []
+
+    @staticmethod
+    def _threads_left(before: set[threading.Thread]) -> list[str]:
         # anyio's own to_thread worker (used by aclose) is idle and may linger: it is not ours.
-        leftover = [t for t in set(threading.enumerate()) - before if t.name.startswith("offload")]
-        assert leftover == []
+        return sorted(t.name for t in set(threading.enumerate()) - before if t.name.startswith("offload"))
+
+    def test_shutdown_without_waiting_still_lets_every_worker_exit(self, strategy: str, tmp_path: Path) -> None:
+        """`shutdown(wait=False)` returns while calls still run; the calls
+        finish, and then every worker exits with no one waiting for it: what
+        the slots share is released by them (`SlotWorker.stop_worker`)."""
+        before = set(threading.enumerate())
+        ex = self.new_executor(strategy)
+        gate, started = tmp_path / "gate", tmp_path / "started"
+        running = ex.submit(f.hold_until, str(gate), str(started))
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        ex.shutdown(wait=False)
+        gate.touch()
+        assert running.result(timeout=60) == "held"
+        deadline = time.monotonic() + 30
+        while self._threads_left(before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self._threads_left(before) == []
 
     def test_shutdown_cancel_futures_drops_queued_calls(self, strategy: str, tmp_path: Path) -> None:
         ex = self.new_executor(strategy, max_workers=1)
@@ -129,7 +154,7 @@ class LifecycleContract(_ContractBase):
             ex.shutdown(wait=True, cancel_futures=True)
             opener.join()
             assert [r.result(timeout=0) for r in running] == ["held"] * capacity
-            assert all(q.cancelled() for q in queued)
+            assert [q.cancelled() for q in queued] == [True] * len(queued)
             assert _markers(tmp_path / "q") == 0
             with pytest.raises(concurrent.futures.CancelledError):
                 queued[0].result(timeout=0)
@@ -240,5 +265,38 @@ class LifecycleContract(_ContractBase):
                 await _wait_until(
                     lambda: _sample("offload_worker_restarts_total", **restarts) == restarts_before + 1
                 )
+        finally:
+            await ex.aclose()
+
+    async def test_a_crash_fails_the_calls_beside_it_only_where_declared(self, strategy: str, tmp_path: Path) -> None:
+        """A worker killed while another call runs: that call finishes, or,
+        where the strategy declares `crash_fails_running_calls` (one pool that
+        breaks whole), may fail with `WorkerCrashed` instead; the next call runs."""
+        ex = self.new_executor(strategy, max_workers=2)
+        try:
+            declared = type(ex.strategy)
+            if not declared.replaces_crashed_workers:
+                pytest.skip(f"{strategy} does not replace crashed workers (replaces_crashed_workers = False)")
+            gate, started = tmp_path / "gate", tmp_path / "started"
+            outcome: dict[str, Any] = {}
+
+            async def beside() -> None:
+                try:
+                    outcome["beside"] = await ex.run(f.hold_until, str(gate), str(started))
+                except Exception as exc:
+                    outcome["beside"] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(beside)
+                await _wait_until(started.exists, 60)
+                with pytest.raises(offload.WorkerCrashed):
+                    await ex.run(f.kill_self, os.getpid())
+                gate.touch()
+            if declared.crash_fails_running_calls:
+                # Failed with it, or (a pool that let it end) its result: nothing else.
+                assert outcome["beside"] == "held" or isinstance(outcome["beside"], offload.WorkerCrashed)
+            else:
+                assert outcome["beside"] == "held"
+            assert await ex.run(f.add, 1, b=1) == 2
         finally:
             await ex.aclose()
