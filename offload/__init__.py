@@ -9,10 +9,9 @@ The map (one module each):
 - `_executor`: `Executor`, the front: lanes, admission, deadlines, shutdown.
 - `_registry`, `_decorator`: `get_executor(name)`, `make_async`.
 - `_lanes`: `Lane`, `Lanes`, `Flow`. `_checks`: argument checks.
-  `_admission`: the executor's `admission()` and its hints, and
-  `Admission`, a unit of work admitted once. `_bounds`: counting and refusing
-  (`max_queue`, `max_queued_cost`): the admission rule. `_metrics`: the Prometheus side.
-  `_tracker`: the two fed by each call's moves.
+  `_admission`: admission in one place: `Limiter` counts, refuses (the rule,
+  `max_queue` and `max_queued_cost`) and holds; `Admission`, a unit of work
+  admitted once. `_metrics`: the Prometheus side, a listener on the `Limiter`.
 - `_lag`: the loop-lag sampler (`LoopLagMonitor`, `sample_loop_lag`).
 - `_call`: `Call`, one call's state. `_outcome`: its outcome as its caller waits
   for it (awaited, deadline, `Future`).
@@ -23,7 +22,7 @@ The map (one module each):
 - `testing/`: the contract suite, one mixin per concern (`_contract_*`).
 
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
-admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`
+admits it (`_admission.Limiter`) → `Strategy.schedule` → `CallQueue.push`
 → a slot pops it, `Call.claim()`, runs it → `set_result` wakes the caller
 (`_outcome.run_call`).
 """

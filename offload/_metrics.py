@@ -5,9 +5,9 @@ default registry, so the usual exposition (`prometheus_client.start_http_server`
 `make_asgi_app`, vLLM's own `/metrics`) shows them, multiprocess mode
 included. `prometheus_client` is optional (`pip install offload[metrics]`; vLLM
 depends on it): without it, or with `OFFLOAD_METRICS=0`, metrics are off and
-cost nothing, while the bounds (`_bounds.py`, counting and refusing) work the same.
-`CallMetrics` holds one executor's metric children; `_tracker.CallTracker`
-feeds it each call's moves.
+cost nothing, while admission (`_admission.Limiter`, counting and refusing)
+works the same. `CallMetrics` holds one executor's metric children: it is the
+listener its `Limiter` tells each call's moves.
 """
 
 from __future__ import annotations
@@ -200,6 +200,12 @@ class _LaneChildren:
         self.queue_wait = families.lane_queue_wait.labels(strategy, lane)
         self.overloaded = families.lane_rejected.labels(strategy, lane, "overloaded")
         self.closed = families.lane_rejected.labels(strategy, lane, "closed")
+
+
+def call_metrics(strategy: str, lanes: Lanes) -> CallMetrics | None:
+    """An executor's metrics (its `Limiter`'s listener); `None` without `prometheus_client`."""
+    families = _Families.get()
+    return None if families is None else CallMetrics(families, strategy, lanes)
 
 
 @final

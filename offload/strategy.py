@@ -41,6 +41,7 @@ Helpers, public for strategy authors:
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
+from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._checks import (
     check_cost,
@@ -62,7 +63,6 @@ from ._serving import replace_worker
 from ._slot_worker import ExpressSlotWorker, SlotWorker, ThreadSlot, ThreadSlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
-from ._tracker import count_batch
 from ._worker_state import run_initializer, set_worker_state
 
 __all__ = [
