@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, final
@@ -20,9 +19,8 @@ from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
 from ._lanes import Flow, Lanes
 from ._metrics import call_metrics, function_label, metrics_enabled
-from ._outcome import CallOptions, run_call, submit_call
+from ._outcome import CallOptions
 from ._strategy import Strategy
-from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -102,6 +100,10 @@ class Executor(concurrent.futures.Executor):
         self._fifo = Flow(self._lanes.default) if scheduling == "fifo" else None
         self._closed = False
         self._limiter = self._make_limiter()
+        # The one front of a call: `run`, `run_with_timeout` and `submit` are
+        # `options()`'s with the defaults (cost 1, the default lane: a call's
+        # lane is never unset).
+        self._calls = CallOptions(self._start, strategy, 1.0, self._lanes.default)
         forget_in_child(self)
 
     def _make_limiter(self) -> Limiter | None:
@@ -362,9 +364,7 @@ class Executor(concurrent.futures.Executor):
         `initializer(*initargs)` once, before its first call, and `fn` reads
         the result with `offload.worker_state()`; no two workers share it.
         """
-        # An already-cancelled caller must not start a call (as anyio.to_thread).
-        await checkpoint_if_cancelled()
-        return await run_call(self._call(fn, args, kwargs), None, self._start, self._strategy)
+        return await self._calls.run(fn, *args, **kwargs)
 
     # ASYNC109: not a plain `fail_after`: the deadline is stamped on the call, so a
     # worker that reaches it late skips it even when the loop is slow to notice.
@@ -386,9 +386,7 @@ class Executor(concurrent.futures.Executor):
         (The timeout is a separate argument so that `fn` keeps every keyword,
         `timeout=` included.)
         """
-        check_timeout(timeout, allow_zero=True)
-        await checkpoint_if_cancelled()
-        return await run_call(self._call(fn, args, kwargs), timeout, self._start, self._strategy)
+        return await self._calls.run_with_timeout(timeout, fn, *args, **kwargs)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
         """Schedule `fn(*args, **kwargs)` and return a `concurrent.futures.Future`.
@@ -396,13 +394,7 @@ class Executor(concurrent.futures.Executor):
         Cancelling the future before the call starts withdraws the call: it
         never runs, and gives its place in the queue back at once.
         """
-        return submit_call(self._call(fn, args, kwargs), self._start)
-
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call[T]:
-        # A call that names no lane is in the default one: a call's lane is never unset.
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        call.lane = self._lanes.default
-        return call
+        return self._calls.submit(fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls with `ExecutorClosed`; let queued calls run (or,
