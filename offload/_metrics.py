@@ -147,29 +147,6 @@ class _Families:
         return cls._instance
 
 
-def reset_locks_in_child() -> None:
-    """In a child made by `os.fork()`: give offload's metrics fresh locks. A
-    thread of the parent may have held one (a worker counting a call) at the
-    fork; that thread does not exist here, so the lock would never be released
-    and the child's first count would hang."""
-    _Families._lock = threading.Lock()
-    families = _Families._instance
-    if families is None:
-        return
-    for family in vars(families).values():
-        _fresh_locks(family)
-        for child in list(getattr(family, "_metrics", {}).values()):
-            _fresh_locks(child)
-            for value in vars(child).values():
-                for part in value if isinstance(value, list) else (value,):
-                    _fresh_locks(part)
-
-
-def _fresh_locks(obj: object) -> None:
-    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
-        obj._lock = threading.Lock()  # type: ignore[attr-defined]
-
-
 @final
 class _Children:
     """One (strategy, function)'s metric children, looked up once."""
