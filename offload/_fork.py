@@ -123,10 +123,13 @@ def _reset_module_locks() -> None:
     """In a child: fresh module-wide locks (every call's state lock, the
     shared executors' lock), which a thread of the parent may have held at
     the fork; none holds them here."""
-    from . import _call, _decorator
+    from . import _call
 
     _call._state_lock = threading.Lock()
-    _decorator._shared_lock = threading.Lock()
+    # Looked up, not imported: `_decorator` stands above the executor, which imports this.
+    decorator: Any = sys.modules.get(f"{__package__}._decorator")
+    if decorator is not None:
+        decorator._shared_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
