@@ -14,12 +14,12 @@ from typing_extensions import ParamSpec, Self
 
 from ._admission import Admission, Limiter, Limits, calls_hold, current_admission, enter, leave
 from ._call import Call
+from ._call_front import CallOptions
 from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
 from ._lanes import Flow, Lanes
 from ._metrics import call_metrics, function_label, metrics_enabled
-from ._outcome import CallOptions
 from ._strategy import Strategy
 
 T = TypeVar("T")

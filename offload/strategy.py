@@ -59,10 +59,10 @@ from ._metrics import count_worker_restart
 from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
-from ._serving import replace_worker
 from ._slot_worker import ExpressSlotWorker, SlotWorker, ThreadSlot, ThreadSlotWorker
 from ._startup import Startup
 from ._strategy import Strategy
+from ._worker_life import replace_worker
 from ._worker_state import run_initializer, set_worker_state
 
 __all__ = [
