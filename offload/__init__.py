@@ -9,29 +9,30 @@ The map (one module each):
 - `_executor`: `Executor`, the front: lanes, admission, deadlines, shutdown.
 - `_registry`, `_decorator`: `get_executor(name)`, `make_async`.
 - `_lanes`: `Lane`, `Lanes`, `Flow`. `_checks`: argument checks.
-  `_admission`: the executor's `admission()` and its hints, and
-  `Admission`, a unit of work admitted once. `_bounds`: counting and refusing
-  (`max_queue`, `max_queued_cost`): the admission rule. `_metrics`: the Prometheus side.
-  `_tracker`: the two fed by each call's moves.
+  `_admission`: admission in one place: `Limiter` counts, refuses (the rule,
+  `max_queue` and `max_queued_cost`) and holds; `Admission`, a unit of work
+  admitted once. `_metrics`: the Prometheus side, a listener on the `Limiter`.
 - `_lag`: the loop-lag sampler (`LoopLagMonitor`, `sample_loop_lag`).
-- `_call`: `Call`, one call's state. `_outcome`: its outcome as its caller waits
-  for it (awaited, deadline, `Future`).
+- `_call`: `Call`, one call's state. `_call_front`: `CallOptions`, the front
+  every call is made through, and its outcome as its caller waits for it
+  (awaited, deadline, `Future`).
 - `_strategy`: the `Strategy` interface; `_strategies/`: one module per
   strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
-  serving it; `_express`: the express slot; `_serving`: a worker's start-up
+  serving it; `_express`: the express slot; `_worker_life`: a worker's start-up
   rule; `_pooled`: `PooledStrategy`, a pool strategy's base.
 - `testing/`: the contract suite, one mixin per concern (`_contract_*`).
 
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
-admits it (`_tracker` → `_bounds`) → `Strategy.schedule` → `CallQueue.push`
+admits it (`_admission.Limiter`) → `Strategy.schedule` → `CallQueue.push`
 → a slot pops it, `Call.claim()`, runs it → `set_result` wakes the caller
-(`_outcome.run_call`).
+(`_call_front.run_call`).
 """
 
 from . import strategy as strategy
 from ._admission import Admission as Admission
 from ._call import Call as Call
 from ._call import collect_call_times as collect_call_times
+from ._call_front import CallOptions as CallOptions
 from ._decorator import make_async as make_async
 from ._decorator import shutdown_shared_executors as shutdown_shared_executors
 from ._errors import ConfigError as ConfigError
@@ -43,7 +44,6 @@ from ._executor import Executor as Executor
 from ._lag import LoopLagMonitor as LoopLagMonitor
 from ._lag import sample_loop_lag as sample_loop_lag
 from ._metrics import metrics_enabled as metrics_enabled
-from ._outcome import CallOptions as CallOptions
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
 from ._worker_state import worker_state as worker_state

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,15 +48,6 @@ class Tracker(Protocol):
 # would cost an allocation on the hot path.
 _state_lock = threading.Lock()
 
-
-def _reset_lock_in_child() -> None:
-    # A thread of the parent may have held it at `os.fork()`; none holds it here.
-    global _state_lock
-    _state_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
-    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 #: `(queued_at, started_at, finished_at)` of one finished call (`time.perf_counter()`).

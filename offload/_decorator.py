@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
-import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, overload
@@ -55,16 +54,6 @@ def _shared_executor(strategy: str | None, options: dict[str, Any]) -> Callable[
             return executor
 
     return shared
-
-
-def _reset_lock_in_child() -> None:
-    # Another thread may have held it at the fork; no thread holds it here.
-    global _shared_lock
-    _shared_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # pragma: no branch (every POSIX Python)
-    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def shutdown_shared_executors(wait: bool = True) -> None:

@@ -15,11 +15,11 @@ its worker, tell whether it is ready, run one claimed call on it, stop it.
 The dispatcher does the rest: claiming, the busy slots, start-up reporting,
 retrying a worker that failed to start, shutdown and joining.
 
-**The extra slot**: with `express_cost` above 0, one more slot, the
+**The express slot**: with `express_cost` above 0, one more slot, the
 express slot (`_express.py`), that takes only calls that are cheap beside
 the work in progress. The dispatcher starts it, registers it and stops it
 as any slot; which calls it takes, when it is woken and its loop are its
-own (`offer`, `claimed`).
+own (`offer`, `take_calls`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from ._call import Call
 from ._errors import OffloadError, executor_closed
 from ._express import ExpressSlot
 from ._queue import CallQueue
-from ._serving import serve
 from ._slot_worker import SlotWorker
 from ._startup import Startup
+from ._worker_life import serve
 
 S = TypeVar("S")
 
@@ -61,7 +61,7 @@ class Dispatcher(Generic[S]):
     started by `start_all()`, the error goes to `start_all()`'s caller instead,
     and no call ever sees it.
 
-    `express_cost` above 0 adds the extra slot (`ExpressSlot`), beyond
+    `express_cost` above 0 adds the express slot (`ExpressSlot`), beyond
     `max_slots`: it starts with the first slot (or with
     `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
     (default): none.
@@ -96,8 +96,8 @@ class Dispatcher(Generic[S]):
         self._numbers = itertools.count()
         self._stopping = False
         self.lock = threading.Lock()
-        # The extra slot, with a rule of its own for the calls it takes (None: none).
-        self._extra: ExpressSlot[S] | None = (
+        # The express slot, with a rule of its own for the calls it takes (None: none).
+        self._express: ExpressSlot[S] | None = (
             ExpressSlot(strategy, express_cost, worker, self.lock, self._calls, self._running)
             if express_cost > 0
             else None
@@ -112,20 +112,20 @@ class Dispatcher(Generic[S]):
 
     @property
     def max_slots(self) -> int:
-        """Slots besides the extra slot."""
+        """Slots besides the express slot."""
         return self._max_slots
 
     @property
     def express_cost(self) -> float:
-        """The extra slot takes calls priced at most this (and see
+        """The express slot takes calls priced at most this (and see
         `ExpressSlot`); 0: there is none."""
-        return 0.0 if self._extra is None else self._extra.cost
+        return 0.0 if self._express is None else self._express.cost
 
     def _regular_slots(self) -> int:
-        return len(self._slots) - (self._extra is not None and self._extra.slot is not None)
+        return len(self._slots) - (self._express is not None and self._express.slot is not None)
 
-    def _extra_missing(self) -> bool:
-        return self._extra is not None and self._extra.slot is None
+    def _express_missing(self) -> bool:
+        return self._express is not None and self._express.slot is None
 
     def slots(self) -> list[S]:
         """The live slots (a snapshot)."""
@@ -158,17 +158,17 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            extra = self._extra
-            if extra is not None and extra.offer(call, partial(self._start_slot, None, extra=True)):
-                # The extra slot takes it, unless a free slot gets there first.
+            express = self._express
+            if express is not None and express.offer(call, partial(self._start_slot, None, express=True)):
+                # The express slot takes it, unless a free slot gets there first.
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
-                    if self._extra_missing():
+                    if self._express_missing():
                         # With the first slot, by the same thread: see `_express.py`.
                         with contextlib.suppress(RuntimeError):
-                            self._start_slot(None, extra=True)
+                            self._start_slot(None, express=True)
                 except RuntimeError as exc:  # can't start new thread
                     if self._regular_slots():
                         return  # a busy slot takes the call when it is free
@@ -179,15 +179,15 @@ class Dispatcher(Generic[S]):
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
 
     def grow(self) -> None:
-        """Start idle slots up to `max_slots` (and the extra slot) now,
+        """Start idle slots up to `max_slots` (and the express slot) now,
         without waiting for their workers (for a strategy whose workers are
         slow to start: a pool that grew call by call would pay for it under
         load). Does nothing once `close` has begun, or if a slot thread cannot start."""
         with self.lock, contextlib.suppress(RuntimeError):
             while not self._stopping and self._regular_slots() < self._max_slots:
                 self._start_slot(None)
-            if not self._stopping and self._extra_missing():
-                self._start_slot(None, extra=True)
+            if not self._stopping and self._express_missing():
+                self._start_slot(None, express=True)
 
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
@@ -200,9 +200,9 @@ class Dispatcher(Generic[S]):
             # Slots already up started their workers (or will, at their next call).
             started = 0
             wanted = self._max_slots - self._regular_slots()
-            for number in range(wanted + self._extra_missing()):
+            for number in range(wanted + self._express_missing()):
                 try:
-                    self._start_slot(startup, extra=number == wanted)
+                    self._start_slot(startup, express=number == wanted)
                 except RuntimeError as exc:
                     startup.expect(started)
                     raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
@@ -210,24 +210,24 @@ class Dispatcher(Generic[S]):
             startup.expect(started)
         startup.wait()
 
-    def _start_slot(self, startup: Startup | None, *, extra: bool = False) -> None:
+    def _start_slot(self, startup: Startup | None, *, express: bool = False) -> None:
         # With the lock held. The slot is registered only once its thread runs.
         number = next(self._numbers)
-        if extra:
-            assert self._extra is not None
-            slot = self._extra.new_slot(number)
-            name = f"{self._thread_name}-{self._extra.name}"
-            work = self._extra.claimed(slot)
+        if express:
+            assert self._express is not None
+            slot = self._express.new_slot(number)
+            name = f"{self._thread_name}-{self._express.name}"
+            work = self._express.take_calls(slot)
         else:
             slot = self._worker.new_slot(number)
             name = f"{self._thread_name}-{number}"
-            work = self._claimed(slot)
+            work = self._take_calls(slot)
         thread = threading.Thread(target=self._main, args=(slot, work, startup), name=name, daemon=True)
         thread.start()
         self._slots[slot] = thread
-        if extra:
-            assert self._extra is not None
-            self._extra.slot = slot  # it looks at the queue as soon as its thread runs
+        if express:
+            assert self._express is not None
+            self._express.slot = slot  # it looks at the queue as soon as its thread runs
         else:
             self._waiting += 1  # for its first token
 
@@ -257,7 +257,7 @@ class Dispatcher(Generic[S]):
                 call.set_exception(OffloadError(f"{self._owner} failed: {exc!r}"))
             raise
 
-    def _claimed(self, slot: S) -> Generator[Call[Any], None, None]:
+    def _take_calls(self, slot: S) -> Generator[Call[Any], None, None]:
         """A slot's loop: the calls it claimed, until a stop token. Calls
         withdrawn while queued are skipped (`Call.claim`), so they never run."""
         get = self._tokens.get
@@ -287,8 +287,8 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self._extra is not None and slot is self._extra.slot:
-                self._extra.exited()
+            if self._express is not None and slot is self._express.slot:
+                self._express.exited()
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
@@ -348,8 +348,8 @@ class Dispatcher(Generic[S]):
                 self._stopping = True
                 for _ in range(self._regular_slots()):
                     self._tokens.put(None)
-                if self._extra is not None:
-                    self._extra.close()
+                if self._express is not None:
+                    self._express.close()
         for call in dropped:
             call.drop()
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextvars
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, final
 
@@ -12,19 +12,15 @@ import anyio
 import anyio.to_thread
 from typing_extensions import ParamSpec, Self
 
-from . import _admission
-from ._admission import ExecutorAdmission
-from ._bounds import Limits
+from ._admission import Admission, Limiter, Limits, calls_hold, current_admission, enter, leave
 from ._call import Call
+from ._call_front import CallOptions
 from ._checks import check_cost, check_max_queue, check_max_queued_cost, check_timeout
 from ._errors import ConfigError, executor_closed
 from ._fork import forget_in_child
 from ._lanes import Flow, Lanes
-from ._metrics import function_label, metrics_enabled
-from ._outcome import CallOptions, run_call, submit_call
+from ._metrics import call_metrics, function_label, metrics_enabled
 from ._strategy import Strategy
-from ._tracker import CallTracker
-from ._waiter import checkpoint_if_cancelled
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -32,7 +28,7 @@ P = ParamSpec("P")
 SCHEDULING = ("fair", "fifo")
 
 @final
-class Executor(ExecutorAdmission, concurrent.futures.Executor):
+class Executor(concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
     Build one with `offload.get_executor(name, **options)`, or from a
@@ -103,15 +99,20 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
         # FIFO: every call in one flow of the default lane.
         self._fifo = Flow(self._lanes.default) if scheduling == "fifo" else None
         self._closed = False
-        self._tracker = self._make_tracker()
+        self._limiter = self._make_limiter()
+        # The one front of a call: `run`, `run_with_timeout` and `submit` are
+        # `options()`'s with the defaults (cost 1, the default lane: a call's
+        # lane is never unset).
+        self._calls = CallOptions(self._start, strategy, 1.0, self._lanes.default)
         forget_in_child(self)
 
-    def _make_tracker(self) -> CallTracker | None:
+    def _make_limiter(self) -> Limiter | None:
         metrics = metrics_enabled()
         if self._max_queue is None and self._max_queued_cost is None and not metrics:
             return None  # nothing to count: the hot path stays bare
         limits = Limits(self._strategy.capacity(), self._max_queue, self._max_queued_cost)
-        return CallTracker(self.name, self._lanes, limits, metrics=metrics)
+        listener = call_metrics(self.name, self._lanes) if metrics else None
+        return Limiter(self.name, self._lanes, limits, listener)
 
     # ---- what it is ------------------------------------------------------------
 
@@ -185,27 +186,136 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
         return CallOptions(self._start, self._strategy, check_cost(cost), self._lanes.lane(lane))
 
     def _start(self, call: Call[Any]) -> None:
-        tracker = self._tracker
-        admission = _admission.current_admission(self)
+        limiter = self._limiter
+        admission = current_admission(self)
         if admission is not None:
             call.lane = admission.flow.lane
             call.flow = admission.flow
         if self._fifo is not None:
             call.flow = self._fifo
         if self._closed:
-            if tracker is not None:
-                tracker.rejected(function_label(call.fn), "closed", call.lane)
+            if limiter is not None:
+                limiter.refused(function_label(call.fn), "closed", call.lane)
             raise executor_closed(self.name)
-        if tracker is None:
+        if limiter is None:
             self._strategy.schedule(call)
             return
-        tracker.admit(call, None if admission is None else _admission.calls_hold(admission))
+        limiter.admit(call, None if admission is None else calls_hold(admission))
         try:
             self._strategy.schedule(call)
         except BaseException:
             if call.tracker is not None and not call.done:
-                tracker.unadmit(call)
+                limiter.unadmit(call)
             raise
+
+    # ---- admission (the rule and the counts: `_admission.Limiter`) ----------------
+
+    @property
+    def overloaded(self) -> bool:
+        """True when a unit of work of cost 1 in the default lane would fail
+        with `Overloaded` now (`would_refuse` for another cost or lane). A
+        hint for refusing work early, not a reservation: another caller may
+        take the last place first."""
+        limiter = self._limiter
+        return limiter is not None and limiter.would_refuse(1.0, self._lanes.default)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls and `admission()` units in flight now (what `max_queue`
+        bounds, with capacity). Counted only where the executor counts
+        (`max_queue` or `max_queued_cost` set, or metrics on); else 0."""
+        limiter = self._limiter
+        return 0 if limiter is None else limiter.inflight
+
+    @property
+    def queued_cost(self) -> float:
+        """The cost admitted and not started now, in all lanes (what
+        `max_queued_cost` bounds): held by `admission()` units, of calls
+        queued. Counted only where the executor counts (as `in_flight`); else 0."""
+        limiter = self._limiter
+        return 0.0 if limiter is None else limiter.queued_cost
+
+    def lane_queued_cost(self, lane: str) -> float:
+        """`queued_cost` of one lane (by name; `ConfigError` for an unknown one)."""
+        chosen = self._lanes.lane(lane)
+        limiter = self._limiter
+        return 0.0 if limiter is None else limiter.lane_queued_cost(chosen)
+
+    def cost_to_admit(self, *, cost: float = 1.0, lane: str | None = None) -> float | None:
+        """How much queued cost must leave (start, or be withdrawn) before
+        `admission(cost=cost, lane=lane)` passes `max_queued_cost`, by the
+        same rule as `would_refuse`: 0 when it would pass now, `None` where
+        no cost bound is set. A snapshot, like `would_refuse`. Raises
+        `ConfigError` for a bad cost or an unknown lane."""
+        cost = check_cost(cost)
+        chosen = self._lanes.lane(lane)
+        limiter = self._limiter
+        return None if limiter is None else limiter.cost_to_admit(cost, chosen)
+
+    def would_refuse(self, *, cost: float = 1.0, lane: str | None = None) -> bool:
+        """True when `admission(cost=cost, lane=lane)` would raise `Overloaded`
+        now (by the per-lane rule: docs/lanes.md, "Admission by cost").
+        Like `overloaded`, a hint that reserves nothing and counts no
+        refusal. Raises `ConfigError` for a bad cost or an unknown lane."""
+        cost = check_cost(cost)
+        chosen = self._lanes.lane(lane)
+        limiter = self._limiter
+        return limiter is not None and limiter.would_refuse(cost, chosen)
+
+    @contextlib.contextmanager
+    def admission(
+        self, function: str, *, cost: float = 1.0, lane: str | None = None, refuse: bool = True
+    ) -> Iterator[Admission]:
+        """Admission for a unit of work made of several calls (a server request).
+
+        **The bounds.** With `max_queue`, a call that would make more than
+        `max_queue` calls wait for a worker (more than capacity +
+        `max_queue` in flight) fails at once with `Overloaded`, before
+        anything is done for it. With `max_queued_cost`, so does a call (or
+        an `admission()` unit) that would bring the cost admitted and not
+        started above it. Both bounds are shared by the lanes by weight, so
+        that a lane that fills the queue cannot lock the others out, and a
+        call costlier than its lane's whole share runs rather than being
+        refused forever: the exact rule is on docs/lanes.md ("Admission by
+        cost") and on the method that applies it
+        (`offload._admission.Limiter._refuses`). An `admission()` unit is
+        checked once and never refused halfway.
+
+        On entry, raises `Overloaded` if a call of `cost` made now would be
+        refused (a cost above `lane`'s share of `max_queued_cost` is checked
+        as that share), counting the refusal in
+        `offload_rejected_calls{function=function}` (and by lane): check it
+        before parsing or rendering anything. Once admitted, the unit holds
+        one place in flight and its `cost` (at most that share), as a queued
+        call would, until the block ends or `release()` is called on what the
+        block yields, so a burst of requests that arrive together cannot all
+        pass the check before any of them has queued a call. Its calls take
+        the held cost over as they are queued (a call's own cost is set with
+        `options(cost=)`), so it is never counted twice; once it is spent,
+        they are counted as they are queued and started, as any call.
+
+        Inside the block (this task, and tasks it starts, which copy its
+        `contextvars`), calls on this executor are admitted without a further
+        check, so an admitted request is never refused halfway, and they form
+        one flow of `lane`: queued behind each other, interleaved fairly with
+        other flows. A nested `admission()` is a unit of its own (its own
+        place, cost and flow).
+
+        `refuse=False`: admit whatever the bounds (work that must not be
+        refused, such as an offline batch); it still holds its place and cost.
+        Raises `ConfigError` for an unknown lane or a bad cost.
+        """
+        cost = check_cost(cost)
+        chosen = self._lanes.lane(lane)
+        limiter = self._limiter
+        hold = None if limiter is None else limiter.hold(cost, chosen, function, refuse=refuse)
+        admission = Admission(self, limiter, hold, Flow(chosen))
+        token = enter(admission)
+        try:
+            yield admission
+        finally:
+            leave(token)
+            admission.release()
 
     def start(self) -> None:
         """Start every worker this executor will use, now, and return once each
@@ -254,9 +364,7 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
         `initializer(*initargs)` once, before its first call, and `fn` reads
         the result with `offload.worker_state()`; no two workers share it.
         """
-        # An already-cancelled caller must not start a call (as anyio.to_thread).
-        await checkpoint_if_cancelled()
-        return await run_call(self._call(fn, args, kwargs), None, self._start, self._strategy)
+        return await self._calls.run(fn, *args, **kwargs)
 
     # ASYNC109: not a plain `fail_after`: the deadline is stamped on the call, so a
     # worker that reaches it late skips it even when the loop is slow to notice.
@@ -278,9 +386,7 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
         (The timeout is a separate argument so that `fn` keeps every keyword,
         `timeout=` included.)
         """
-        check_timeout(timeout, allow_zero=True)
-        await checkpoint_if_cancelled()
-        return await run_call(self._call(fn, args, kwargs), timeout, self._start, self._strategy)
+        return await self._calls.run_with_timeout(timeout, fn, *args, **kwargs)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
         """Schedule `fn(*args, **kwargs)` and return a `concurrent.futures.Future`.
@@ -288,13 +394,7 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
         Cancelling the future before the call starts withdraws the call: it
         never runs, and gives its place in the queue back at once.
         """
-        return submit_call(self._call(fn, args, kwargs), self._start)
-
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call[T]:
-        # A call that names no lane is in the default one: a call's lane is never unset.
-        call: Call[T] = Call(fn, args, kwargs, contextvars.copy_context())
-        call.lane = self._lanes.default
-        return call
+        return self._calls.submit(fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Refuse new calls with `ExecutorClosed`; let queued calls run (or,
@@ -338,7 +438,7 @@ class Executor(ExecutorAdmission, concurrent.futures.Executor):
     def _after_fork_in_child(self) -> None:
         # The parent's calls in flight are not this child's: they must not
         # count against its `max_queue` (it would refuse every call).
-        self._tracker = self._make_tracker()
+        self._limiter = self._make_limiter()
         self._strategy.after_fork_in_child()
 
     async def __aenter__(self) -> Self:

@@ -107,7 +107,7 @@ class ExpressSlot(Generic[S]):
             return True
         return False  # busy: it looks again when its call is done
 
-    def claimed(self, slot: S) -> Generator[Call[Any], None, None]:
+    def take_calls(self, slot: S) -> Generator[Call[Any], None, None]:
         """Its loop, on its own thread: the cheap calls it takes, in the
         queue's fair order, until told to exit. It takes no token of the
         dispatcher's for a call: the call's token stays queued and wakes a

@@ -10,14 +10,16 @@ the parent's callers and are forgotten with the rest.
 
 Process-wide state that outlives any executor is reset here too, once per
 fork: multiprocessing's forkserver (the parent's child, not ours), the lock
-of its resource tracker, and the locks of offload's metrics (a thread of the
-parent may have held any of them).
+of its resource tracker, the locks of offload's metrics, of every call's
+state and of the shared executors (a thread of the parent may have held any
+of them). Every reset after a fork is here, and nowhere else.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import weakref
 from typing import Any, Protocol
 
@@ -93,12 +95,45 @@ def _reset_resource_tracker_lock() -> None:
 
 
 def _reset_metric_locks() -> None:
+    """In a child: give offload's metrics fresh locks. A thread of the
+    parent may have held one (a worker counting a call) at the fork; that
+    thread does not exist here, so the lock would never be released and the
+    child's first count would hang."""
     from . import _metrics
 
-    _metrics.reset_locks_in_child()
+    _metrics._Families._lock = threading.Lock()
+    families = _metrics._Families._instance
+    if families is None:
+        return
+    for family in vars(families).values():
+        _fresh_locks(family)
+        for child in list(getattr(family, "_metrics", {}).values()):
+            _fresh_locks(child)
+            for value in vars(child).values():
+                for part in value if isinstance(value, list) else (value,):
+                    _fresh_locks(part)
+
+
+def _fresh_locks(obj: object) -> None:
+    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
+        obj._lock = threading.Lock()  # type: ignore[attr-defined]
+
+
+def _reset_module_locks() -> None:
+    """In a child: fresh module-wide locks (every call's state lock, the
+    shared executors' lock), which a thread of the parent may have held at
+    the fork; none holds them here."""
+    from . import _call
+
+    _call._state_lock = threading.Lock()
+    # Looked up, not imported: `_decorator` stands above the executor, which imports this.
+    decorator: Any = sys.modules.get(f"{__package__}._decorator")
+    if decorator is not None:
+        decorator._shared_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
+    _reset_module_locks()
     _reset_forkserver()
     _reset_resource_tracker_lock()
     _reset_metric_locks()

@@ -5,9 +5,9 @@ default registry, so the usual exposition (`prometheus_client.start_http_server`
 `make_asgi_app`, vLLM's own `/metrics`) shows them, multiprocess mode
 included. `prometheus_client` is optional (`pip install offload[metrics]`; vLLM
 depends on it): without it, or with `OFFLOAD_METRICS=0`, metrics are off and
-cost nothing, while the bounds (`_bounds.py`, counting and refusing) work the same.
-`CallMetrics` holds one executor's metric children; `_tracker.CallTracker`
-feeds it each call's moves.
+cost nothing, while admission (`_admission.Limiter`, counting and refusing)
+works the same. `CallMetrics` holds one executor's metric children: it is the
+listener its `Limiter` tells each call's moves.
 """
 
 from __future__ import annotations
@@ -147,29 +147,6 @@ class _Families:
         return cls._instance
 
 
-def reset_locks_in_child() -> None:
-    """In a child made by `os.fork()`: give offload's metrics fresh locks. A
-    thread of the parent may have held one (a worker counting a call) at the
-    fork; that thread does not exist here, so the lock would never be released
-    and the child's first count would hang."""
-    _Families._lock = threading.Lock()
-    families = _Families._instance
-    if families is None:
-        return
-    for family in vars(families).values():
-        _fresh_locks(family)
-        for child in list(getattr(family, "_metrics", {}).values()):
-            _fresh_locks(child)
-            for value in vars(child).values():
-                for part in value if isinstance(value, list) else (value,):
-                    _fresh_locks(part)
-
-
-def _fresh_locks(obj: object) -> None:
-    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
-        obj._lock = threading.Lock()  # type: ignore[attr-defined]
-
-
 @final
 class _Children:
     """One (strategy, function)'s metric children, looked up once."""
@@ -200,6 +177,12 @@ class _LaneChildren:
         self.queue_wait = families.lane_queue_wait.labels(strategy, lane)
         self.overloaded = families.lane_rejected.labels(strategy, lane, "overloaded")
         self.closed = families.lane_rejected.labels(strategy, lane, "closed")
+
+
+def call_metrics(strategy: str, lanes: Lanes) -> CallMetrics | None:
+    """An executor's metrics (its `Limiter`'s listener); `None` without `prometheus_client`."""
+    families = _Families.get()
+    return None if families is None else CallMetrics(families, strategy, lanes)
 
 
 @final

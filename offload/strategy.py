@@ -42,6 +42,7 @@ Helpers, public for strategy authors:
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
+from ._admission import count_batch
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._checks import (
     check_cost,
@@ -59,7 +60,6 @@ from ._metrics import count_worker_restart
 from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
-from ._serving import replace_worker
 from ._slot_worker import (
     ExpressSlotWorker,
     SlotWorker,
@@ -69,7 +69,7 @@ from ._slot_worker import (
 )
 from ._startup import Startup
 from ._strategy import Strategy
-from ._tracker import count_batch
+from ._worker_life import replace_worker
 from ._worker_state import run_initializer, set_worker_state
 
 __all__ = [

@@ -657,18 +657,17 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
     """The per-lane rule exactly: admitted when the total stays within the
     bound or the lane within its share; never refused otherwise; the queued
     cost returns to exactly 0 once every call has left."""
-    from offload._bounds import Limits
-    from offload._tracker import CallTracker
+    from offload._admission import Limiter, Limits
 
     weights = {"default": 1.0, "query": 4.0, "bulk": 1.0}
     lanes = Lanes(weights)
-    tracker = CallTracker("thread", lanes, Limits(1, None, 3.0), metrics=False)
+    tracker = Limiter("thread", lanes, Limits(1, None, 3.0))
     share = {name: 3.0 * weight / 6.0 for name, weight in weights.items()}
     queued: list[Call[Any]] = []
     for op, lane, cost in ops:
         if op == "admit":
             call = make_call(lane, cost, lane=lanes[lane])
-            total, mine = tracker.bounds.queued_cost, tracker.bounds.lane_queued_cost(lanes[lane])
+            total, mine = tracker.queued_cost, tracker.lane_queued_cost(lanes[lane])
             fits = total + cost <= 3.0 + 1e-9 or mine + min(cost, share[lane]) <= share[lane] + 1e-9
             fits_surely = total + cost <= 3.0 - 1e-9 or mine + min(cost, share[lane]) <= share[lane] - 1e-9
             try:
@@ -688,6 +687,6 @@ def test_admission_by_lane_share_is_exact(ops: list[tuple[str, str, float]]) -> 
                 tracker.withdrawn(call, "cancelled")
     for call in queued:
         tracker.withdrawn(call, "cancelled")
-    assert tracker.bounds.queued_cost == 0.0
-    assert all(tracker.bounds.lane_queued_cost(lane) == 0.0 for lane in lanes.values())
-    assert tracker.bounds.inflight == 0
+    assert tracker.queued_cost == 0.0
+    assert all(tracker.lane_queued_cost(lane) == 0.0 for lane in lanes.values())
+    assert tracker.inflight == 0

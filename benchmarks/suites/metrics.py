@@ -20,10 +20,10 @@ from typing import Any
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress
-from offload._bounds import Limits
+from offload._admission import Limiter, Limits
 from offload._call import Call
 from offload._lanes import Lanes
-from offload._tracker import CallTracker
+from offload._metrics import call_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _identity(x: int) -> int:
 
 def per_call_us(metrics: bool, n: int) -> float:
     lanes = Lanes()
-    tracker = CallTracker("thread", lanes, Limits(2, None, None), metrics=metrics)
+    tracker = Limiter("thread", lanes, Limits(2, None, None), call_metrics("thread", lanes) if metrics else None)
     start = time.perf_counter()
     for i in range(n):
         call: Call[int] = Call(_identity, (i,), {})

@@ -90,7 +90,7 @@ def test_writes_are_counted_within_their_category() -> None:
 
 def test_offload_steps_have_their_own_categories() -> None:
     # Each step of offload's on the loop is named before the catch-all of offload's code.
-    door = "RefuseWhenFull.__call__ (offload_vllm/_door.py:60)"
+    door = "RefuseWhenFull.__call__ (offload_vllm/_admission.py:260)"
     assert categorize([*RUN.split(";"), door]) == "offload: door middleware"
     cost = "characters (offload_vllm/_cost.py:200)"
     assert categorize([*RUN.split(";"), door, cost]) == "offload: pricing (a request's cost)"
@@ -100,7 +100,7 @@ def test_offload_steps_have_their_own_categories() -> None:
     assert categorize([*RUN.split(";"), shortcut]) == "offload: validation shortcut"
     sampler = "_Sampler.run (offload/_lag.py:50);Histogram.observe (prometheus_client/metrics.py:1)"
     assert categorize([*RUN.split(";"), *sampler.split(";")]) == "offload: loop-lag sampler (per second, not per request)"
-    assert categorize([*RUN.split(";"), "RequestPolicy.admit (offload_vllm/_request_policy.py:1)"]) == (
+    assert categorize([*RUN.split(";"), "RequestPolicy.admit (offload_vllm/_admission.py:1)"]) == (
         "offload: executor and adapter"
     )
     # Library code a step calls is filed under what it does: the innermost named frame decides.

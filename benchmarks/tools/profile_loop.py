@@ -82,7 +82,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the order breaks ties within a frame.
 CATEGORIES: tuple[tuple[str, str], ...] = (
     # offload's own steps first: the catch-all of offload's code follows them.
-    ("offload: door middleware", r"\(offload_vllm/_door\.py"),
+    ("offload: door middleware", r"^RefuseWhenFull\.\w+ \(offload_vllm/"),
     ("offload: pricing (a request's cost)", r"\(offload_vllm/(_cost|_image_header|_seams/requests)\.py"),
     ("offload: validation shortcut", r"\(offload_vllm/_seams/validation\.py"),
     ("offload: prefix-tokenization planning", r"\(offload_vllm/_prefix/"),

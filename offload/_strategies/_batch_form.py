@@ -10,9 +10,9 @@ from typing import Any, Generic, TypeVar, final
 
 from typing_extensions import ParamSpec
 
+from .._admission import count_batch
 from .._call import Call
 from .._errors import OffloadError
-from .._tracker import count_batch
 from .._worker_state import _swap_state
 
 T = TypeVar("T")

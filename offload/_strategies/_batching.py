@@ -16,10 +16,10 @@ from .._call import Call
 from .._checks import check_initializer, check_non_negative_number, check_positive_int
 from .._errors import ConfigError, OffloadError, executor_closed
 from .._queue import CallQueue
-from .._serving import serve
 from .._slot_worker import ThreadSlotWorker
 from .._startup import Startup
 from .._strategy import Strategy
+from .._worker_life import serve
 from ._batch_form import BatchedFunction, batch_key, run_batch
 
 T = TypeVar("T")

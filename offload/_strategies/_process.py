@@ -83,88 +83,12 @@ def _shutdown_all() -> None:
 
 @final
 class ProcessStrategy(PooledStrategy[ProcessSlot]):
-    """Runs calls in up to `max_workers` long-lived worker processes.
-
-    Use it for pure-Python work that holds the GIL (chat templates, image
-    processors, building large JSON): the event loop's process never runs it,
-    so the loop stays responsive.
-
-    **What crosses the boundary.** The function (by reference: module-level
-    functions and classes) and its arguments are pickled to the worker, the
-    result or exception pickled back. Something that cannot be pickled fails
-    the call with `TypeError` naming it. `contextvars` do not cross: the
-    function runs in the worker's own context. An exception reaches the caller
-    with the same type and message and the function's own frames in its
-    traceback (rebuilt with tblib).
-
-    **Large payloads.** Buffers of `shared_memory_threshold` bytes or more
-    (NumPy arrays, `bytearray`, CPU torch tensors, and `bytes` passed or
-    returned directly) travel through shared memory instead of the pipe, both
-    ways; received arrays are views of it (no copy).
-
-    **Crashes.** If a worker dies while running a call (a signal, a segfault,
-    `os._exit`), that call raises `WorkerCrashed` naming the exit code or
-    signal; other calls are unaffected, and a fresh process takes its place.
-
-    **Cancellation.** As for every strategy, a call that has not started never
-    starts, and by default (`cancel="finish"`) a running call finishes in its
-    worker with its result dropped. With `cancel="kill"`, the worker running a
-    cancelled call (or one whose deadline passed) is killed at once and
-    replaced: use it for long calls whose results are worthless once nobody
-    waits, and whose side effects may be cut short. Such kills, and those of
-    `aclose(timeout=)` (which also stops workers still starting), are counted
-    as stopped calls, not crashes.
-
-    **Priority.** Workers run at `nice` (default 10) above this process's
-    niceness, so the event loop wins the CPU when both want it.
-
-    **Lifetime.** Workers start on the first calls (not at construction) and
-    stay. `shutdown()` stops them; they also exit on their own if this
-    process dies. At interpreter exit, queued calls are dropped and running
-    ones are cut short (their workers killed), so a stuck call cannot hold up
-    exit. In a child made by `os.fork()` the pool starts empty: the child's
-    calls run in fresh workers of its own.
-
-    **Failures of this process.** If shared memory cannot be set up for a
-    call's arguments here (no file descriptor left, say), that call fails
-    with `OffloadError` naming the cause and the worker is left alone; if
-    `/dev/shm` is full, the buffers go through the pipe instead. A reply that
-    cannot be rebuilt here fails only its own call.
-
-    Args:
-        max_workers: at most this many worker processes (and concurrent calls).
-            `None`: `OFFLOAD_MAX_WORKERS`, else the number of usable CPUs (more
-            processes than cores only add switching).
-        initializer: run once in each worker process, before its first call;
-            its return value is that process's `worker_state()`. Must be
-            picklable. If it raises, the call that started the worker fails
-            with `OffloadError` (the cause attached).
-        initargs: positional arguments for `initializer` (picklable).
-        max_tasks_per_worker: replace a worker after this many calls. `None`
-            (default): never; set it to contain a slow leak.
-        max_worker_memory: replace a worker after a call that left its resident
-            memory (RSS) above this many bytes. `None` (default): no ceiling.
-        shared_memory_threshold: buffers of at least this many bytes go through
-            shared memory. Default 256 KiB (measured: below it the pipe is
-            as fast); `None` turns shared memory off.
-        cancel: `"finish"` (default, the rule of every strategy) or `"kill"`.
-        start_method: `"forkserver"` (default where available) or `"spawn"`;
-            `"fork"` is refused (unsafe once the parent runs threads or torch).
-        nice: added to the workers' niceness (0 to 19; default 10, see
-            `DEFAULT_NICE`); 0 runs them at this process's priority.
-        worker_start_timeout: seconds a worker process may take to start and
-            run its initializer (default 600, see
-            `DEFAULT_WORKER_START_TIMEOUT`); past that it is killed and the
-            call that started it (or `start()`) fails with `OffloadError`.
-            `None`: no limit.
-        express_cost: above 0, one more worker process, the *express* worker,
-            runs calls priced at most this (in the callers' cost unit) and at
-            most a quarter of the costliest call running on the other workers
-            (`offload.strategy.Dispatcher`), in the queue's fair order, at
-            this process's priority (no `nice`): a cheap call does not wait
-            for a worker busy with a far longer call. 0 (default): none.
-            `max_workers` and `capacity()` do not count it.
-    """
+    """Runs calls in up to `max_workers` long-lived worker processes: for
+    pure-Python work that holds the GIL (chat templates, image processors,
+    building large JSON), which the event loop's process then never runs.
+    Each rule is on the method it governs: what crosses to a worker and
+    what a crash does on `schedule`, cancellation on `cancel_running`, the
+    workers' lifetime on `start` and `shutdown`, the options on `__init__`."""
 
     name = "process"
     carries_context = False
@@ -186,6 +110,45 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
         worker_start_timeout: float | None = DEFAULT_WORKER_START_TIMEOUT,
         express_cost: float = 0.0,
     ) -> None:
+        """The pool's options; nothing starts until the first call.
+
+        **Priority.** Workers run at `nice` (default 10) above this process's
+        niceness, so the event loop wins the CPU when both want it.
+
+        Args:
+            max_workers: at most this many worker processes (and concurrent calls).
+                `None`: `OFFLOAD_MAX_WORKERS`, else the number of usable CPUs (more
+                processes than cores only add switching).
+            initializer: run once in each worker process, before its first call;
+                its return value is that process's `worker_state()`. Must be
+                picklable. If it raises, the call that started the worker fails
+                with `OffloadError` (the cause attached).
+            initargs: positional arguments for `initializer` (picklable).
+            max_tasks_per_worker: replace a worker after this many calls. `None`
+                (default): never; set it to contain a slow leak.
+            max_worker_memory: replace a worker after a call that left its resident
+                memory (RSS) above this many bytes. `None` (default): no ceiling.
+            shared_memory_threshold: buffers of at least this many bytes go through
+                shared memory. Default 256 KiB (measured: below it the pipe is
+                as fast); `None` turns shared memory off.
+            cancel: `"finish"` (default, the rule of every strategy) or `"kill"`.
+            start_method: `"forkserver"` (default where available) or `"spawn"`;
+                `"fork"` is refused (unsafe once the parent runs threads or torch).
+            nice: added to the workers' niceness (0 to 19; default 10, see
+                `DEFAULT_NICE`); 0 runs them at this process's priority.
+            worker_start_timeout: seconds a worker process may take to start and
+                run its initializer (default 600, see
+                `DEFAULT_WORKER_START_TIMEOUT`); past that it is killed and the
+                call that started it (or `start()`) fails with `OffloadError`.
+                `None`: no limit.
+            express_cost: above 0, one more worker process, the *express* worker,
+                runs calls priced at most this (in the callers' cost unit) and at
+                most a quarter of the costliest call running on the other workers
+                (`offload.strategy.Dispatcher`), in the queue's fair order, at
+                this process's priority (no `nice`): a cheap call does not wait
+                for a worker busy with a far longer call. 0 (default): none.
+                `max_workers` and `capacity()` do not count it.
+        """
         for option, value in (
             ("max_tasks_per_worker", max_tasks_per_worker),
             ("max_worker_memory", max_worker_memory),
@@ -263,14 +226,55 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
             _live.add(self)
 
     def schedule(self, call: Call[Any]) -> None:
+        """Queue `call` for a worker process.
+
+        **What crosses the boundary.** The function (by reference: module-level
+        functions and classes) and its arguments are pickled to the worker, the
+        result or exception pickled back. Something that cannot be pickled fails
+        the call with `TypeError` naming it. `contextvars` do not cross: the
+        function runs in the worker's own context. An exception reaches the caller
+        with the same type and message and the function's own frames in its
+        traceback (rebuilt with tblib).
+
+        **Large payloads.** Buffers of `shared_memory_threshold` bytes or more
+        (NumPy arrays, `bytearray`, CPU torch tensors, and `bytes` passed or
+        returned directly) travel through shared memory instead of the pipe, both
+        ways; received arrays are views of it (no copy).
+
+        **Crashes.** If a worker dies while running a call (a signal, a segfault,
+        `os._exit`), that call raises `WorkerCrashed` naming the exit code or
+        signal; other calls are unaffected, and a fresh process takes its place.
+
+        **Failures of this process.** If shared memory cannot be set up for a
+        call's arguments here (no file descriptor left, say), that call fails
+        with `OffloadError` naming the cause and the worker is left alone; if
+        `/dev/shm` is full, the buffers go through the pipe instead. A reply that
+        cannot be rebuilt here fails only its own call.
+        """
         self._prepare()
         super().schedule(call)
 
     def start(self) -> None:
+        """**Lifetime.** Workers start on the first calls (not at construction) and
+        stay. `shutdown()` stops them; they also exit on their own if this
+        process dies. At interpreter exit, queued calls are dropped and running
+        ones are cut short (their workers killed), so a stuck call cannot hold up
+        exit. In a child made by `os.fork()` the pool starts empty: the child's
+        calls run in fresh workers of its own.
+        """
         self._prepare()
         super().start()
 
     def cancel_running(self, call: Call[Any], reason: str) -> None:
+        """**Cancellation.** As for every strategy, a call that has not started never
+        starts, and by default (`cancel="finish"`) a running call finishes in its
+        worker with its result dropped. With `cancel="kill"`, the worker running a
+        cancelled call (or one whose deadline passed) is killed at once and
+        replaced: use it for long calls whose results are worthless once nobody
+        waits, and whose side effects may be cut short. Such kills, and those of
+        `aclose(timeout=)` (which also stops workers still starting), are counted
+        as stopped calls, not crashes.
+        """
         if not self._kill_on_cancel:
             return
         dispatch = self._dispatch

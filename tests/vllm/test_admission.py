@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from offload_vllm._request_policy import REQUEST_LABEL
+from offload_vllm._admission import REQUEST_LABEL
 
 from ._heavy import heavy_body, in_flight, unbroken_heavy_body
 from ._module_servers import ModuleServers, register

@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from offload_vllm._admission import MAX_LEVEL, engine_priority
 from offload_vllm._config import DEFAULT_INLINE_COST
 from offload_vllm._cost import (
     ECHO_COST_PER_CHARACTER,
@@ -36,7 +37,6 @@ from offload_vllm._cost import (
     split_by_cost,
 )
 from offload_vllm._lanes import LaneRouter, RepeatedLaneHeader, UnknownLane
-from offload_vllm._priority import MAX_LEVEL, engine_priority
 from offload_vllm._seams.requests import (
     render_params_cost,
     request_cost,
@@ -684,7 +684,7 @@ def _served_through_admission(serve: Any, request: Any) -> tuple[Any, list[float
     `thread` executor): its result, and the cost admission charged."""
     import asyncio
 
-    from offload_vllm._request_policy import RequestPolicy
+    from offload_vllm._admission import RequestPolicy
     from offload_vllm._seams import serving as serving_seam
     from offload_vllm._seams.errors import ANSWERS
 

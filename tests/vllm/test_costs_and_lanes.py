@@ -21,7 +21,7 @@ from unittest import mock
 
 import httpx
 import pytest
-from offload_vllm._priority import engine_priority
+from offload_vllm._admission import engine_priority
 from offload_vllm._retry_after import RETRY_AFTER_CAP_S
 from offload_vllm._seams import requests as requests_seam
 from offload_vllm._seams.requests import request_cost

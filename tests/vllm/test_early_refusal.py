@@ -10,9 +10,8 @@ from collections.abc import Iterator
 import anyio
 import httpx
 import pytest
-from offload_vllm._door import RefuseWhenFull
+from offload_vllm._admission import REQUEST_LABEL, RefuseWhenFull, RequestPolicy
 from offload_vllm._lanes import LaneRouter
-from offload_vllm._request_policy import REQUEST_LABEL, RequestPolicy
 from offload_vllm._seams.errors import ANSWERS
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette

@@ -5,7 +5,6 @@ by the real answering process. End to end, on a real server: `test_operations.py
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import os
 import re
@@ -22,7 +21,7 @@ import httpx
 import psutil
 import pytest
 from offload_vllm import _health_answer as health_answer
-from offload_vllm._admission_view import Readiness
+from offload_vllm._admission import Priced, Readiness, RequestPolicy
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
@@ -35,7 +34,6 @@ from offload_vllm._health import (
     keep_current,
 )
 from offload_vllm._lanes import LaneRouter
-from offload_vllm._request_policy import RequestPolicy
 from offload_vllm._retry_after import DrainRates
 from offload_vllm._seams.errors import ANSWERS
 
@@ -454,17 +452,17 @@ def test_sigterm_marks_draining_and_still_does_what_it_did() -> None:
 
 
 def test_readiness_follows_admission_as_it_changes() -> None:
-    """`Health.admission_changed` (called by admission on each change)
+    """`Health.changed` (called by admission on each change)
     publishes at once, with no turn of the loop's periodic task between."""
     health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT")
     executor = offload.get_executor("thread", max_workers=1, max_queue=0)
     try:
-        health.admission_changed(lambda: executor)
+        health.changed(executor)
         assert health.state.readiness(time.monotonic())[0] == 200
         with executor.admission("test", cost=1):
-            health.admission_changed(lambda: executor)
+            health.changed(executor)
             assert health.state.readiness(time.monotonic())[0] == 503
-        health.admission_changed(lambda: executor)
+        health.changed(executor)
         assert health.state.readiness(time.monotonic())[0] == 200
     finally:
         executor.shutdown()
@@ -476,13 +474,13 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
     200 again only once twice that cost would be admitted."""
     rates = DrainRates()
     for _ in range(5):
-        rates.served(None, 300.0)
-    assert rates.typical_cost(None) == pytest.approx(300.0)
+        rates.answered(Priced(300.0))
+    assert rates.typical_cost() == pytest.approx(300.0)
     health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", Readiness(rates.typical_cost))
     executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
 
     def ready() -> int:
-        health.admission_changed(lambda: executor)
+        health.changed(executor)
         return health.state.readiness(time.monotonic())[0]
 
     try:
@@ -513,7 +511,7 @@ def decisions_counted() -> dict[tuple[str, str], float]:
 
 
 def test_each_admission_decision_counts_what_readiness_published() -> None:
-    """`Health.admission_decided` counts, per decision on a default-lane
+    """`Health.decided` counts, per decision on a default-lane
     request, what `GET /ready` answers from the board at that moment: what
     was published (here, before the bound's filling was), not readiness's
     rule applied afresh; a request of another lane is not counted."""
@@ -521,16 +519,16 @@ def test_each_admission_decision_counts_what_readiness_published() -> None:
     executor = offload.get_executor("thread", max_workers=1, max_queue=0)
     before = decisions_counted()
     try:
-        health.admission_changed(lambda: executor)
+        health.changed(executor)
         with executor.admission("test", cost=1):
-            health.admission_decided(None, True)
+            health.decided(Priced(1.0), True)
             # The bound is full, but not published yet: the board still says 200.
             assert executor.would_refuse()
-            health.admission_decided(None, False)
-            health.admission_changed(lambda: executor)
-            health.admission_decided(None, False)
-            health.admission_decided("default", False)
-            health.admission_decided("other", False)
+            health.decided(Priced(1.0), False)
+            health.changed(executor)
+            health.decided(Priced(1.0), False)
+            health.decided(Priced(1.0, "default"), False)
+            health.decided(Priced(1.0, "other"), False)
     finally:
         executor.shutdown()
     after = decisions_counted()
@@ -553,9 +551,8 @@ async def test_readiness_is_published_before_each_decision() -> None:
         engine_priority=False,
         retry_after=lambda executor, lane, cost: 1,
         answers=ANSWERS,
-        changed=functools.partial(health.admission_changed, lambda: executor),
-        decided=health.admission_decided,
     )
+    policy.subscribe(health)
 
     async def served() -> None:
         raise AssertionError("a refused request was served")
@@ -563,7 +560,7 @@ async def test_readiness_is_published_before_each_decision() -> None:
     release = threading.Event()
     before = decisions_counted()
     try:
-        health.admission_changed(lambda: executor)
+        health.changed(executor)
         executor.submit(release.wait, 30)
         deadline = time.monotonic() + 30
         while not executor.would_refuse():

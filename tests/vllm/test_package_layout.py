@@ -51,6 +51,6 @@ def test_the_request_path_diagram_is_the_same_in_the_docs_and_names_modules_that
     doc = offload_vllm.__doc__ or ""
     assert textwrap.indent(diagram, "    ") in doc
     named = set(re.findall(r"(?:_[a-z_]+/)?_?[a-z_]+\.py|_[a-z_]+/", diagram))
-    assert {"_door.py", "_request_policy.py", "_placements/", "_seams/errors.py"} <= named
+    assert {"_admission.py", "_placements/", "_seams/errors.py"} <= named
     missing = [name for name in named if not (PACKAGE / name).exists() and not (PACKAGE / "_seams" / name).exists()]
     assert missing == []

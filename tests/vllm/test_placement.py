@@ -251,7 +251,7 @@ def test_a_request_of_one_tiny_image_renders_off_the_loop(monkeypatch: pytest.Mo
 @pytest.mark.parametrize(("raw", "expected"), [(None, DEFAULT_BATCH_WAIT_S), ("0.002", 0.002), ("0", 0.0)])
 def test_the_batch_wait_reaches_async_renderers_batches(raw: str | None, expected: float) -> None:
     """The window, and the door's count of requests in flight that it waits on."""
-    from offload_vllm._door import RequestsInFlight
+    from offload_vllm._admission import RequestsInFlight
     from offload_vllm._runtime import Runtime
 
     env = {"OFFLOAD_VLLM_STRATEGY": "async-renderer"}

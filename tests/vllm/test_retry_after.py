@@ -1,5 +1,5 @@
 """The computed `Retry-After` (`offload_vllm._retry_after`) and the admission
-state it reads (`offload_vllm._admission_view`), on a real executor."""
+state it reads (`offload_vllm._admission`), on a real executor."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from offload_vllm._admission_view import cost_to_drain
+from offload_vllm._admission import Priced, cost_to_drain
 from offload_vllm._retry_after import (
     RATE_TIME_CONSTANT_S,
     RETRY_AFTER_CAP_S,
@@ -33,11 +33,11 @@ def serve(rates: DrainRates, clock: Clock, per_second: int, seconds: float, cost
     from `clock.now`, which is left at the last answer: a busy lane, each
     answer followed by the next request's admission, so one is left in flight."""
     start = clock.now
-    rates.started(None)
+    rates.admitted(Priced(1.0))
     for k in range(int(per_second * seconds)):
         clock.now = start + (k + 1) / per_second
-        rates.served(None, cost)
-        rates.started(None)
+        rates.answered(Priced(cost))
+        rates.admitted(Priced(1.0))
 
 
 def test_a_steady_rate_reads_as_itself_and_decays_once_nothing_is_served() -> None:
@@ -82,7 +82,7 @@ def held_executor() -> Iterator[tuple[offload.Executor, threading.Event]]:
 
 def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.Executor, threading.Event]) -> None:
     executor, _ = held_executor
-    assert cost_to_drain(executor, None, 100.0) == 0.0
+    assert cost_to_drain(executor, "default", 100.0) == 0.0
     assert not executor.would_refuse()
     # `default`'s share is 250: 900 held there leaves the total 100 and the lane nothing.
     with executor.admission("test", cost=900.0):
@@ -90,18 +90,18 @@ def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.E
     with executor.admission("test", cost=900.0) as _held:
         # Held cost: 250 (its share). A unit of work is checked at most at its
         # lane's share too, so 800 is checked as 250: within the total bound.
-        assert cost_to_drain(executor, None, 750.0) == 0.0
-        assert cost_to_drain(executor, None, 800.0) == 0.0
+        assert cost_to_drain(executor, "default", 750.0) == 0.0
+        assert cost_to_drain(executor, "default", 800.0) == 0.0
         assert not executor.would_refuse(cost=800.0)
         with executor.admission("test", cost=600.0, lane="bulk"):  # holds 600 of bulk's 750
             # Total 850: 200 more exceeds it by 50, the lane's share by 200: 50 must drain.
-            assert cost_to_drain(executor, None, 200.0) == pytest.approx(50.0)
+            assert cost_to_drain(executor, "default", 200.0) == pytest.approx(50.0)
             assert executor.would_refuse(cost=200.0)
             assert not executor.would_refuse(cost=150.0)
-            assert cost_to_drain(executor, None, 150.0) == 0.0
+            assert cost_to_drain(executor, "default", 150.0) == 0.0
     unbounded = offload.get_executor("thread", max_workers=1)
     try:
-        assert cost_to_drain(unbounded, None, 1e9) is None
+        assert cost_to_drain(unbounded, "default", 1e9) is None
     finally:
         unbounded.shutdown()
 
@@ -112,21 +112,21 @@ def test_retry_after_is_the_time_to_drain_and_serve_the_clients_due_back_first(
     executor, _ = held_executor
     clock = Clock()
     rates = DrainRates(clock)
-    assert rates.retry_after(executor, None, 200.0) == 1  # nothing served yet: the least
+    assert rates.retry_after(executor, "default", 200.0) == 1  # nothing served yet: the least
     clock.now += 20 * RATE_TIME_CONSTANT_S  # that refusal is long past
     serve(rates, clock, 10, 10 * RATE_TIME_CONSTANT_S)  # 10 cost a second in `default`
     with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
         # 850 held; a request of 200 needs 50 drained: 5 s at 10 a second.
-        assert rates.retry_after(executor, None, 200.0) == 5
+        assert rates.retry_after(executor, "default", 200.0) == 5
         # The next is told to wait behind that one's 200 too: 25 s. The one
         # after it would need 45 s: the cap.
         clock.now += 0.0001
-        assert rates.retry_after(executor, None, 200.0) == 25
+        assert rates.retry_after(executor, "default", 200.0) == 25
         clock.now += 0.0001
-        assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
+        assert rates.retry_after(executor, "default", 200.0) == RETRY_AFTER_CAP_S
         # Costlier than the lane's share: admitted once its lane is empty.
         clock.now += 20 * RATE_TIME_CONSTANT_S  # nothing served for long: the rate is near 0
-        assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
+        assert rates.retry_after(executor, "default", 200.0) == RETRY_AFTER_CAP_S
 
 
 def test_a_lane_idle_for_long_then_full_is_told_the_rate_it_was_served_at_while_busy(
@@ -140,14 +140,14 @@ def test_a_lane_idle_for_long_then_full_is_told_the_rate_it_was_served_at_while_
     rates = DrainRates(clock)
     serve(rates, clock, 10, 10 * RATE_TIME_CONSTANT_S)  # 10 cost a second in `default`
     clock.now += 0.1
-    rates.served(None, 1.0)  # the last one in flight answered: the lane is idle
+    rates.answered(Priced(1.0))  # the last one in flight answered: the lane is idle
     clock.now += 30 * RATE_TIME_CONSTANT_S
     with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
-        assert rates.retry_after(executor, None, 200.0) == 5  # 50 to drain at 10 a second
+        assert rates.retry_after(executor, "default", 200.0) == 5  # 50 to drain at 10 a second
         # Busy again, with nothing answered for long: then it reads as slow.
-        rates.started(None)
+        rates.admitted(Priced(1.0))
         clock.now += 20 * RATE_TIME_CONSTANT_S
-        assert rates.retry_after(executor, None, 200.0) == RETRY_AFTER_CAP_S
+        assert rates.retry_after(executor, "default", 200.0) == RETRY_AFTER_CAP_S
 
 
 def test_a_herd_refused_together_is_told_to_come_back_spread_by_the_cost_due_back(
@@ -163,7 +163,7 @@ def test_a_herd_refused_together_is_told_to_come_back_spread_by_the_cost_due_bac
         told = []
         for _ in range(20):
             clock.now += 0.00005
-            told.append(rates.retry_after(executor, None, 200.0))
+            told.append(rates.retry_after(executor, "default", 200.0))
     assert told == [1] * 5 + [2] * 5 + [3] * 5 + [4] * 5
 
 
@@ -183,11 +183,11 @@ def test_under_a_place_bound_alone_the_wait_counts_requests(full_places: offload
     clock = Clock()
     rates = DrainRates(clock)
     serve(rates, clock, 2, 10.0, cost=1e6)
-    assert rates.retry_after(full_places, None, 1.0) == 1  # one place, at 2 a second
+    assert rates.retry_after(full_places, "default", 1.0) == 1  # one place, at 2 a second
     clock.now += 0.001
-    assert rates.retry_after(full_places, None, 1.0) == 1  # and the one due back before it
+    assert rates.retry_after(full_places, "default", 1.0) == 1  # and the one due back before it
     clock.now += 0.001
-    assert rates.retry_after(full_places, None, 1.0) == 2
+    assert rates.retry_after(full_places, "default", 1.0) == 2
 
 
 def herd(rates: DrainRates, clock: Clock, executor: offload.Executor, count: int) -> list[int]:
@@ -195,7 +195,7 @@ def herd(rates: DrainRates, clock: Clock, executor: offload.Executor, count: int
     told = []
     for _ in range(count):
         clock.now += 1e-3 / count
-        told.append(rates.retry_after(executor, None, 1.0))
+        told.append(rates.retry_after(executor, "default", 1.0))
     return told
 
 
@@ -227,11 +227,11 @@ def test_the_requests_due_back_leave_the_count_once_their_time_is_past(full_plac
     # still due and this one take a little over 3 s.
     serve(rates, clock, 100, 2.5)
     clock.now += 0.01
-    assert rates.retry_after(full_places, None, 1.0) == 4
+    assert rates.retry_after(full_places, "default", 1.0) == 4
     # Once every one told is past, only this request's own place is waited for.
     serve(rates, clock, 100, 5.0)
     clock.now += 0.01
-    assert rates.retry_after(full_places, None, 1.0) == 1
+    assert rates.retry_after(full_places, "default", 1.0) == 1
 
 
 def test_a_herd_past_what_the_cap_serves_is_told_the_cap(full_places: offload.Executor) -> None:
@@ -275,7 +275,7 @@ def test_clients_refused_again_when_they_come_back_are_told_to_wait_longer(full_
     clock.now = math.floor(clock.now) + 1.5  # their second: every one refused again
     assert max(herd(rates, clock, full_places, 100)) <= 2
     clock.now = math.floor(clock.now) + 1.5
-    assert rates.retry_after(full_places, None, 1.0) == RETRY_AFTER_CAP_S
+    assert rates.retry_after(full_places, "default", 1.0) == RETRY_AFTER_CAP_S
 
     half = DrainRates(clock)
     serve(half, clock, 100, 10 * RATE_TIME_CONSTANT_S)
@@ -286,8 +286,8 @@ def test_clients_refused_again_when_they_come_back_are_told_to_wait_longer(full_
     clock.now = math.floor(clock.now) + 1.1
     # The ~50 due back later in this second, and this one: at the share let
     # in of 100 a second (about 50), 2 s; at 100 a second it would be 1 s.
-    assert half.retry_after(full_places, None, 1.0) == 2
-    assert 0.4 < half._lane(None).refused_again.share() < 0.6
+    assert half.retry_after(full_places, "default", 1.0) == 2
+    assert 0.4 < half._lane("default").refused_again.share() < 0.6
 
 
 def test_a_new_overload_after_a_quiet_spell_starts_without_the_last_ones_share(full_places: offload.Executor) -> None:
@@ -303,7 +303,7 @@ def test_a_new_overload_after_a_quiet_spell_starts_without_the_last_ones_share(f
     clock.now = math.floor(clock.now) + 1.5
     herd(rates, clock, full_places, 100)  # all due now, all refused again
     clock.now = math.floor(clock.now) + 1.5
-    assert rates.retry_after(full_places, None, 1.0) == RETRY_AFTER_CAP_S
+    assert rates.retry_after(full_places, "default", 1.0) == RETRY_AFTER_CAP_S
     serve(rates, clock, 100, RETRY_AFTER_CAP_S + 5.0)  # served, nobody refused
     clock.now = math.floor(clock.now) + 1.3  # the herd within one whole second
     assert set(herd(rates, clock, full_places, 50)) == {1}  # 50 at 100 a second

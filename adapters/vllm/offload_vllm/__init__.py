@@ -13,14 +13,14 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
     client ──HTTP POST /v1/embeddings, /score, ...──▶ vLLM's app
       │  vLLM's middleware (CORS, --api-key, --middleware): offload is inside it
       ▼
-    door middleware    _door.py            RefuseWhenFull: 503 / 413 / 400 before the body
+    door middleware    _admission.py       RefuseWhenFull: 503 / 413 / 400 before the body
                                            is read; CountRequests (added by _seams/app.py)
       ▼                                    FastAPI validates the body (_seams/validation.py)
-    admission          _request_policy.py  at the serving object's __call__ (_seams/serving.py):
-                                           cost (_cost.py via _seams/requests.py), lane
-                                           (_lanes.py), engine priority (_priority.py), held
-                                           until the response is built; answers in vLLM's
-                                           words (_seams/errors.py)
+    admission          _admission.py       the same rule at the serving object's __call__
+                                           (_seams/serving.py): cost (_cost.py via
+                                           _seams/requests.py), lane (_lanes.py), engine
+                                           priority, held until the response is built;
+                                           answers in vLLM's words (_seams/errors.py)
       ▼
     placement          _placements/        one per strategy kind (_kinds.py): on the loop,
                                            in-thread, remote, batched; built by _runtime.py
@@ -35,7 +35,10 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
     response           post-processing: _seams/serving.py → placement → executor → the body
 
 Settings: one table, `_options.py` (parsed by `_parsers.py`, read into
-`Settings` by `_config.py`); `register` below wires the rest. Every touch
+`Settings` by `_config.py`); `register` below wires the rest. Admission
+has one home, `_admission.py`: the rule (one for the door and the serving
+seam), the reads of the executor's counts, and the listeners readiness
+(`_health.py`), `Retry-After` (`_retry_after.py`) and phases subscribe. Every touch
 of vLLM's internals is in `_seams/`, each vLLM function patched from one
 module there; nothing outside `_seams/` imports vLLM. Beside the path:
 `_prefix/`, prefix tokenization of truncated texts and pairs (run by
@@ -48,7 +51,6 @@ adapter's other metrics (made once per process, `_metric_family.py`).
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +65,9 @@ from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
 from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
 
 if TYPE_CHECKING:
+    from ._admission import RequestPolicy, RequestsInFlight
     from ._health import Health
+    from ._retry_after import DrainRates
     from ._seams.app import AppHook
 
 __version__ = "0.1.0"
@@ -132,71 +136,31 @@ def register() -> None:
     from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
-    from ._admission_view import Readiness
-    from ._door import CountRequests, RefuseWhenFull, RequestsInFlight
-    from ._health import Health
-    from ._phases import TimePhases
-    from ._request_policy import RequestPolicy, preprocessed
+    from ._admission import RequestPolicy, RequestsInFlight, preprocessed
+    from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
     from ._runtime import Runtime
-    from ._seams import app as app_seam
-    from ._seams import io_processor, offline, responses, serving, validation
+    from ._seams import io_processor, offline, responses, serving
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
     in_flight = RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
-    health = (
-        None
-        if settings.health_port is None
-        else Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, Readiness(rates.typical_cost))
-    )
     policy = RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
         engine_priority=settings.engine_priority,
         retry_after=rates.retry_after,
         answers=ANSWERS,
-        started=rates.started,
-        served=rates.served,
         max_request_cost=settings.max_request_cost,
-        # Readiness follows admission as it changes, not only at the loop's next publish.
-        changed=(
-            (lambda: None) if health is None else functools.partial(health.admission_changed, runtime.current_executor)
-        ),
-        # What readiness answered at each decision: how far it agrees with admission.
-        decided=(lambda lane, admitted: None) if health is None else health.admission_decided,
     )
+    health = _health_of(settings, rates)
+    for listener in (rates, PHASES_LISTENER, health):
+        if listener is not None:
+            policy.subscribe(listener)
     serving.install_admission(policy)
-
-    # What runs as vLLM builds its app, in this order, before vLLM adds its own
-    # middleware (CORS, `--api-key`, `--middleware`): so each middleware added
-    # here sits inside vLLM's and the operator's (a request they refuse gets
-    # nothing from offload), and, the last added being the outermost, inside
-    # the ones added after it: TimePhases, RefuseWhenFull, CountRequests.
-    hooks: list[app_seam.AppHook] = []
-    if in_flight is not None:
-
-        def count_requests(args: Any, app: Any) -> None:
-            app.add_middleware(CountRequests, count=in_flight)
-
-        hooks.append(count_requests)
-    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
-
-        def refuse_when_full(args: Any, app: Any) -> None:
-            app.add_middleware(RefuseWhenFull, policy=policy)
-
-        hooks.append(refuse_when_full)
-    if settings.validation_shortcut:
-        hooks.append(validation.shortcut_validation)
-    if health is not None:
-        hooks.append(_binds(health))
-
-    def time_phases(args: Any, app: Any) -> None:
-        app.add_middleware(TimePhases)
-
-    app_seam.install(*hooks, time_phases)
+    _install_app_hooks(settings, policy, in_flight, health)
 
     def serving_built(serving_object: Any) -> Any:
         serving.cover(type(serving_object))
@@ -227,6 +191,54 @@ def register() -> None:
         settings.strategy_source,
         version,
     )
+
+
+def _health_of(settings: Settings, rates: DrainRates) -> Health | None:
+    """The health port's endpoints (`None` without `OFFLOAD_VLLM_HEALTH_PORT`),
+    readiness judged at the typical cost `rates` measure."""
+    if settings.health_port is None:
+        return None
+    from ._admission import Readiness
+    from ._health import Health
+
+    return Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, Readiness(rates.typical_cost))
+
+
+def _install_app_hooks(
+    settings: Settings, policy: RequestPolicy, in_flight: RequestsInFlight | None, health: Health | None
+) -> None:
+    """What runs as vLLM builds its app, in this order, before vLLM adds its own
+    middleware (CORS, `--api-key`, `--middleware`): so each middleware added
+    here sits inside vLLM's and the operator's (a request they refuse gets
+    nothing from offload), and, the last added being the outermost, inside
+    the ones added after it: TimePhases, RefuseWhenFull, CountRequests."""
+    from ._admission import CountRequests, RefuseWhenFull
+    from ._phases import TimePhases
+    from ._seams import app as app_seam
+    from ._seams import validation
+
+    hooks: list[app_seam.AppHook] = []
+    if in_flight is not None:
+
+        def count_requests(args: Any, app: Any) -> None:
+            app.add_middleware(CountRequests, count=in_flight)
+
+        hooks.append(count_requests)
+    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
+
+        def refuse_when_full(args: Any, app: Any) -> None:
+            app.add_middleware(RefuseWhenFull, policy=policy)
+
+        hooks.append(refuse_when_full)
+    if settings.validation_shortcut:
+        hooks.append(validation.shortcut_validation)
+    if health is not None:
+        hooks.append(_binds(health))
+
+    def time_phases(args: Any, app: Any) -> None:
+        app.add_middleware(TimePhases)
+
+    app_seam.install(*hooks, time_phases)
 
 
 def _binds(health: Health) -> AppHook:

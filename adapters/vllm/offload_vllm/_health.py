@@ -13,7 +13,7 @@ paths from what the event loop last published (`HealthState`):
   publishing, and is reported once the bound has passed.
 - `GET /ready` (readiness): 503 while admission would refuse a request of
   the typical recent cost in the default lane, until it would admit twice
-  that (`_admission_view.Readiness`), during shutdown (from SIGTERM until
+  that (`_admission.Readiness`), during shutdown (from SIGTERM until
   the process ends, while vLLM drains), and while liveness fails; else 200.
 
 Both answer a JSON body: `status`, the `reason` of a 503, and the ages of
@@ -47,7 +47,7 @@ import anyio
 import offload
 
 from . import _health_answer
-from ._admission_view import Readiness
+from ._admission import AdmissionListener, Priced, Readiness
 from ._health_answer import Board, Snapshot
 from ._lanes import DEFAULT_LANE
 from ._metric_family import once_per_process
@@ -57,7 +57,7 @@ logger = logging.getLogger("vllm.offload_vllm")
 
 #: How often the loop publishes its turn (and readiness, whose typical cost
 #: decays with time): liveness is judged over seconds, and admission changes
-#: are published at once (`admission_changed`), so a few wake-ups a second do.
+#: are published at once (`Health.changed`), so a few wake-ups a second do.
 #: An idle server's loop wakes for this and the lag sampler alone, so it
 #: sets much of what an idle adapter server costs beside plain vLLM.
 PUBLISH_INTERVAL_S = 0.25
@@ -68,7 +68,7 @@ ENGINE_CHECK_INTERVAL_S = 1.0
 
 #: Admission decisions on the default lane's requests, by what `GET /ready`
 #: answered at that moment: how far readiness agrees with admission, measured
-#: where admission decides (`Health.admission_decided`).
+#: where admission decides (`Health.decided`).
 READINESS_AT_ADMISSION: Final = "offload_vllm_readiness_at_admission"
 
 _decision_family = once_per_process(
@@ -320,10 +320,11 @@ async def keep_current(
 
 
 @final
-class Health:
+class Health(AdmissionListener):
     """The health endpoints of one API server: the answering process, started when
     vLLM builds its app, and the loop's task, started when the first pooling
-    entrypoint is built (with the engine client, inside the loop)."""
+    entrypoint is built (with the engine client, inside the loop); a listener
+    on admission (`changed`, `decided`)."""
 
     def __init__(self, port: int, max_stall: float, setting: str, readiness: Readiness | None = None) -> None:
         """`readiness`: readiness's rule over admission (default: `Readiness()`'s)."""
@@ -348,7 +349,7 @@ class Health:
                 self.server.port,
             )
 
-    def admission_changed(self, executor_of: Callable[[], offload.Executor | None]) -> None:
+    def changed(self, executor: offload.Executor) -> None:
         """Publish whether admission refuses now (on the loop's thread, when its
         counts changed, and before each admission decision): readiness then
         follows admission within one probe, not within `PUBLISH_INTERVAL_S`,
@@ -359,19 +360,17 @@ class Health:
         started leaves the queued cost): published only on admission's own
         changes, a refusal could find 200 still published
         (docs/operations.md, "Readiness beside admission")."""
-        executor = executor_of()
-        if executor is not None:
-            self.state.publish(refusing=self.readiness.refuses(executor))
+        self.state.publish(refusing=self.readiness.refuses(executor))
 
-    def admission_decided(self, lane: str | None, admitted: bool) -> None:
-        """Count, for a request of the default lane (`lane` `None` or
-        `"default"`) just admitted or refused for a full bound, what `GET
+    def decided(self, request: Priced, admitted: bool) -> None:
+        """Count, for a `request` of the default lane just admitted or
+        refused for a full bound, what `GET
         /ready` answers now (`READINESS_AT_ADMISSION`), on the loop's thread,
-        before the decision is published (`admission_changed`). It is read
+        before the decision is published (`changed`). It is read
         from the board, as the answering process reads it (liveness and
         draining included): what was published, not readiness's rule applied
         afresh, which would agree with the decision by construction."""
-        if lane is not None and lane != DEFAULT_LANE:
+        if request.lane != DEFAULT_LANE:
             return
         if not self._decisions_looked_up:
             self._decisions_looked_up = True

@@ -62,6 +62,8 @@ class StrategyRow:
     #: Remote workers retitle their process (`ps` shows `_workers.PROCESS_TITLE`);
     #: False keeps the host's title (Ray's tools show `ray::...`).
     titles_workers: bool = False
+    #: What must be installed for it, as the settings table says (`""`: nothing).
+    needs: str = ""
 
 
 #: Every strategy the adapter supports, in the order messages list them. A
@@ -74,5 +76,5 @@ STRATEGY_ROWS: Mapping[str, StrategyRow] = {
         REMOTE, own_options={"worker_nice": "nice", "express_cost": "express_cost"}, titles_workers=True
     ),
     "async-renderer": StrategyRow(BATCHED),
-    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}),
+    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}, needs="[offload-ray](ray.md)"),
 }

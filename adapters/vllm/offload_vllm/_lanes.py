@@ -20,8 +20,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-#: The lane every offload executor has, whatever its `lanes=` (`offload.Executor`).
-DEFAULT_LANE = "default"
+import offload.strategy
+
+#: The lane every offload executor has, whatever its `lanes=` (`offload.Executor`):
+#: the core's name for it, not a second copy.
+DEFAULT_LANE = offload.strategy.Lanes().default.name
 
 #: The request header that names a request's lane (HTTP header names are
 #: case-insensitive; ASGI gives them lower-cased).

@@ -137,12 +137,17 @@ _NO_POOL = "it has no worker pool"
 _NO_QUEUE = "it has no queue"
 _NO_BATCHES = "it does not batch tokenization"
 
+#: The strategies, as the settings table lists them (from `STRATEGY_ROWS`).
+_STRATEGY_VALUES = ", ".join(
+    f"`{name}`" + (f" (with {row.needs} installed)" if row.needs else "") for name, row in STRATEGY_ROWS.items()
+)
+
 #: Every setting, in the order messages, the usage line and the summary list them.
 OPTIONS = (
     # The strategy is read first, and on its own (it falls back to OFFLOAD_STRATEGY).
     Option(
         "strategy", parse.text, "The strategy for the pooling entrypoints (unset: vLLM's own behaviour).",
-        "`inline`, `thread`, `process`, `async-renderer`, `ray` (with [offload-ray](ray.md) installed)", "unset",
+        _STRATEGY_VALUES, "unset",
         metavar="S", always_shown=True, unset="(vLLM default)",
     ),
     Option(

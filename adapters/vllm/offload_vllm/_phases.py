@@ -5,7 +5,7 @@ answered request into one histogram, labelled by `endpoint` (the route),
 `lane` and `phase`:
 
 - `door`: from the request's arrival at offload's middleware (inside vLLM's
-  own and the operator's) until admission took it (`_request_policy.py`):
+  own and the operator's) until admission took it (`_admission.py`):
   reading and parsing its body, vLLM's validation, waiting for nothing else.
 - `worker_wait`: the time its offloaded calls waited for a worker, summed
   (`offload.collect_call_times`).
@@ -37,6 +37,7 @@ from typing import Any, Final, final
 import offload
 
 from . import _tracing
+from ._admission import AdmissionListener, Priced
 from ._lanes import DEFAULT_LANE
 from ._metric_family import once_per_process
 from ._routes import is_pooling_request, route_of
@@ -83,7 +84,7 @@ class RequestPhases:
         self.endpoint = endpoint
         self.arrived = time.perf_counter()
         self.calls = calls
-        self.lane: str | None = None
+        self.lane = DEFAULT_LANE
         self.admitted = self.render_began = self.render_ended = self.response_began = 0.0
         self.render_waited = 0.0
 
@@ -118,12 +119,18 @@ _current: contextvars.ContextVar[RequestPhases | None] = contextvars.ContextVar(
 )
 
 
-def admitted(lane: str | None) -> None:
-    """Admission took the current request, in `lane` (`None`: the default lane)."""
-    phases = _current.get()
-    if phases is not None:
-        phases.admitted = time.perf_counter()
-        phases.lane = lane
+class _Admitted(AdmissionListener):
+    """Marks when admission took the current request, and its lane."""
+
+    def admitted(self, request: Priced) -> None:
+        phases = _current.get()
+        if phases is not None:
+            phases.admitted = time.perf_counter()
+            phases.lane = request.lane
+
+
+#: The phases' listener on admission (`RequestPolicy.subscribe`).
+LISTENER: Final = _Admitted()
 
 
 def timing_render(
@@ -188,7 +195,7 @@ class TimePhases:
                 last = message["type"] == "http.response.body" and not message.get("more_body", False)
                 if last and phases.admitted:
                     sent = time.perf_counter()
-                    lane = DEFAULT_LANE if phases.lane is None else phases.lane
+                    lane = phases.lane
                     durations = phases.durations(sent)
                     for phase, seconds in durations.items():
                         family.labels(phases.endpoint, lane, phase).observe(seconds)

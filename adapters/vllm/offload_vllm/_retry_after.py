@@ -3,7 +3,7 @@
 The fewest whole seconds, between 1 and `RETRY_AFTER_CAP_S`, in which the
 refused request's lane, at the rate its cost has been served of late, serves
 the cost that must drain before it is admitted
-(`_admission_view.cost_to_drain`) and the cost of the requests refused before
+(`_admission.cost_to_drain`) and the cost of the requests refused before
 it that were told to come back before it and are still due
 (`DrainRates.retry_after`). Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not
 cost), the same in requests. Until a lane has served anything, 1 (the
@@ -31,7 +31,7 @@ from typing import final
 
 import offload
 
-from ._admission_view import cost_to_drain
+from ._admission import AdmissionListener, Priced, cost_to_drain
 from ._lanes import DEFAULT_LANE
 
 #: The longest `Retry-After`, in seconds. A server that expects to stay full
@@ -214,42 +214,41 @@ class _LaneRates:
 
 
 @final
-class DrainRates:
+class DrainRates(AdmissionListener):
     """Per lane, the rates at which requests and their cost were served
     (their admission ended), and the refused requests told to come back that
-    are still due. Used on the event loop's thread only."""
+    are still due: a listener on admission (`admitted`, `answered`). Used on
+    the event loop's thread only."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lanes: dict[str, _LaneRates] = {}
 
-    def _lane(self, lane: str | None) -> _LaneRates:
-        name = DEFAULT_LANE if lane is None else lane
-        rates = self._lanes.get(name)
+    def _lane(self, lane: str) -> _LaneRates:
+        rates = self._lanes.get(lane)
         if rates is None:
-            rates = self._lanes[name] = _LaneRates()
+            rates = self._lanes[lane] = _LaneRates()
         return rates
 
-    def started(self, lane: str | None) -> None:
-        """A request in `lane` (`None`: default) was admitted: its lane is busy
-        until every request admitted in it is answered (`served`)."""
-        rates = self._lane(lane)
+    def admitted(self, request: Priced) -> None:
+        """`request` was admitted: its lane is busy until every request
+        admitted in it is `answered`."""
+        rates = self._lane(request.lane)
         if rates.in_flight == 0:
             rates.busy_since = self._clock()
         rates.in_flight += 1
 
-    def served(self, lane: str | None, cost: float) -> None:
-        """A request of `cost` in `lane` (`None`: default), admitted
-        (`started`), was answered."""
-        rates = self._lane(lane)
+    def answered(self, request: Priced) -> None:
+        """`request`, `admitted`, was answered: its cost was served."""
+        rates = self._lane(request.lane)
         busy = rates.busy_clock(self._clock())
-        rates.served_cost.add(cost, busy)
+        rates.served_cost.add(request.cost, busy)
         rates.served_requests.add(1.0, busy)
         rates.in_flight = max(0, rates.in_flight - 1)
         if rates.in_flight == 0:
             rates.busy_before, rates.busy_since = busy, None
 
-    def typical_cost(self, lane: str | None = None) -> float:
+    def typical_cost(self, lane: str = DEFAULT_LANE) -> float:
         """The mean cost of the requests of `lane` answered of late, weighted as
         the served rates are (over `RATE_TIME_CONSTANT_S` of its busy time);
         1 before any."""
@@ -258,7 +257,7 @@ class DrainRates:
         requests = rates.served_requests.per_second(now)
         return rates.served_cost.per_second(now) / requests if requests > 0 else 1.0
 
-    def retry_after(self, executor: offload.Executor, lane: str | None, cost: float) -> int:
+    def retry_after(self, executor: offload.Executor, lane: str, cost: float) -> int:
         """`Retry-After` for a request of `cost` in `lane` just refused: the
         fewest whole seconds `r` (1 to `RETRY_AFTER_CAP_S`) in which its lane,
         at the rate it has been served, serves what must drain before it is

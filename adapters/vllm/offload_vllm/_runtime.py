@@ -34,7 +34,7 @@ class Runtime:
 
     def __init__(self, settings: Settings, in_flight: Callable[[], int] | None = None) -> None:
         """`in_flight`: the server's requests in flight, for a batching
-        strategy's window (`_door.RequestsInFlight`)."""
+        strategy's window (`_admission.RequestsInFlight`)."""
         if settings.strategy is None:
             raise ValueError("Runtime needs a strategy")
         self.settings = settings

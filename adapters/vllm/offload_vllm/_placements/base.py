@@ -32,7 +32,7 @@ class Placement(abc.ABC):
     `inline_cost`, which runs on the event loop with vLLM's own objects: a
     small request then waits neither behind pieces already running on the
     workers nor for a hand-off. A request's calls are made inside its
-    admission (`_request_policy.py`): they form one flow of its lane, so the
+    admission (`_admission.py`): they form one flow of its lane, so the
     executor's queue interleaves them with other requests', and its rendering
     is cut into pieces of at most `_cost.PIECE_COST` so that a small request
     never waits for all of a large one's.

@@ -10,7 +10,7 @@ serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `offline.py` (`LLM`'s executor). The others read vLLM's objects and answer
 in its words: `requests.py` (request fields), `config.py`, `engine.py`,
 `errors.py` (error bodies). What to do with a request (the request policy)
-is not here: `_request_policy.py` and `_door.py`, which import no vLLM.
+is not here: `_admission.py`, which imports no vLLM.
 
 A vLLM upgrade is a diff here and in `TESTED_VLLM_VERSIONS`, nowhere else.
 `REQUIRED` lists every vLLM name the seams, `_workers.py` and `_runtime.py`

@@ -1,5 +1,5 @@
 """Seam: vLLM's error answers (`vllm/entrypoints/serve/exception_handling/error_response.py`):
-the body and status of the answers the request policy gives (`_request_policy.Answers`),
+the body and status of the answers the request policy gives (`_admission.Answers`),
 so that a refused request reads as vLLM's own."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from starlette.responses import JSONResponse
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.exceptions import QueueOverflowError
 
-from .._request_policy import MAX_REQUEST_COST_SETTING
+from .._admission import MAX_REQUEST_COST_SETTING
 
 
 @final
 class VLLMAnswers:
-    """`_request_policy.Answers` in vLLM's error body."""
+    """`_admission.Answers` in vLLM's error body."""
 
     # One answer per `Retry-After` value (1 to its cap), built once: under a flood
     # of refusals, building vLLM's error body each time would cost the loop.

@@ -17,7 +17,7 @@ still goes through vLLM's own code, for vLLM's own error.
 Every online pooling request (embeddings, pooling, classify, score, rerank,
 `/v2/embed`) enters a pooling serving object's `__call__` before anything is
 rendered: there it is admitted (`install_admission`, the policy in
-`_request_policy.py`). `PoolingBaseServing.__call__` is one entry, but a
+`_admission.py`). `PoolingBaseServing.__call__` is one entry, but a
 serving class may define its own: `ServingScores.__call__` runs
 late-interaction scoring (`flash_late_interaction`) without calling the base
 one. So every `__call__` defined along a served class's bases is wrapped
@@ -37,13 +37,13 @@ from vllm.entrypoints.pooling.base.serving import (
 )
 
 from .. import _phases as phases
+from .._admission import RequestPolicy, content_length
 from .._cost import (
     ECHO_COST_PER_CHARACTER,
     POSTPROCESS_COST_PER_OUTPUT,
     POSTPROCESS_COST_PER_VALUE,
     characters,
 )
-from .._request_policy import RequestPolicy, content_length
 from . import io_processor as io_processor_seam
 from . import requests as requests_seam
 

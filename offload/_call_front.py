@@ -123,6 +123,7 @@ class CallOptions:
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """`Executor.run` with these options."""
+        # An already-cancelled caller must not start a call (as anyio.to_thread).
         await checkpoint_if_cancelled()
         return await run_call(self._call(fn, args, kwargs), None, self._start, self._strategy)
 
