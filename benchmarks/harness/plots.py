@@ -165,16 +165,28 @@ def _ray(r: Path) -> str:
     )
 
 
+def _batch_form(r: Path) -> str:
+    return (
+        f"on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
+        f"{fmt(paired('paired/paired.json', 'async-renderer', 'cpu:api', r))} (`async-renderer`), "
+        f"{fmt(paired('paired/paired.json', 'thread', 'cpu:api', r))} (`thread`)"
+    )
+
+
+#: One recommendation, the same as the README's, the index's and the vLLM guide's:
+#: `thread` for most workloads; `process` when preprocessing holds the GIL and
+#: `/health` must stay fast; `inline` only as the baseline when measuring;
+#: `async-renderer` only for a function with a cheaper batch form.
 DECISIONS = (
     Decision(
         "Short texts, one prompt a request",
-        "vLLM's default, or `thread` (never `inline`)",
+        "`thread` (the default); `inline` never in serving, only as the baseline when measuring",
         _short,
         "#paired-cpu-per-request",
     ),
     Decision(
         "Many prompts a request",
-        "`process`, 2 workers (the adapter renders a request's prompts in one call per worker)",
+        "`process` (the adapter renders a request's prompts in one call per worker)",
         _batch,
         "decisions/0008-one-render-call-per-worker.md",
     ),
@@ -186,33 +198,39 @@ DECISIONS = (
     ),
     Decision(
         "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
-        "`thread`, the default (prefix tokenization is on by default, for every strategy)",
+        "`thread` (the default; prefix tokenization is on by default)",
         _truncated_alone,
         "decisions/0006-prefix-tokenization-on-by-default.md",
     ),
     Decision(
         "Long texts truncated, mixed small and heavy traffic",
-        "`process` or `thread` with lanes (the default scheduling; no setting needed)",
+        "`thread` (the default; lanes need no setting); `process` when `/health` must stay fast",
         _truncated,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Small and large `/score` requests",
-        "`thread` with lanes (default scheduling)",
+        "`thread` (the default)",
         _score,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Heavy requests that the engine, not preprocessing, spends its time on",
-        "vLLM's default is as good; lanes help only the preprocessing part",
+        "`thread` (the default); vLLM's own is as good: lanes help only the preprocessing part",
         _engine,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Images",
-        "`process` (keeps `/health` fast) or `thread`, with lanes, `--mm-processor-cache-gb 0`",
+        "`process`, with `--mm-processor-cache-gb 0`",
         _images,
         "decisions/0003-express-worker-one-piece-and-a-quarter.md",
+    ),
+    Decision(
+        "A function with a cheaper batch form",
+        "`async-renderer`, only there",
+        _batch_form,
+        "strategies/async-renderer.md",
     ),
     Decision(
         "Beyond one machine",
@@ -343,7 +361,7 @@ def small_under_flood(path: Path, results: Path = RESULTS) -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(len(MIXED_VARIANTS)), list(MIXED_VARIANTS.values()))
     ax.set_ylabel("small request p50 (ms)")
-    ax.set_title("A small request under a flood of heavy ones (python -m benchmarks mixed)")
+    ax.set_title("A small request under a flood of heavy ones\n(python -m benchmarks mixed)")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -368,7 +386,7 @@ def api_cpu(path: Path, results: Path = RESULTS) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(API_ROWS)), API_ROWS)
     ax.set_ylabel("API-server CPU / request\n(ratio to vLLM default)")
-    ax.set_title("API-server CPU per request (python -m benchmarks paired; below 1 is less than vLLM's default)")
+    ax.set_title("API-server CPU per request, ratio to vLLM's default\n(python -m benchmarks paired; below 1: less than vLLM's default)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -398,7 +416,7 @@ def fairness(path: Path, results: Path = RESULTS) -> None:
     ax.axhspan(-1, 1, color="grey", alpha=0.2, linewidth=0)
     ax.set_xlabel("calls started")
     ax.set_ylabel("weighted served cost,\na minus b (pieces)")
-    ax.set_title("Two backlogged lanes, weights 4:1 (python -m benchmarks fairness; grey: within one piece)")
+    ax.set_title("Two backlogged lanes, weights 4:1\n(python -m benchmarks fairness; grey: within one piece)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})

@@ -62,7 +62,7 @@ embeddings on a tiny CLIP; skipped with a message where it cannot run). Rows (`-
 whose `--offload-*` flags the installed adapter lacks is not run, except that
 `--offload-scheduling fifo` is dropped where the adapter has no such flag (FIFO
 is then its only behaviour). Writes mixed-<variant>.json and .md into --out
-(default benchmarks/results/latest/mixed/; `--health-port` runs into
+(default .benchmarks/runs/mixed/; `--health-port` runs into
 mixed-<variant>-health-port.*, open-loop floods into
 mixed-<variant>-heavy-<rate>-per-s.*); server logs under --out/logs/.
 """

@@ -119,7 +119,8 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
     md += (
         f"Target: `thread` ≤ 1.05× bare `run_in_executor` on the no-op (stretch ≤ 0.8×): "
         f"measured {thread.median:.2f}× [{thread.low:.2f}, {thread.high:.2f}] — "
-        f"{'met' if thread.median <= 1.05 else 'missed'}{', stretch met' if thread.median <= 0.8 else ''} (median).\n"
+        f"{stats.target_verdict(thread.low, thread.median, thread.high, 1.05)}"
+        f"{', stretch met' if thread.high <= 0.8 else ''}.\n"
         "<!-- --8<-- [end:table] -->\n"
     )
     return md

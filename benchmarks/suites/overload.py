@@ -42,7 +42,7 @@ read from the bounded server's `/metrics` before and after each level): what
 answered at the moment the request was sent.
 
 Writes overload.json and overload.md into --out (default
-benchmarks/results/latest/overload/); `--compare-retry-after` writes
+.benchmarks/runs/overload/); `--compare-retry-after` writes
 overload-retry-after.json and .md there instead (the goal: per pair, refused
 attempts at most 0.5x the constant clients', accepted requests/s at least
 0.95x, judged on the median's interval).

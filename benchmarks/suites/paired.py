@@ -275,12 +275,10 @@ def targets(summary: dict[str, Any]) -> list[str]:
         ratio = summary.get(row, {}).get("ratio", {}).get(metric)
         if ratio is None:
             return
-        median = ratio["median"]
-        met = median >= bound if at_least else median <= bound
         sign = ">=" if at_least else "<="
         lines.append(
-            f"- {what} {sign} {bound}x default: {median:.2f}x "
-            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — **{'met' if met else 'missed'}** (median)"
+            f"- {what} {sign} {bound}x default: {ratio['median']:.2f}x "
+            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — {_verdict(ratio, bound, at_least=at_least)}"
         )
 
     check("process", "cpu:loop", 0.6, "`process` loop-thread CPU/request")
@@ -300,7 +298,7 @@ def targets(summary: dict[str, Any]) -> list[str]:
     if process is not None:
         lines.append(
             f"- `process` `/health` p99 <= 20 ms: {_fmt(process, 1)} ms — "
-            f"**{'met' if process['median'] <= 20 else 'missed'}** (median)"
+            f"{_verdict(process, 20)}"
         )
     return lines
 
@@ -313,10 +311,9 @@ def loop_targets(summary: dict[str, Any]) -> list[str]:
         rate = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
         if health is None or rate is None:
             continue
-        met = health["median"] <= bound
         lines.append(
-            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — **{'met' if met else 'missed'}** "
-            f"(median); requests/s {_fmt(rate)}x — "
+            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — {_verdict(health, bound)}; "
+            f"requests/s {_fmt(rate)}x — "
             f"{'**lower beyond its interval (missed)**' if rate['high'] < 1 else 'not lower beyond its interval (met)'}"
         )
     return lines
@@ -328,8 +325,11 @@ def truncated_targets(summary: dict[str, Any]) -> list[str]:
     ratio = summary.get("thread", {}).get("ratio", {}).get("requests_per_s")
     if ratio is None:
         return []
-    met = ratio["median"] >= 4
-    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — **{'met' if met else 'missed'}** (median)"]
+    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — {_verdict(ratio, 4, at_least=True)}"]
+
+
+def _verdict(interval: dict[str, float], bound: float, *, at_least: bool = False) -> str:
+    return stats.target_verdict(interval["low"], interval["median"], interval["high"], bound, at_least=at_least)
 
 
 def answers(url: str, path: str, payload: dict[str, Any]) -> tuple[list[Any], int]:

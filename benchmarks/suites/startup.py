@@ -25,7 +25,7 @@ default`'s, and `process defaults` against `thread defaults`.
     python -m benchmarks startup --rounds 5
     python -m benchmarks startup --smoke --out DIR
 
-Writes startup.{json,md} into --out (default benchmarks/results/latest/startup).
+Writes startup.{json,md} into --out (default .benchmarks/runs/startup).
 """
 
 from __future__ import annotations
