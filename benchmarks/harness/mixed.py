@@ -45,9 +45,8 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks.harness import raw_http, workloads
-from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, less_wait_ms, summarize_ms
+from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, summarize_ms
 from benchmarks.harness.side_process import SideProcess
-from benchmarks.harness.thread_states import own_wait_s
 
 #: Builds a list of request bodies (JSON bytes); module-level functions and
 #: `functools.partial`s of them, so that the flood's can be sent to its process.
@@ -82,9 +81,6 @@ class Tally:
     latencies_s: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
     first_error: str = ""
-    #: The client thread's own wait for a CPU (s) while each 200 was in
-    #: flight, in `latencies_s`' order (empty where the kernel does not say).
-    waits_s: list[float] = field(default_factory=list)
     #: Plain-socket clients (`open_loop_timed`): each 200's time (s) from
     #: sending until its answer reached the client's socket, by the kernel's
     #: clock (`raw_http`), in `latencies_s`' order; None where the kernel gave
@@ -103,13 +99,13 @@ class Tally:
         return {
             "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
             "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
-            "waits_s": self.waits_s, "arrivals_s": self.arrivals_s,
+            "arrivals_s": self.arrivals_s,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
         return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"], data.get("waits_s", []), data.get("arrivals_s", []))
+                   data["finished_at"], data["first_error"], data.get("arrivals_s", []))
 
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
@@ -128,7 +124,6 @@ class Tally:
             "max_ms": ok["max_ms"],
             "requests_per_s": done / (end - begin) if end > begin else 0.0,
             "first_error": self.first_error,
-            **less_wait_ms(self.latencies_s, self.waits_s),
             **arrived_ms(self.arrivals_s, len(self.latencies_s)),
         }
 
@@ -138,7 +133,7 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     import aiohttp
 
     tally.sent += 1
-    waited, t0 = own_wait_s(), time.monotonic()
+    t0 = time.monotonic()
     try:
         async with session.post(url, data=body, headers=_JSON) as resp:
             await resp.read()
@@ -152,9 +147,6 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     if status == 200:
         tally.latencies_s.append(done - t0)
         tally.finished_at.append(done)
-        after = own_wait_s()
-        if waited is not None and after is not None:
-            tally.waits_s.append(after - waited)
     elif not tally.first_error:
         tally.first_error = f"HTTP {status}"
 
@@ -251,7 +243,7 @@ def open_loop_timed(
                 in_flight -= 1
 
     def exchanged(request: bytes) -> None:
-        waited, t0 = own_wait_s(), time.monotonic()
+        t0 = time.monotonic()
         sock: socket.socket | None = None
         try:
             sock = connection()
@@ -262,7 +254,7 @@ def open_loop_timed(
             with lock:
                 tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"
             return
-        done, after = time.monotonic(), own_wait_s()
+        done = time.monotonic()
         with lock:
             if answer.closes:
                 sock.close()
@@ -275,8 +267,6 @@ def open_loop_timed(
             tally.latencies_s.append(done - t0)
             tally.finished_at.append(done)
             tally.arrivals_s.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
-            if waited is not None and after is not None:
-                tally.waits_s.append(after - waited)
 
     with concurrent.futures.ThreadPoolExecutor(max_in_flight) as pool:
         start = time.monotonic()

@@ -76,3 +76,11 @@ def target_verdict(low: float, median: float, high: float, bound: float, *, at_l
         return "**missed**"
     side = "above" if median >= bound else "below"
     return f"**not met by the interval**: it crosses {bound:g} (median {side})"
+
+
+def fmt(interval: dict[str, float] | Interval | None, digits: int = 2) -> str:
+    """`median [low, high]`, the one way a report writes an interval ("–": not measured)."""
+    if interval is None:
+        return "–"
+    i = interval if isinstance(interval, dict) else interval.__dict__
+    return f"{i['median']:.{digits}f} [{i['low']:.{digits}f}, {i['high']:.{digits}f}]"
