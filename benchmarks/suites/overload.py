@@ -10,18 +10,8 @@ A client refused with 503 waits the `Retry-After` it got, times
 `--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
 more pressure on), and sends its next request.
 
-`--compare-retry-after` runs the bounded server alone, its levels alternating
-between clients that honour its computed `Retry-After` and clients that wait
-a constant 1 s whatever it says (what the header said before it was
-computed): refused attempts and accepted requests/s, per pair. Before each
-level the server gets no traffic for `--settle` seconds (default 31, longer
-than the longest `Retry-After`, 30 s), so that no refusal of the level
-before is still counted as due back: the two kinds of client are compared
-apart, not the constant clients' leftovers against the computed ones.
-
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
-    python -m benchmarks overload --compare-retry-after --clients 512
     python -m benchmarks overload --readiness --pairs 3
 
 `--max-queued-cost N`: the bounded server is bounded by
@@ -42,10 +32,8 @@ read from the bounded server's `/metrics` before and after each level): what
 answered at the moment the request was sent.
 
 Writes overload.json and overload.md into --out (default
-.benchmarks/runs/overload/); `--compare-retry-after` writes
-overload-retry-after.json and .md there instead (the goal: per pair, refused
-attempts at most 0.5x the constant clients', accepted requests/s at least
-0.95x, judged on the median's interval).
+.benchmarks/runs/overload/). How a computed `Retry-After` compared with a
+constant 1 s is decision record 0025, with the commit that reruns it.
 """
 
 from __future__ import annotations
@@ -63,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, progress, stats, workloads
+from benchmarks.harness import load, models, progress, workloads
 from benchmarks.harness.server import HOST, ServerConfig, free_port, running_servers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +69,7 @@ MAX_QUEUE = 30
 
 async def _level(
     url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None, ready_url: str | None = None,
+    ready_url: str | None = None,
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -126,8 +114,6 @@ async def _level(
                         retry_after = float(header or 0)
                         if status == 503:
                             told[header] = told.get(header, 0) + 1
-                        if constant_retry_s is not None:
-                            retry_after = constant_retry_s
                 except aiohttp.ClientConnectionError:
                     # No answer: the connection dropped (a kept-alive one the server
                     # closed as this request went out). Counted as status 0, not fatal.
@@ -162,13 +148,12 @@ async def _level(
 
 def run_level(
     base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None, ready_url: str | None = None,
+    ready_url: str | None = None,
 ) -> dict[str, Any]:
     before = decisions_counted(base_url) if ready_url else {}
     with load.HealthProber(base_url) as prober:
         result = asyncio.run(
-            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s,
-                   ready_url)
+            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, ready_url)
         )
     result["health"] = prober.summary()
     if ready_url:
@@ -343,10 +328,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
     p.add_argument(
-        "--compare-retry-after", action="store_true",
-        help="the bounded server alone: clients honouring its Retry-After against clients waiting a constant 1 s",
-    )
-    p.add_argument(
         "--readiness", action="store_true",
         help="the bounded server serves the health port; /ready is sent beside every request and compared",
     )
@@ -354,18 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-queued-cost", type=float, default=None,
         help="bound the bounded row by OFFLOAD_VLLM_MAX_QUEUED_COST (this much cost) instead of max_queue",
     )
-    p.add_argument(
-        "--settle", type=float, default=SETTLE_S,
-        help="with --compare-retry-after: seconds without traffic before each level (default: %(default)s)",
-    )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
-    if not args.settle >= 0:
-        p.error("--settle must be a number of seconds >= 0")
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
-    if args.compare_retry_after:
-        return compare_retry_after(args, argv, clients, pairs, seconds)
     health_port = free_port() if args.readiness else None
     if args.max_queued_cost is not None:
         bound_name = f"max_queued_cost={args.max_queued_cost:g}"
@@ -426,164 +399,6 @@ def main(argv: list[str] | None = None) -> int:
         print(readiness_line(result["readiness"]))
     print(f"wrote the results into {args.out}")
     return 0
-
-
-#: The `Retry-After` every server sent before it was computed, and what the
-#: constant clients of `--compare-retry-after` wait.
-CONSTANT_RETRY_S = 1.0
-
-#: Seconds without traffic before each level of `--compare-retry-after`: past
-#: the longest `Retry-After` (`offload_vllm._retry_after.RETRY_AFTER_CAP_S`),
-#: every refusal of the level before is no longer due back when it begins.
-SETTLE_S = 31.0
-
-
-def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int, pairs: int, seconds: float) -> int:
-    """Levels alternating on the bounded server: clients honouring its
-    `Retry-After` ("computed") and clients waiting `CONSTANT_RETRY_S` ("constant")."""
-    config = ServerConfig(
-        f"max_queue={MAX_QUEUE}", STRATEGY,
-        env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
-    )
-    rows: dict[str, list[dict[str, Any]]] = {"computed": [], "constant": []}
-    began, machine, dirty, loadavg_before = time.monotonic(), _common.machine(), _common.dirty(), _common.loadavg()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
-        servers = stack.enter_context(
-            running_servers(
-                {"bounded": config.for_smoke() if args.smoke else config}, model,
-                {"bounded": args.out / "logs" / "overload-retry-after.log"},
-            )
-        )
-        url = servers["bounded"][0]
-        make_payload = workloads.long_text_factory(str(model))
-        asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))  # warm-up
-        settle = 0.0 if args.smoke else args.settle
-        for pair in range(pairs):
-            for name in (["computed", "constant"] if pair % 2 == 0 else ["constant", "computed"]):
-                constant = CONSTANT_RETRY_S if name == "constant" else None
-                time.sleep(settle)
-                level = run_level(url, clients, make_payload, seconds, 1.0, constant)
-                rows[name].append(level)
-                print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
-    result = {
-        "argv": argv, "command": " ".join(["python -m benchmarks overload", *argv]), "machine": machine,
-        "dirty": dirty, "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
-        "wall_s": time.monotonic() - began, "clients": clients, "pairs": pairs, "seconds": seconds,
-        "max_queue": MAX_QUEUE, "strategy": STRATEGY, "workers": WORKERS, "constant_retry_s": CONSTANT_RETRY_S,
-        "settle_s": settle,
-        "rows": rows, **retry_after_ratios(rows),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    _common.write(args.out, "overload-retry-after", result, retry_after_markdown(result))
-    print(retry_after_markdown(result))
-    print(f"wrote the results into {args.out}")
-    return 0
-
-
-#: The goals of a computed `Retry-After` against the constant, per pair:
-#: refused attempts at most this ratio ...
-REFUSED_GOAL_RATIO = 0.5
-#: ... at accepted requests/s of at least this ratio.
-ACCEPTED_GOAL_RATIO = 0.95
-
-
-def retry_after_ratios(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
-    """Per pair, computed / constant: refused attempts (`refused_ratio`; a
-    constant level with no refusal counts as one) and accepted requests/s
-    (`accepted_ratio`)."""
-    pairs = list(zip(rows["computed"], rows["constant"], strict=True))
-    return {
-        "refused_ratio": [c["statuses"].get("503", 0) / (k["statuses"].get("503", 0) or 1) for c, k in pairs],
-        "accepted_ratio": [c["accepted_per_s"] / k["accepted_per_s"] for c, k in pairs],
-    }
-
-
-def goal_verdict(values: list[float], bound: float, *, at_least: bool) -> str:
-    """Whether per-pair ratios `values` meet `bound` (`at_least`: >=, else
-    <=): by the whole interval of their median, by the median alone (the
-    interval crosses the bound), or not (the median misses)."""
-    ratio = stats.median_interval(values)
-
-    def meets(x: float) -> bool:
-        return x >= bound if at_least else x <= bound
-
-    if not meets(ratio.median):
-        return "missed (the median misses)"
-    if meets(ratio.low) and meets(ratio.high):
-        return "met by the whole interval"
-    return "met by the median only (the interval crosses the bound)"
-
-
-def _median_interval(values: list[float]) -> str:
-    ratio = stats.median_interval(values)
-    return f"{ratio.median:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
-
-
-def retry_after_markdown(result: dict[str, Any]) -> str:
-    """The report of `--compare-retry-after`: per pair and the median with its interval."""
-    rows = result["rows"]
-    refused, accepted = result["refused_ratio"], result["accepted_ratio"]
-    coverage = stats.median_interval(refused).coverage
-    constant = result["constant_retry_s"]
-
-    def told(level: dict[str, Any]) -> str:
-        counts = level.get("retry_after_told", {})
-        return ", ".join(f"{value or 'none'} s: {n}" for value, n in sorted(counts.items(), key=lambda kv: float(kv[0] or 0)))
-
-    lines = [
-        "# Overload: computed against constant `Retry-After`",
-        "",
-        "<!-- --8<-- [start:meta] -->",
-        _common.run_line(result),
-        "",
-        (f"One server (`{result['strategy']}` with {result['workers']} workers, "
-         f"`OFFLOAD_VLLM_MAX_QUEUE={result['max_queue']}`), {result['clients']} closed-loop clients, "
-         f"{result['pairs']} pairs of {result['seconds']:g} s levels, the two kinds of level alternating "
-         f"(computed first in pairs 1, 3, ...): clients that wait the `Retry-After` they are told (computed) "
-         f"against clients that wait {constant:g} s whatever it says (constant); a refused client's wait is "
-         f"cut at its level's end"
-         + (f"; no traffic for {result['settle_s']:g} s before each level" if result.get("settle_s") else "")
-         + f". Run took {result['wall_s']:.0f} s."),
-        "<!-- --8<-- [end:meta] -->",
-        "",
-        "<!-- --8<-- [start:tables] -->",
-        "| pair | refused, computed | refused, constant | ratio | accepted/s, computed | accepted/s, constant | ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for n, (c, k) in enumerate(zip(rows["computed"], rows["constant"], strict=True)):
-        lines.append(
-            f"| {n + 1} | {c['statuses'].get('503', 0)} | {k['statuses'].get('503', 0)} | {refused[n]:.2f} "
-            f"| {c['accepted_per_s']:.1f} | {k['accepted_per_s']:.1f} | {accepted[n]:.2f} |"
-        )
-    dropped = [
-        f"pair {n + 1} {name}: {level['statuses']['0']}"
-        for name in ("computed", "constant")
-        for n, level in enumerate(rows[name])
-        if level["statuses"].get("0")
-    ]
-    if dropped:
-        lines += ["", f"Requests whose connection dropped before an answer (not counted above): {', '.join(dropped)}."]
-    lines += [
-        "",
-        (f"Per pair, computed / constant, median [distribution-free interval of the median, coverage "
-         f"{100 * coverage:.1f}% with {len(refused)} pairs]: refused attempts {_median_interval(refused)}, "
-         f"accepted requests/s {_median_interval(accepted)}."),
-        "",
-        "`Retry-After` told with the computed levels' 503s (value: how many), per pair:",
-        "",
-        *(f"- pair {n + 1}: {told(level) or 'no 503'}" for n, level in enumerate(rows["computed"])),
-        "<!-- --8<-- [end:tables] -->",
-        "",
-        "<!-- --8<-- [start:targets] -->",
-        (f"- refused attempts <= {REFUSED_GOAL_RATIO:g}x the constant's: "
-         f"{goal_verdict(refused, REFUSED_GOAL_RATIO, at_least=False)}"),
-        (f"- accepted requests/s >= {ACCEPTED_GOAL_RATIO:g}x the constant's: "
-         f"{goal_verdict(accepted, ACCEPTED_GOAL_RATIO, at_least=True)}"),
-        "<!-- --8<-- [end:targets] -->",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def load_cpus() -> int:
