@@ -40,8 +40,7 @@ def load(name: str, results: Path = RESULTS) -> dict[str, Any]:
 
 def fmt(interval: dict[str, float], digits: int = 2, unit: str = "x") -> str:
     """`median [low, high]unit`, the page's way of writing a figure."""
-    d = digits
-    return f"{interval['median']:.{d}f} [{interval['low']:.{d}f}, {interval['high']:.{d}f}]{unit}"
+    return stats.fmt(interval, digits) + unit
 
 
 def paired(name: str, row: str, metric: str, results: Path = RESULTS) -> dict[str, float]:

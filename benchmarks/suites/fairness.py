@@ -247,8 +247,7 @@ def _interval(values: list[float]) -> dict[str, float]:
     return stats.median_interval(values).__dict__
 
 
-def _fmt(interval: dict[str, float]) -> str:
-    return f"{interval['median']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]"
+_fmt = stats.fmt
 
 
 def within(interval: dict[str, float], tolerance: float = 0.1) -> bool:

@@ -135,8 +135,7 @@ def summarize(blocks: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return {"values": values, "pairs": pairs}
 
 
-def _fmt(interval: dict[str, float], digits: int) -> str:
-    return f"{interval['median']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+_fmt = stats.fmt
 
 
 def markdown(result: dict[str, Any]) -> str:
