@@ -5,7 +5,7 @@ finished through an executor's tracker, with metrics on and off, interleaved.
     python -m benchmarks metrics --smoke --out DIR
 
 Prints microseconds per call (best and median of the rounds) for each mode and
-the difference; writes metrics.json into --out (default benchmarks/results/).
+the difference; writes metrics.json into --out (default .benchmarks/runs/metrics/).
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ no plugin, vLLM with no plugin and `--api-server-count 2`) and every workload:
 3. `/health` p50/p99/max, probed from another process while each level runs;
 4. a post-processing-heavy case: 256 inputs per request.
 
-    python -m benchmarks sweep            # quick (make bench)
+    python -m benchmarks sweep            # quick (make bench-sweep)
     python -m benchmarks sweep --full     # all levels, longer levels, MiniLM too (make bench-full)
     python -m benchmarks sweep --smoke --out DIR   # one row, two levels, a few requests
 
-Writes e2e.json, e2e.md and PNG plots into --out (default benchmarks/results/).
+Writes e2e.json, e2e.md and PNG plots into --out (default .benchmarks/runs/sweep/).
 """
 
 from __future__ import annotations
