@@ -15,7 +15,8 @@ from typing import Any
 from offload._lag import percentile
 
 __all__ = [
-    "RESULTS", "SNAPSHOT", "autogroups_enabled", "commit_words", "dirty", "header", "loadavg", "machine", "parser", "percentile", "run_line",
+    "RESULTS", "SNAPSHOT", "autogroups_enabled", "commit_words", "dirty", "end", "header", "loadavg", "machine", "parser",
+    "percentile", "run_line", "start",
     "table", "write",
 ]
 
@@ -87,6 +88,17 @@ def autogroups_enabled() -> str | None:
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
     except OSError:
         return None
+
+
+def start(section: str) -> str:
+    """The marker that opens a report's `section`, which the docs quote with
+    `--8<-- "FILE:section"` (pymdownx.snippets) and `python -m benchmarks` prints."""
+    return f"<!-- --8<-- [start:{section}] -->"
+
+
+def end(section: str) -> str:
+    """The marker that closes a report's `section` (`start`)."""
+    return f"<!-- --8<-- [end:{section}] -->"
 
 
 def write(out: Path, name: str, data: dict[str, Any], markdown: str) -> None:

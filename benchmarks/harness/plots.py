@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import stats
+from benchmarks.harness import common, stats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,12 +242,12 @@ DECISIONS = (
 
 def decision_table(results: Path = RESULTS) -> str:
     lines = [
-        "<!-- --8<-- [start:table] -->",
+        common.start("table"),
         "| workload | use | what it buys against vLLM's default (median [interval], ratio per round) | run |",
         "|---|---|---|---|",
     ]
     lines += [f"| {d.workload} | {d.use} | {d.buys(results)} | [details]({d.link}) |" for d in DECISIONS]
-    lines.append("<!-- --8<-- [end:table] -->")
+    lines.append(common.end("table"))
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +309,7 @@ HEADLINES: dict[str, Callable[[Path], str]] = {"paired": paired_headline, "mixed
 
 def headlines(results: Path = RESULTS) -> str:
     return "".join(
-        f"<!-- --8<-- [start:{name}] -->\n{make(results)}<!-- --8<-- [end:{name}] -->\n"
+        f"{common.start(name)}\n{make(results)}{common.end(name)}\n"
         for name, make in HEADLINES.items()
     )
 

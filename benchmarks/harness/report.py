@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import common
 from benchmarks.harness.common import table
 
 DEFAULT_ROW = "vLLM default"
@@ -159,7 +160,7 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
     parts = [
         "# offload end-to-end benchmark",
         "",
-        "<!-- --8<-- [start:meta] -->",
+        common.start("meta"),
         f"- date: {meta['date']}",
         f"- machine: {meta['cpus']} CPUs ({meta['cpu']}), {meta['platform']}, Python {meta['python']}",
         f"- load average before / after: {meta['loadavg_before']} / {meta.get('loadavg_after', '-')}",
@@ -171,9 +172,9 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
         ),
     ]
     parts += [f"- note: {note}" for note in meta.get("notes", [])]
-    parts += ["<!-- --8<-- [end:meta] -->"]
+    parts += [common.end("meta")]
     # The docs page includes everything between these markers (pymdownx.snippets sections).
-    parts += ["", "<!-- --8<-- [start:tables] -->"]
+    parts += ["", common.start("tables")]
     for wname, workload in results["workloads"].items():
         parts += ["", f"## Workload: {wname}", "", workload.get("description", ""), ""]
         skipped = [f"- {n}: {r['status']}" for n, r in workload["rows"].items() if r.get("status") != "ok"]
@@ -190,6 +191,6 @@ def markdown(results: dict[str, Any], plots: dict[str, list[Path]]) -> str:
         if tg:
             parts += ["### Targets", "", _table(["target", "status", "detail"],
                                                 [[t["target"], t["status"], t["detail"]] for t in tg]), ""]
-    parts += ["<!-- --8<-- [end:tables] -->", ""]
+    parts += [common.end("tables"), ""]
     parts += [f"![{w}]({p.name})" for w, paths in plots.items() for p in paths]
     return "\n".join(parts) + "\n"

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = (f"{clients} clients x {per_client} random {size} px JPEGs (base64) each, decoded and run "
              f"through CLIP's image processor; pool size {args.workers}; {results['meta']['cpus']} CPUs, "
              f"commit `{results['meta']['commit']}`, {results['meta']['date']}.\n\n")
-    table = f"<!-- --8<-- [start:tables] -->\n{setup}{table}<!-- --8<-- [end:tables] -->\n"
+    table = f"{_common.start('tables')}\n{setup}{table}{_common.end('tables')}\n"
     _common.write(args.out, "image_library", results, _common.header("Library-level: image preprocessing (base64 JPEG to CLIP pixel values)", results["meta"]) + table)
     print(f"wrote {args.out / 'image_library'}.json and .md")
     return 0

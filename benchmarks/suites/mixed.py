@@ -466,7 +466,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Mixed traffic, `{result['variant']}`",
         "",
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         _common.run_line(result),
         "",
         (f"{VARIANTS[result['variant']].description}. Small requests: {small}, alone and then with "
@@ -476,9 +476,9 @@ def markdown(result: dict[str, Any]) -> str:
          f"Medians over rounds, [intervals] from order statistics (coverage {100 * coverage:.1f}% with "
          f"{result['rounds']} rounds). Run took {result['wall_s']:.0f} s, of which server start-up "
          f"{result['startup_s']:.0f} s."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | " + " | ".join(label for label, _ in METRICS.values()) + " |",
         "|---|" + "---|" * len(METRICS),
     ]
@@ -539,11 +539,11 @@ def markdown(result: dict[str, Any]) -> str:
     if errors:
         lines += ["", f"First error of each kind: {json.dumps(errors)}"]
     lines += [
-        "<!-- --8<-- [end:tables] -->",
+        _common.end("tables"),
         "",
-        "<!-- --8<-- [start:targets] -->",
+        _common.start("targets"),
         *(verdict_line(t) for t in result["targets"]),
-        "<!-- --8<-- [end:targets] -->",
+        _common.end("targets"),
     ]
     return "\n".join(lines) + "\n"
 

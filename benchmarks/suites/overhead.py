@@ -104,7 +104,7 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
     md = _common.header("Per-call overhead (one caller, asyncio)", info)
     md += ("Mean time per sequential call, median over rounds [interval]; ratio to bare `run_in_executor` "
            f"taken within each round, median [interval]. Load average at the end: {info['loadavg']}.\n\n")
-    md += "<!-- --8<-- [start:table] -->\n"
+    md += _common.start("table") + "\n"
     for workload, by_name in rounds_s.items():
         base = by_name["run_in_executor"]
         rows = []
@@ -121,7 +121,7 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
         f"measured {thread.median:.2f}× [{thread.low:.2f}, {thread.high:.2f}] — "
         f"{stats.target_verdict(thread.low, thread.median, thread.high, 1.05)}"
         f"{', stretch met' if thread.high <= 0.8 else ''}.\n"
-        "<!-- --8<-- [end:table] -->\n"
+        f"{_common.end('table')}\n"
     )
     return md
 

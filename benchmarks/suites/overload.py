@@ -125,14 +125,14 @@ def _interval(values: list[float]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     rows = result["rows"]
     lines = [
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
         f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
         f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | accepted/s | accepted p50 ms | accepted p99 ms | 503s | /health p99 ms |",
         "|---|---|---|---|---|---|",
     ]
@@ -150,7 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
         (f"Per pair, bounded / unbounded: accepted p99 {_interval(ratios['accepted_p99'])}; "
         f"/health p99 {_interval(ratios['health_p99'])}."),
     ]
-    lines += ["<!-- --8<-- [end:tables] -->", ""]
+    lines += [_common.end("tables"), ""]
     return "\n".join(lines)
 
 

@@ -371,16 +371,16 @@ def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rows = list(summary)
     lines = [
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}{_commit_words(result)}: {describe_workload(result.get('workload', 'tiny'))}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
         f"with {result['rounds']} rounds)."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | requests/s | latency p99 ms | /health p99 ms | requests/s vs default | /health p99 vs default |",
         "|---|---|---|---|---|---|",
     ]
@@ -454,11 +454,11 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         (f"Worker processes spawned during measured blocks: {spawned}. Failed requests: {errors}. "
         f"Server start-up (all rows at once): {result['startup_s']:.0f} s."),
-        "<!-- --8<-- [end:tables] -->",
+        _common.end("tables"),
         "",
-        "<!-- --8<-- [start:targets] -->",
+        _common.start("targets"),
         *_targets(result),
-        "<!-- --8<-- [end:targets] -->",
+        _common.end("targets"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         f"one worker; images: {clients} callers x {per_client} {size} px JPEGs per round on 2 workers; "
         f"load average at the end {meta['load_average'][0]:.1f}; commit `{meta['commit']}`, {meta['date']}.\n\n"
     )
-    markdown = f"<!-- --8<-- [start:tables] -->\n{setup}{text}<!-- --8<-- [end:tables] -->\n"
+    markdown = f"{_common.start('tables')}\n{setup}{text}{_common.end('tables')}\n"
     _common.write(
         args.out, "ray",
         {"meta": meta, "per_call_s": per_call, "ray_over_bare": ratios, "images": image_rows,
