@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness bench-snapshot clean
+.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-image bench-gpu bench-mixed bench-fairness bench-snapshot clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -42,8 +42,7 @@ help:
 	@echo "make bench-list - every benchmark suite: its question, command, minutes on 2 cores, output (python -m benchmarks)"
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 10 min on 2 cores) into .benchmarks/runs/ (ignored)"
 	@echo "make bench-compare - rerun the steady figures (per-call overhead, CPU per request) against the docs' snapshot (about 10 min)"
-	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
-	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
+	@echo "make bench-image - image preprocessing per strategy, library level (about a minute)"
 	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 10 min)"
 	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
 	@echo "make bench-snapshot SUITE=NAME [ARGS=...] - on purpose: rerun a suite into the docs' snapshot (benchmarks/results/latest/NAME), then remake the decision table and pictures"
@@ -176,18 +175,10 @@ bench-mixed: $(STAMP)
 bench-fairness: $(STAMP)
 	$(BIN)/python -m benchmarks fairness
 
-# The concurrency sweep (1..128 clients) and the library-level image run.
-bench-sweep: $(STAMP)
-	$(BIN)/python -m benchmarks sweep
+# Image preprocessing (base64 JPEG to CLIP pixels) per strategy, library level;
+# through vLLM, images are the mixed suite's multimodal variant.
+bench-image: $(STAMP)
 	$(BIN)/python -m benchmarks image
-
-bench-full: $(STAMP)
-	$(BIN)/python -m benchmarks sweep --full
-	$(BIN)/python -m benchmarks image
-
-# Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
-bench-multimodal: $(STAMP)
-	$(BIN)/python -m benchmarks sweep --workloads clip --clients 1 16 64 --out .benchmarks/runs/sweep/multimodal
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)

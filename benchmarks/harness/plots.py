@@ -63,14 +63,6 @@ def mixed_value(variant: str, row: str, metric: str, results: Path = RESULTS) ->
     return value
 
 
-def sweep_level(path: str, workload: str, row: str, clients: int, results: Path = RESULTS) -> dict[str, Any]:
-    for level in load(path, results)["workloads"][workload]["rows"][row]["sweep"]:
-        if level["clients"] == clients:
-            found: dict[str, Any] = level
-            return found
-    raise KeyError(f"{path}: {row!r} has no level of {clients} clients")
-
-
 @dataclass(frozen=True)
 class Decision:
     workload: str
@@ -141,14 +133,13 @@ def _engine(r: Path) -> str:
 
 
 def _images(r: Path) -> str:
-    process = sweep_level("sweep/multimodal/e2e.json", "clip", "offload process", 64, r)["health"]["p99_ms"]
-    default = sweep_level("sweep/multimodal/e2e.json", "clip", DEFAULT, 64, r)["health"]["p99_ms"]
     return (
         f"small image request's p50 under a flood "
         f"{fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`), "
         f"{fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} (`process`, at heavy "
         f"requests/s {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'heavy_per_s', r))}); "
-        f"`/health` p99 at 64 clients {process:.0f} ms with `process`, {default:.0f} ms with vLLM's default (one sweep run)"
+        f"`/health` p99 under it {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'health_p99_ms', r))} "
+        f"(`process`), {fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'health_p99_ms', r))} (`thread`)"
     )
 
 
@@ -223,7 +214,7 @@ DECISIONS = (
         "Images",
         "`process`, with `--mm-processor-cache-gb 0`",
         _images,
-        "decisions/0003-express-worker-one-piece-and-a-quarter.md",
+        "decisions/0028-the-concurrency-sweep-answered-once.md",
     ),
     Decision(
         "A function with a cheaper batch form",
