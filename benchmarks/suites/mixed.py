@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         servers = {row: url + variant.path for row, (url, _) in running.items()}
         result["startup_s"] = time.monotonic() - started
         # Entered after the servers: every stopped one is resumed before they are stopped.
-        idle = stack.enter_context(idle_servers.IdleServers(running, "paused"))
+        idle = stack.enter_context(idle_servers.IdleServers(running))
         heavy_bodies = heavy()
         memory: dict[str, dict[str, float]] = {}
         for row, url in servers.items():  # warm-up, not measured
