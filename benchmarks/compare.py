@@ -1,4 +1,4 @@
-"""Regression check: the steady figures of the current tree against `results/latest`.
+"""Regression check: the steady figures of the current tree against the docs' snapshot (`results/latest`).
 
     python -m benchmarks compare                        # overhead (~1 min) and CPU per request (~8 min)
     python -m benchmarks compare --skip-paired          # overhead only

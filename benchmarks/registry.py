@@ -53,7 +53,7 @@ SUITES: tuple[Suite, ...] = (
           5, "fairness.{json,md}"),
     Suite("overhead", "benchmarks.suites.overhead",
           "What does one hand-off off the loop cost, against loop.run_in_executor?",
-          0.2, "overhead.{json,md}"),
+          0.15, "overhead.{json,md}"),
     Suite("startup", "benchmarks.suites.startup",
           "How long does a new user's server take to answer, and what do its workers hold in memory, per strategy?",
           6, "startup.{json,md}", vllm=True),
