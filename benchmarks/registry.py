@@ -73,9 +73,6 @@ SUITES: tuple[Suite, ...] = (
     Suite("image", "benchmarks.suites.image",
           "Image preprocessing (base64 JPEG to CLIP pixels) per strategy: images/s and loop lag",
           1, "image_library.{json,md}"),
-    Suite("metrics", "benchmarks.suites.metrics",
-          "What do offload's metrics add to a call?",
-          0.5, "metrics.json"),
 )
 
 BY_NAME = {suite.name: suite for suite in SUITES}
