@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-image bench-gpu bench-mixed bench-fairness bench-snapshot clean
+.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-gpu bench-mixed bench-fairness bench-snapshot clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -42,7 +42,6 @@ help:
 	@echo "make bench-list - every benchmark suite: its question, command, minutes on 2 cores, output (python -m benchmarks)"
 	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 10 min on 2 cores) into .benchmarks/runs/ (ignored)"
 	@echo "make bench-compare - rerun the steady figures (per-call overhead, CPU per request) against the docs' snapshot (about 10 min)"
-	@echo "make bench-image - image preprocessing per strategy, library level (about a minute)"
 	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 10 min)"
 	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
 	@echo "make bench-snapshot SUITE=NAME [ARGS=...] - on purpose: rerun a suite into the docs' snapshot (benchmarks/results/latest/NAME), then remake the decision table and pictures"
@@ -174,11 +173,6 @@ bench-mixed: $(STAMP)
 # fair scheduling against FIFO, served cost counted by declared costs in start order.
 bench-fairness: $(STAMP)
 	$(BIN)/python -m benchmarks fairness
-
-# Image preprocessing (base64 JPEG to CLIP pixels) per strategy, library level;
-# through vLLM, images are the mixed suite's multimodal variant.
-bench-image: $(STAMP)
-	$(BIN)/python -m benchmarks image
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)

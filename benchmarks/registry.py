@@ -70,9 +70,6 @@ SUITES: tuple[Suite, ...] = (
     Suite("process", "benchmarks.suites.process",
           "Where does the process strategy's shared-memory arena beat the pipe, by message size?",
           1, "process.{json,md}"),
-    Suite("image", "benchmarks.suites.image",
-          "Image preprocessing (base64 JPEG to CLIP pixels) per strategy: images/s and loop lag",
-          1, "image_library.{json,md}"),
 )
 
 BY_NAME = {suite.name: suite for suite in SUITES}

@@ -28,7 +28,7 @@ from benchmarks.suites import mixed as bench_mixed
 ROOT = Path(__file__).resolve().parents[2]
 OWN_SMOKE_TEST = {"mixed": "test_mixed_traffic_smoke_run_is_sane"}
 #: A suite that starts no server may still start worker processes that import
-#: heavy libraries (the image suite's import transformers): beside the vLLM
+#: heavy libraries (as the image suite's imported transformers): beside the vLLM
 #: suite, at a load of about 10 on two cores, that took over the 120 s that
 #: stop a hung test elsewhere (44 s at a load of 14 without memory pressure).
 NO_SERVER_TIMEOUT_S = 300
