@@ -254,15 +254,3 @@ def run_level(
         health=prober.summary(),
         first_error=first_error,
     )
-
-
-def sequential_latencies(base_url: str, path: str, payload: Payload, n: int) -> list[float]:
-    """`n` requests one after another from one client (the seeds' overhead_online)."""
-
-    async def go() -> list[float]:
-        lat, _, errors, _, first_error = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
-        if errors:
-            raise RuntimeError(f"{errors} of {n} overhead requests failed; first: {first_error}")
-        return lat
-
-    return asyncio.run(go())

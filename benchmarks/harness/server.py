@@ -94,12 +94,6 @@ class ServerConfig:
         return env
 
 
-def adapter_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("offload_vllm") is not None
-
-
 #: Where `free_port` looks first: ports from here up to the start of Linux's
 #: ephemeral range, which the kernel never hands to an outgoing connection,
 #: and above Ray's default worker ports (10002-19999), which a Ray suite
