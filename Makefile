@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-sweep bench-full bench-multimodal bench-gpu bench-mixed bench-fairness clean
+.PHONY: help venv serve test test-core test-vllm test-bench test-bench-smoke test-ray test-ray-plugin test-ray-vllm check-vllm-seams lint typecheck docs docs-serve bench bench-list bench-compare bench-gpu bench-mixed bench-fairness bench-snapshot clean
 
 # `make serve`: vLLM's OpenAI-compatible server for the packaged all-MiniLM-L6-v2,
 # its pooling entrypoints under OFFLOAD_STRATEGY (thread unless set).
@@ -40,12 +40,11 @@ help:
 	@echo "make docs    - build the documentation site into site/"
 	@echo "make check-vllm-seams [VLLM_SPEC='vllm==0.33.0'] - look for the adapter's seams in a vLLM release's source, without installing it"
 	@echo "make bench-list - every benchmark suite: its question, command, minutes on 2 cores, output (python -m benchmarks)"
-	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 10 min on 2 cores) into benchmarks/results/latest/"
-	@echo "make bench-compare - rerun the steady figures (per-call overhead, CPU per request) against benchmarks/results/latest (about 10 min)"
-	@echo "make bench-sweep - the concurrency sweep (1..128 clients) and the image run"
-	@echo "make bench-full - every client level, longer levels, MiniLM too (about an hour)"
-	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 10 min) into benchmarks/results/latest/"
+	@echo "make bench   - paired end-to-end vLLM benchmark, CPU per request (about 10 min on 2 cores) into .benchmarks/runs/ (ignored)"
+	@echo "make bench-compare - rerun the steady figures (per-call overhead, CPU per request) against the docs' snapshot (about 10 min)"
+	@echo "make bench-mixed - small requests alone and under a flood of heavy ones (about 10 min)"
 	@echo "make bench-fairness - how lanes and flows share the workers between backlogged clients, no vLLM (about 5 min on 2 cores)"
+	@echo "make bench-snapshot SUITE=NAME [ARGS=...] - on purpose: rerun a suite into the docs' snapshot (benchmarks/results/latest/NAME), then remake the decision table and pictures"
 
 venv: $(STAMP)
 
@@ -148,9 +147,9 @@ test-bench-smoke: $(STAMP)
 	$(BIN)/python -m pytest benchmarks/tests -m e2e $(PYTEST_ARGS)
 
 # The benchmark suites, through their one entry point (`python -m benchmarks`
-# lists them). Each writes its current result into benchmarks/results/latest/SUITE/;
-# `python -m benchmarks plots` remakes the benchmarks page's decision table and
-# pictures (docs/img/) from those results.
+# lists them). Each writes into .benchmarks/runs/SUITE/, which git ignores: a
+# run never changes tracked files. The docs quote the snapshot in
+# benchmarks/results/latest/, changed only on purpose by bench-snapshot.
 bench-list: $(STAMP)
 	$(BIN)/python -m benchmarks
 
@@ -158,10 +157,9 @@ bench-list: $(STAMP)
 # order per round, CPU per request from /proc (about 10 min on 2 cores).
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks paired
-	$(BIN)/python -m benchmarks plots
 
 # The regression check: per-call overhead and CPU per request on this tree
-# against benchmarks/results/latest, on the same machine, with intervals.
+# against the docs' snapshot (benchmarks/results/latest), with intervals.
 bench-compare: $(STAMP)
 	$(BIN)/python -m benchmarks compare
 
@@ -170,34 +168,23 @@ bench-compare: $(STAMP)
 # 32 tokens), 5 rounds. Other variants: --variant engine|score|token-ids|multimodal.
 bench-mixed: $(STAMP)
 	$(BIN)/python -m benchmarks mixed
-	$(BIN)/python -m benchmarks plots
 
 # Fairness at library level (no vLLM): two backlogged lanes (4:1, 1:1) or flows,
 # fair scheduling against FIFO, served cost counted by declared costs in start order.
 bench-fairness: $(STAMP)
 	$(BIN)/python -m benchmarks fairness
-	$(BIN)/python -m benchmarks plots
-
-# The concurrency sweep (1..128 clients) and the library-level image run.
-SWEEP := benchmarks/results/latest/sweep
-bench-sweep: $(STAMP)
-	$(BIN)/python -m benchmarks sweep
-	$(BIN)/python -m benchmarks image
-	mkdir -p docs/img && cp $(SWEEP)/e2e_tiny.png docs/img/
-
-bench-full: $(STAMP)
-	$(BIN)/python -m benchmarks sweep --full
-	$(BIN)/python -m benchmarks image
-	mkdir -p docs/img && cp $(SWEEP)/e2e_tiny.png docs/img/
-
-# Image embeddings through vLLM (tiny CLIP, base64 JPEGs): its own short run.
-bench-multimodal: $(STAMP)
-	$(BIN)/python -m benchmarks sweep --workloads clip --clients 1 16 64 --out $(SWEEP)/multimodal
-	mkdir -p docs/img && cp $(SWEEP)/multimodal/e2e_clip.png docs/img/
 
 # The library-level encoder run; meant for a GPU machine (BERT-base on CPU is slow).
 bench-gpu: $(STAMP)
 	$(BIN)/python -m benchmarks gpu
+
+# Update the docs' snapshot on purpose: one suite rerun into
+# benchmarks/results/latest/SUITE, then the decision table and pictures remade
+# from the snapshot; review with git diff before committing.
+bench-snapshot: $(STAMP)
+	@test -n "$(SUITE)" || { echo "usage: make bench-snapshot SUITE=NAME [ARGS='--variant engine']"; exit 2; }
+	$(BIN)/python -m benchmarks $(SUITE) $(ARGS) --out benchmarks/results/latest/$(SUITE)
+	$(BIN)/python -m benchmarks plots
 
 demo: $(STAMP)
 	$(BIN)/python docs/examples/loop_lag_demo.py

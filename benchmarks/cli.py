@@ -2,8 +2,8 @@
 
     python -m benchmarks                      # list the suites: question, command, minutes, output
     python -m benchmarks SUITE [ARGS...]      # run one (ARGS: the suite's own, see SUITE --help)
-    python -m benchmarks compare [--smoke]    # rerun the steady figures, compare with results/latest
-    python -m benchmarks plots                # remake the decision table and pictures from results/latest
+    python -m benchmarks compare [--smoke]    # rerun the steady figures, compare with the snapshot
+    python -m benchmarks plots                # remake the decision table and pictures from the snapshot (benchmarks/results/latest)
 
 A suite shows its progress on stderr (a bar on a terminal, a line per step
 elsewhere) and ends by printing its answer: the report's tables, then where
@@ -35,25 +35,23 @@ def listing() -> str:
     """Every suite: its question, command, expected minutes on 2 cores and output."""
     lines = [
         "Suites (python -m benchmarks SUITE [--smoke] [--out DIR] [suite options; SUITE --help]).",
-        f"Results go to {_shown(common.RESULTS)}/SUITE/ unless --out says otherwise.",
+        f"Results go to {_shown(common.RESULTS)}/SUITE/ (ignored by git) unless --out says otherwise;",
+        f"the docs quote the snapshot in {_shown(common.SNAPSHOT)}/, updated only by --out naming it.",
         "",
     ]
-    for kind, title in (("suite", "Maintained suites"), ("calibration", "Calibration (derive a default)"),
-                        ("tool", "Tools")):
-        lines.append(f"{title}:")
-        for suite in (s for s in SUITES if s.kind == kind):
-            missing = [m for m in suite.requires if importlib.util.find_spec(m) is None]
-            notes = [f"~{suite.minutes:g} min on {suite.measured_on}"]
-            if suite.vllm:
-                notes.append("starts vLLM servers")
-            if missing:
-                notes.append(f"needs {', '.join(missing)}: not installed here")
-            lines += [
-                f"  {suite.name:<13} {suite.question}",
-                f"  {'':<13} {suite.command}  ({'; '.join(notes)})",
-                f"  {'':<13} writes {suite.output}",
-            ]
-        lines.append("")
+    for suite in SUITES:
+        missing = [m for m in suite.requires if importlib.util.find_spec(m) is None]
+        notes = [f"~{suite.minutes:g} min on {suite.measured_on}"]
+        if suite.vllm:
+            notes.append("starts vLLM servers")
+        if missing:
+            notes.append(f"needs {', '.join(missing)}: not installed here")
+        lines += [
+            f"  {suite.name:<13} {suite.question}",
+            f"  {'':<13} {suite.command}  ({'; '.join(notes)})",
+            f"  {'':<13} writes {suite.output}",
+        ]
+    lines.append("")
     lines.append("Also: `python -m benchmarks compare` (regression check), `python -m benchmarks plots`.")
     return "\n".join(lines)
 

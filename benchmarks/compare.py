@@ -1,4 +1,4 @@
-"""Regression check: the steady figures of the current tree against `results/latest`.
+"""Regression check: the steady figures of the current tree against the docs' snapshot (`results/latest`).
 
     python -m benchmarks compare                        # overhead (~1 min) and CPU per request (~8 min)
     python -m benchmarks compare --skip-paired          # overhead only
@@ -154,7 +154,7 @@ def _same_machine(what: str, then: str, now: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny overhead run, no paired rerun: proves it runs")
-    p.add_argument("--baseline", type=Path, default=common.RESULTS, help="results to compare against")
+    p.add_argument("--baseline", type=Path, default=common.SNAPSHOT, help="results to compare against (default: the snapshot)")
     p.add_argument("--skip-paired", action="store_true", help="compare the overhead figures only")
     p.add_argument("--paired-result", type=Path, help="a paired.json made on this tree, instead of a rerun")
     p.add_argument("--rows", nargs="+", default=list(PAIRED_ROWS), help="paired rows to rerun (vLLM default always)")

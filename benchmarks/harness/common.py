@@ -15,16 +15,22 @@ from typing import Any
 from offload._lag import percentile
 
 __all__ = [
-    "RESULTS", "autogroups_enabled", "commit_words", "dirty", "header", "loadavg", "machine", "parser", "percentile", "run_line",
+    "RESULTS", "SNAPSHOT", "autogroups_enabled", "commit_words", "dirty", "end", "header", "loadavg", "machine", "parser",
+    "percentile", "run_line", "start",
     "table", "write",
 ]
 
-#: One current result per suite: `RESULTS / <suite>` (older runs live in git history).
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "latest"
+ROOT = Path(__file__).resolve().parents[2]
+#: Where a run writes by default, `RESULTS / <suite>`: ignored by git, as
+#: pytest-benchmark's `.benchmarks/` is, so a run never rewrites tracked files.
+RESULTS = ROOT / ".benchmarks" / "runs"
+#: The docs' snapshot, one current result per suite (`SNAPSHOT / <suite>`):
+#: updated on purpose only, by a run given `--out benchmarks/results/latest/<suite>`.
+SNAPSHOT = ROOT / "benchmarks" / "results" / "latest"
 
 
 def parser(description: str, suite: str) -> argparse.ArgumentParser:
-    """The options every suite takes; `--out` defaults to the suite's `results/latest` folder."""
+    """The options every suite takes; `--out` defaults to `RESULTS / suite`, outside the tracked tree."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--smoke", action="store_true", help="tiny sizes: proves the script runs, measures nothing")
     p.add_argument("--out", type=Path, default=RESULTS / suite, help=f"output directory (default {RESULTS / suite})")
@@ -82,6 +88,17 @@ def autogroups_enabled() -> str | None:
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
     except OSError:
         return None
+
+
+def start(section: str) -> str:
+    """The marker that opens a report's `section`, which the docs quote with
+    `--8<-- "FILE:section"` (pymdownx.snippets) and `python -m benchmarks` prints."""
+    return f"<!-- --8<-- [start:{section}] -->"
+
+
+def end(section: str) -> str:
+    """The marker that closes a report's `section` (`start`)."""
+    return f"<!-- --8<-- [end:{section}] -->"
 
 
 def write(out: Path, name: str, data: dict[str, Any], markdown: str) -> None:

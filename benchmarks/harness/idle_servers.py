@@ -16,20 +16,17 @@ from typing_extensions import Self
 from benchmarks.harness import procstat
 from benchmarks.harness.server import wait_healthy
 
-#: `paused`: stop every server but the measured one; `running`: stop none.
-MODES = ("paused", "running")
 #: A resumed server answers `/health` within milliseconds; a minute means it is broken.
 RESUME_TIMEOUT_S = 60.0
 
 
 class IdleServers:
-    """The servers whose row is not being measured: with `paused`, their process
-    groups stay stopped (SIGSTOP) except while `serving` their row; with
-    `running`, nothing is stopped. Every stopped server is resumed on exit,
-    whatever ended the run, so none is left stopped for its shutdown."""
+    """The servers whose row is not being measured: their process groups stay
+    stopped (SIGSTOP) except while `serving` their row. Every stopped server is
+    resumed on exit, whatever ended the run, so none is left stopped for its
+    shutdown."""
 
-    def __init__(self, servers: dict[str, tuple[str, int]], mode: str) -> None:
-        self.mode = mode
+    def __init__(self, servers: dict[str, tuple[str, int]]) -> None:
         self._urls = {row: url for row, (url, _) in servers.items()}
         # running_servers starts each server in its own session: its process
         # group's id is the API server's pid.
@@ -37,9 +34,8 @@ class IdleServers:
         self._stopped: set[str] = set()
 
     def __enter__(self) -> Self:
-        if self.mode == "paused":
-            for row in self._groups:
-                self._stop(row)
+        for row in self._groups:
+            self._stop(row)
         return self
 
     def __exit__(
@@ -71,8 +67,7 @@ class IdleServers:
         try:
             yield
         finally:
-            if self.mode == "paused":
-                self._stop(row)
+            self._stop(row)
 
     def others_cpu(self, row: str) -> float:
         """CPU seconds used so far by every process of the servers other than `row`'s."""

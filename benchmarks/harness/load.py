@@ -166,17 +166,6 @@ def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]
     return {**quantiles_ms(arrived, "arrived"), "without_arrival": float(answers - len(arrived))}
 
 
-def less_wait_ms(latencies_s: list[float], waits_s: list[float]) -> dict[str, float]:
-    """p50, p99 and max (ms, keys `..._less_wait_ms`) of the latencies less the
-    client's own wait for a CPU during each; none where the waits were not
-    measured. A lower bound of the server's time (and the network's): a client
-    preempted just after sending waits while the server works, and that
-    overlap is removed too."""
-    if not latencies_s or len(waits_s) != len(latencies_s):
-        return {}
-    return quantiles_ms([max(0.0, lat - wait) for lat, wait in zip(latencies_s, waits_s, strict=True)], "less_wait")
-
-
 #: The header of a body sent as JSON bytes already encoded.
 _JSON = {"Content-Type": "application/json"}
 
@@ -265,15 +254,3 @@ def run_level(
         health=prober.summary(),
         first_error=first_error,
     )
-
-
-def sequential_latencies(base_url: str, path: str, payload: Payload, n: int) -> list[float]:
-    """`n` requests one after another from one client (the seeds' overhead_online)."""
-
-    async def go() -> list[float]:
-        lat, _, errors, _, first_error = await closed_loop(base_url + path, 1, lambda _: payload, 3600.0, n)
-        if errors:
-            raise RuntimeError(f"{errors} of {n} overhead requests failed; first: {first_error}")
-        return lat
-
-    return asyncio.run(go())

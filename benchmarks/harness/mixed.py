@@ -4,12 +4,10 @@
     heavy clients (flood process)   -----+--> one vLLM server
     GET /health (prober process)    ----/
 
-Small requests are sent open-loop (`open_loop`: at the times of a schedule,
-such as `poisson_arrivals`, each in its own task, whatever the earlier ones'
-answers) or by closed-loop clients (`closed_loop`: each sends its next
-request when the last is answered). So is the flood: closed-loop clients by
-default, which send more the faster they are answered; open-loop at a fixed
-rate to offer every server the same heavy requests.
+Small requests are sent open-loop on plain sockets (`open_loop_timed`: at
+the times of a schedule, such as `poisson_arrivals`, each on a thread of its
+own, whatever the earlier ones' answers); the flood by closed-loop clients
+(`closed_loop`: each sends its next request when the last is answered).
 
 The flood has its own process so that the small requests' latencies are timed
 on an event loop that is not also pushing the heavy requests' bodies (up to a
@@ -45,9 +43,8 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks.harness import raw_http, workloads
-from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, less_wait_ms, summarize_ms
+from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, summarize_ms
 from benchmarks.harness.side_process import SideProcess
-from benchmarks.harness.thread_states import own_wait_s
 
 #: Builds a list of request bodies (JSON bytes); module-level functions and
 #: `functools.partial`s of them, so that the flood's can be sent to its process.
@@ -82,9 +79,6 @@ class Tally:
     latencies_s: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
     first_error: str = ""
-    #: The client thread's own wait for a CPU (s) while each 200 was in
-    #: flight, in `latencies_s`' order (empty where the kernel does not say).
-    waits_s: list[float] = field(default_factory=list)
     #: Plain-socket clients (`open_loop_timed`): each 200's time (s) from
     #: sending until its answer reached the client's socket, by the kernel's
     #: clock (`raw_http`), in `latencies_s`' order; None where the kernel gave
@@ -103,13 +97,13 @@ class Tally:
         return {
             "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
             "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
-            "waits_s": self.waits_s, "arrivals_s": self.arrivals_s,
+            "arrivals_s": self.arrivals_s,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Tally:
         return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"], data.get("waits_s", []), data.get("arrivals_s", []))
+                   data["finished_at"], data["first_error"], data.get("arrivals_s", []))
 
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
@@ -128,7 +122,6 @@ class Tally:
             "max_ms": ok["max_ms"],
             "requests_per_s": done / (end - begin) if end > begin else 0.0,
             "first_error": self.first_error,
-            **less_wait_ms(self.latencies_s, self.waits_s),
             **arrived_ms(self.arrivals_s, len(self.latencies_s)),
         }
 
@@ -138,7 +131,7 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     import aiohttp
 
     tally.sent += 1
-    waited, t0 = own_wait_s(), time.monotonic()
+    t0 = time.monotonic()
     try:
         async with session.post(url, data=body, headers=_JSON) as resp:
             await resp.read()
@@ -152,9 +145,6 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     if status == 200:
         tally.latencies_s.append(done - t0)
         tally.finished_at.append(done)
-        after = own_wait_s()
-        if waited is not None and after is not None:
-            tally.waits_s.append(after - waited)
     elif not tally.first_error:
         tally.first_error = f"HTTP {status}"
 
@@ -194,37 +184,13 @@ def poisson_arrivals(rate: float, seconds: float, rng: random.Random) -> list[fl
     return times
 
 
-async def open_loop(
-    url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT,
-    keep_going: Callable[[], bool] = lambda: True,
-) -> None:
-    """Send request `n` at `arrivals[n]` s from now, each in its own task, without
-    waiting for earlier answers, while `keep_going()`; a request due while
-    `max_in_flight` are in flight is counted in `tally.unsent` instead. Returns
-    once every request sent is answered or lost."""
-    in_flight: set[asyncio.Task[None]] = set()
-    async with _session(max_in_flight) as session:
-        start = time.monotonic()
-        for n, at in enumerate(arrivals):
-            delay = start + at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if not keep_going():
-                break
-            if len(in_flight) >= max_in_flight:
-                tally.unsent += 1
-                continue
-            task = asyncio.create_task(_send(session, url, bodies[n % len(bodies)], tally))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-        await asyncio.gather(*in_flight)
-
-
 def open_loop_timed(
     url: str, bodies: list[bytes], arrivals: list[float], tally: Tally, max_in_flight: int = MAX_IN_FLIGHT
 ) -> None:
-    """`open_loop` on plain sockets (`raw_http`), each request on a thread of
-    its own: each 200 also records when its answer reached the client's
+    """Send request `n` at `arrivals[n]` s from now on plain sockets
+    (`raw_http`), each on a thread of its own, without waiting for earlier
+    answers; a request due while `max_in_flight` are in flight is counted in
+    `tally.unsent` instead; each 200 also records when its answer reached the client's
     socket (`Tally.arrivals_s`). Idle keep-alive connections are reused,
     newest first, for at most `KEEPALIVE_S`. Returns once every request sent
     is answered or lost (each within `REQUEST_TIMEOUT_S`)."""
@@ -251,7 +217,7 @@ def open_loop_timed(
                 in_flight -= 1
 
     def exchanged(request: bytes) -> None:
-        waited, t0 = own_wait_s(), time.monotonic()
+        t0 = time.monotonic()
         sock: socket.socket | None = None
         try:
             sock = connection()
@@ -262,7 +228,7 @@ def open_loop_timed(
             with lock:
                 tally.first_error = tally.first_error or f"{type(exc).__name__}: {exc}"
             return
-        done, after = time.monotonic(), own_wait_s()
+        done = time.monotonic()
         with lock:
             if answer.closes:
                 sock.close()
@@ -275,8 +241,6 @@ def open_loop_timed(
             tally.latencies_s.append(done - t0)
             tally.finished_at.append(done)
             tally.arrivals_s.append(None if answer.arrived is None else max(0.0, answer.arrived - sent))
-            if waited is not None and after is not None:
-                tally.waits_s.append(after - waited)
 
     with concurrent.futures.ThreadPoolExecutor(max_in_flight) as pool:
         start = time.monotonic()
@@ -303,13 +267,6 @@ def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tall
     return tally
 
 
-def run_open(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
-    """`open_loop` from now until the last arrival (its requests in flight then are still waited for)."""
-    tally = Tally()
-    asyncio.run(open_loop(url, bodies, arrivals, tally, max_in_flight))
-    return tally
-
-
 def run_open_timed(url: str, bodies: list[bytes], arrivals: list[float], max_in_flight: int = MAX_IN_FLIGHT) -> Tally:
     """`open_loop_timed` from now until the last arrival (its requests in flight then are still waited for)."""
     tally = Tally()
@@ -318,7 +275,7 @@ def run_open_timed(url: str, bodies: list[bytes], arrivals: list[float], max_in_
 
 
 def _flood(
-    url: str, build: Bodies, clients: int, arrivals: list[float] | None, started: Any, stop: Any,
+    url: str, build: Bodies, clients: int, started: Any, stop: Any,
     out: multiprocessing.connection.Connection,
 ) -> None:
     bodies = build()
@@ -327,10 +284,7 @@ def _flood(
     async def go() -> None:
         # Set once the loop runs: the first requests go out in this same turn.
         asyncio.get_running_loop().call_soon(started.set)
-        if arrivals is None:
-            await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
-        else:
-            await open_loop(url, bodies, arrivals, tally, keep_going=lambda: not stop.is_set())
+        await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
 
     asyncio.run(go())
     out.send(tally.as_dict())
@@ -339,13 +293,12 @@ def _flood(
 
 class Flood(SideProcess):
     """`build()`'s bodies sent to `url` from another process, from `__enter__`
-    until `__exit__`, by `clients` closed-loop clients or, given `arrivals`,
-    open-loop at those times (s from `__enter__`; `open_loop`); `tally` holds
-    what they got. `__exit__` raises if their requests were not all answered
+    until `__exit__`, by `clients` closed-loop clients; `tally` holds what
+    they got. `__exit__` raises if their requests were not all answered
     or lost in time (unless the block raised)."""
 
-    def __init__(self, url: str, build: Bodies, clients: int, arrivals: list[float] | None = None) -> None:
-        super().__init__(_flood, (url, build, clients, arrivals), what="the flood process",
+    def __init__(self, url: str, build: Bodies, clients: int) -> None:
+        super().__init__(_flood, (url, build, clients), what="the flood process",
                          start_timeout=FLOOD_START_TIMEOUT_S, result_timeout=FLOOD_RESULT_TIMEOUT_S)
 
     @property

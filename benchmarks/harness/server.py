@@ -94,23 +94,6 @@ class ServerConfig:
         return env
 
 
-def switch_interval_env(seconds: float) -> dict[str, str]:
-    """A server environment in which every process starts with the GIL's switch
-    interval at `seconds` (`switch_interval/sitecustomize.py`): for rows that
-    measure what a shorter interval does; not a setting of offload's."""
-    folder = str(Path(__file__).resolve().parent / "switch_interval")
-    return {
-        "OFFLOAD_BENCH_SWITCH_INTERVAL": f"{seconds:g}",
-        "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])),
-    }
-
-
-def adapter_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("offload_vllm") is not None
-
-
 #: Where `free_port` looks first: ports from here up to the start of Linux's
 #: ephemeral range, which the kernel never hands to an outgoing connection,
 #: and above Ray's default worker ports (10002-19999), which a Ray suite

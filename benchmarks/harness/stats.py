@@ -63,3 +63,24 @@ def verdict(ratio: Interval, *, higher: str, lower: str) -> str:
 def paired_ratios(rows: list[float], baseline: list[float]) -> list[float]:
     """Per-round ratios row / baseline (rounds where the baseline is 0 are skipped)."""
     return [r / b for r, b in zip(rows, baseline, strict=True) if b]
+
+
+def target_verdict(low: float, median: float, high: float, bound: float, *, at_least: bool = False) -> str:
+    """A target's verdict from an interval: met or missed where the whole interval
+    is on one side of `bound`; where it crosses the bound, said plainly (the
+    median's side in brackets), so a crossing is never reported as met."""
+    good_low, good_high = (low >= bound, high >= bound) if at_least else (high <= bound, low <= bound)
+    if good_low:
+        return "**met**"
+    if not good_high:
+        return "**missed**"
+    side = "above" if median >= bound else "below"
+    return f"**not met by the interval**: it crosses {bound:g} (median {side})"
+
+
+def fmt(interval: dict[str, float] | Interval | None, digits: int = 2) -> str:
+    """`median [low, high]`, the one way a report writes an interval ("–": not measured)."""
+    if interval is None:
+        return "–"
+    i = interval if isinstance(interval, dict) else interval.__dict__
+    return f"{i['median']:.{digits}f} [{i['low']:.{digits}f}, {i['high']:.{digits}f}]"

@@ -116,20 +116,3 @@ def jpeg_base64(size: int = 224, seed: int = 0) -> str:
     buf = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=90)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def image_payload(model: str, b64: str) -> Payload:
-    """An embeddings request with one image, in vLLM's chat-style `messages` form."""
-    return {
-        "model": model,
-        "messages": [
-            {
-                "role": "user",
-                "content": [{"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{b64}"}}],
-            }
-        ],
-    }
-
-
-def image_factory(model: str, images: int = 8, size: int = 224) -> Rotation:
-    return Rotation([image_payload(model, jpeg_base64(size, seed)) for seed in range(images)])

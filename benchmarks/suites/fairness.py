@@ -247,8 +247,7 @@ def _interval(values: list[float]) -> dict[str, float]:
     return stats.median_interval(values).__dict__
 
 
-def _fmt(interval: dict[str, float]) -> str:
-    return f"{interval['median']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]"
+_fmt = stats.fmt
 
 
 def within(interval: dict[str, float], tolerance: float = 0.1) -> bool:
@@ -261,15 +260,15 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Fairness: two backlogged clients (library level)",
         "",
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         (f"Measured {info['date']} on {info['cpus']} CPUs, Python {info['python']}, commit "
         f"`{info['commit'] or 'uncommitted'}`; {data['calls']} calls per client per run, "
         f"{data['repeats']} runs per row, work = {data['unit_ms']:g} ms of sleep per unit of cost; "
         f"client `a` costs 1-{MAX_COST['a']}, `b` 1-{MAX_COST['b']}. "
         f"Medians over runs with [interval] ({data['coverage']:.1%} coverage)."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:table] -->",
+        _common.start("table"),
         ("| clients | executor | largest gap, fair (pieces) | largest gap, FIFO (pieces) "
         "| weighted share a/b, fair | within 10% | weighted share a/b, FIFO |"),
         "|---|---|---|---|---|---|---|",
@@ -284,7 +283,7 @@ def markdown(data: dict[str, Any]) -> str:
                 f"| {_fmt(fifo['largest_gap_pieces'])} | {_fmt(fair['share_ratio'])} "
                 f"| {'yes' if within(fair['share_ratio']) else '**no**'} | {_fmt(fifo['share_ratio'])} |"
             )
-    lines += ["<!-- --8<-- [end:table] -->", ""]
+    lines += [_common.end("table"), ""]
     return "\n".join(lines)
 
 

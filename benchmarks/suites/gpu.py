@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         title = "Library-level: asyncio loop feeding an encoder"
         meta_line = (f"{meta['gpu'] or device}; {len(results['rounds'])} of {rounds} rounds, rows in a fresh random "
                      f"order each round; sizes {meta['sizes']}; torch {meta['torch']}.\n\n")
-        tables = f"<!-- --8<-- [start:tables] -->\n{text}<!-- --8<-- [end:tables] -->\n"
+        tables = f"{_common.start('tables')}\n{text}{_common.end('tables')}\n"
         _common.write(args.out, "gpu_library", results, _common.header(title, meta) + meta_line + tables)
     bar.close()
     print(f"wrote {args.out / 'gpu_library'}.json and .md")

@@ -104,7 +104,7 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
     md = _common.header("Per-call overhead (one caller, asyncio)", info)
     md += ("Mean time per sequential call, median over rounds [interval]; ratio to bare `run_in_executor` "
            f"taken within each round, median [interval]. Load average at the end: {info['loadavg']}.\n\n")
-    md += "<!-- --8<-- [start:table] -->\n"
+    md += _common.start("table") + "\n"
     for workload, by_name in rounds_s.items():
         base = by_name["run_in_executor"]
         rows = []
@@ -119,8 +119,9 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
     md += (
         f"Target: `thread` ≤ 1.05× bare `run_in_executor` on the no-op (stretch ≤ 0.8×): "
         f"measured {thread.median:.2f}× [{thread.low:.2f}, {thread.high:.2f}] — "
-        f"{'met' if thread.median <= 1.05 else 'missed'}{', stretch met' if thread.median <= 0.8 else ''} (median).\n"
-        "<!-- --8<-- [end:table] -->\n"
+        f"{stats.target_verdict(thread.low, thread.median, thread.high, 1.05)}"
+        f"{', stretch met' if thread.high <= 0.8 else ''}.\n"
+        f"{_common.end('table')}\n"
     )
     return md
 

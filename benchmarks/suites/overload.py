@@ -10,42 +10,13 @@ A client refused with 503 waits the `Retry-After` it got, times
 `--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
 more pressure on), and sends its next request.
 
-`--compare-retry-after` runs the bounded server alone, its levels alternating
-between clients that honour its computed `Retry-After` and clients that wait
-a constant 1 s whatever it says (what the header said before it was
-computed): refused attempts and accepted requests/s, per pair. Before each
-level the server gets no traffic for `--settle` seconds (default 31, longer
-than the longest `Retry-After`, 30 s), so that no refusal of the level
-before is still counted as due back: the two kinds of client are compared
-apart, not the constant clients' leftovers against the computed ones.
-
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
-    python -m benchmarks overload --compare-retry-after --clients 512
-    python -m benchmarks overload --readiness --pairs 3
-
-`--max-queued-cost N`: the bounded server is bounded by
-`OFFLOAD_VLLM_MAX_QUEUED_COST=N` (cost: characters) instead of
-`OFFLOAD_VLLM_MAX_QUEUE`.
-
-`--readiness`: the bounded server also serves the health port
-(`OFFLOAD_VLLM_HEALTH_PORT`), and with every request its clients send, they
-send `GET /ready` to that port at the same moment (on connections of their
-own); each request's answer (200: admitted, 503: refused) is paired with
-what readiness answered. The report gives, over the bounded row's levels,
-the share of refused requests that readiness answered 503 for, and of
-admitted ones that it answered 200 for (the goal: >= 95% each). Beside it,
-the same shares measured in the server, at the moment each default-lane
-request was admitted or refused (`offload_vllm_readiness_at_admission_total`,
-read from the bounded server's `/metrics` before and after each level): what
-`/ready` answered at the decision itself, where the client's `/ready` was
-answered at the moment the request was sent.
 
 Writes overload.json and overload.md into --out (default
-benchmarks/results/latest/overload/); `--compare-retry-after` writes
-overload-retry-after.json and .md there instead (the goal: per pair, refused
-attempts at most 0.5x the constant clients', accepted requests/s at least
-0.95x, judged on the median's interval).
+.benchmarks/runs/overload/). How a computed `Retry-After` compared with a
+constant 1 s is decision record 0025, and how readiness follows admission
+0026, each with the commit that reruns it.
 """
 
 from __future__ import annotations
@@ -63,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, progress, stats, workloads
-from benchmarks.harness.server import HOST, ServerConfig, free_port, running_servers
+from benchmarks.harness import load, models, progress, workloads
+from benchmarks.harness.server import ServerConfig, running_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +52,6 @@ MAX_QUEUE = 30
 
 async def _level(
     url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None, ready_url: str | None = None,
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -89,23 +59,9 @@ async def _level(
     statuses: dict[int, int] = {}
     #: The `Retry-After` header's values on the 503s -> how many.
     told: dict[str, int] = {}
-    #: (request's status, readiness's status) -> how many (`ready_url`).
-    side_by_side: dict[tuple[int, int], int] = {}
-    #: `SEND_BIN_S` of send time -> [admitted, refused] requests sent in it (`ready_url`).
-    send_bins: dict[int, list[int]] = {}
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as probes:
-
-        async def ready() -> int:
-            assert ready_url is not None
-            try:
-                async with probes.get(ready_url) as answer:
-                    await answer.read()
-                    return answer.status
-            except (aiohttp.ClientError, OSError):
-                return 0
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.perf_counter()
         stop = start + seconds
         issued = 0
@@ -116,8 +72,6 @@ async def _level(
                 payload = make_payload(issued)
                 issued += 1
                 t0 = time.perf_counter()
-                # Sent in the same turn of this loop as the request: readiness at its moment.
-                readiness = asyncio.ensure_future(ready()) if ready_url is not None else None
                 try:
                     async with session.post(url, json=payload) as resp:
                         await resp.read()
@@ -126,18 +80,11 @@ async def _level(
                         retry_after = float(header or 0)
                         if status == 503:
                             told[header] = told.get(header, 0) + 1
-                        if constant_retry_s is not None:
-                            retry_after = constant_retry_s
                 except aiohttp.ClientConnectionError:
                     # No answer: the connection dropped (a kept-alive one the server
                     # closed as this request went out). Counted as status 0, not fatal.
                     status, retry_after = 0, 0.0
                 statuses[status] = statuses.get(status, 0) + 1
-                if readiness is not None:
-                    pair = (status, await readiness)
-                    side_by_side[pair] = side_by_side.get(pair, 0) + 1
-                    if status in (200, 503):
-                        send_bins.setdefault(int(t0 / SEND_BIN_S), [0, 0])[status == 503] += 1
                 if status == 200:
                     accepted.append(time.perf_counter() - t0)
                 elif status == 503:
@@ -151,8 +98,6 @@ async def _level(
     return {
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "retry_after_told": told,
-        **({"side_by_side": {f"{a} {r}": n for (a, r), n in sorted(side_by_side.items())},
-            "send_bins": {str(k): v for k, v in send_bins.items()}} if ready_url else {}),
         "accepted_per_s": len(accepted) / wall,
         "accepted_p50_ms": stats["p50_ms"],
         "accepted_p99_ms": stats["p99_ms"],
@@ -162,131 +107,11 @@ async def _level(
 
 def run_level(
     base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-    constant_retry_s: float | None = None, ready_url: str | None = None,
 ) -> dict[str, Any]:
-    before = decisions_counted(base_url) if ready_url else {}
     with load.HealthProber(base_url) as prober:
-        result = asyncio.run(
-            _level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction, constant_retry_s,
-                   ready_url)
-        )
+        result = asyncio.run(_level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction))
     result["health"] = prober.summary()
-    if ready_url:
-        after = decisions_counted(base_url)
-        result["at_decision"] = {key: after[key] - before.get(key, 0) for key in after}
     return result
-
-
-#: The server's count of admission decisions by what `/ready` answered then
-#: (`offload_vllm._health.READINESS_AT_ADMISSION`).
-DECISIONS = "offload_vllm_readiness_at_admission_total"
-
-
-def decisions_counted(base_url: str) -> dict[str, int]:
-    """`"<request's status> <readiness's status>"` -> admission decisions the
-    server at `base_url` counted so far, keyed as `_level`'s `side_by_side`
-    (admitted: 200, refused: 503)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counted: dict[str, int] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == DECISIONS:
-                status = "200" if sample.labels["decision"] == "admitted" else "503"
-                counted[f"{status} {sample.labels['ready']}"] = int(sample.value)
-    return counted
-
-
-def agreement(levels: list[dict[str, Any]], pairs: str = "side_by_side") -> dict[str, Any]:
-    """Readiness beside admission over `levels` (`--readiness`): per level and
-    pooled, the share of refused requests (503) readiness answered 503 for,
-    and of admitted ones (200) it answered 200 for, and the pooled `counts`,
-    from each level's `pairs`: `"side_by_side"` (the clients' `/ready`, sent
-    with each request) or `"at_decision"` (the server's count, at each
-    decision). Of `"side_by_side"`, also `best_admitted_ready`, and under
-    `"server"` the same shares from `"at_decision"`."""
-    def share(counts: dict[str, int], status: str) -> float | None:
-        mine = {key: n for key, n in counts.items() if key.split()[0] == status}
-        total = sum(mine.values())
-        return mine.get(f"{status} {status}", 0) / total if total else None
-
-    out: dict[str, Any] = {}
-    pooled: dict[str, int] = {}
-    for level in levels:
-        for key, n in level.get(pairs, {}).items():
-            pooled[key] = pooled.get(key, 0) + n
-    for name, status in (("refused_not_ready", "503"), ("admitted_ready", "200")):
-        per_level = [x for x in (share(level.get(pairs, {}), status) for level in levels) if x is not None]
-        out[name] = {"per_level": per_level, "pooled": share(pooled, status)}
-    out["counts"] = pooled
-    if pairs == "side_by_side":
-        out["best_admitted_ready"] = {
-            "per_level": [x for x in (best_admitted_ready(level.get("send_bins", {})) for level in levels) if x is not None],
-        }
-        out["server"] = agreement(levels, "at_decision")
-    return out
-
-
-#: The width of the send-time bins of `best_admitted_ready`, in seconds.
-SEND_BIN_S = 0.005
-#: The share of refused requests readiness should answer 503 for (the goal).
-REFUSED_GOAL = 0.95
-
-
-def best_admitted_ready(send_bins: dict[str, list[int]]) -> float | None:
-    """The most admitted requests any readiness could answer 200 for while it
-    answers 503 for `REFUSED_GOAL` of the refused ones, if it could only change
-    its answer every `SEND_BIN_S` (even knowing each request's fate): where
-    refused and admitted requests are sent in the same few ms (a herd), no
-    answer at their moment tells them apart. Bins are taken for 503 in order
-    of refused per admitted (greedy). `None` without refusals."""
-    bins = sorted(send_bins.values(), key=lambda b: b[1] / (b[0] + 1e-9), reverse=True)
-    admitted, refused = sum(b[0] for b in bins), sum(b[1] for b in bins)
-    if not refused or not admitted:
-        return None
-    covered = lost = 0
-    for ok, no in bins:
-        if covered >= REFUSED_GOAL * refused:
-            break
-        covered, lost = covered + no, lost + ok
-    return 1 - lost / admitted
-
-
-def readiness_line(agreed: dict[str, Any]) -> str:
-    """What `agreement` found, in sentences: at each decision (the server's
-    count), then as the clients saw it (their `/ready`, sent with each request)."""
-    def shares(found: dict[str, Any]) -> str:
-        def pooled(name: str) -> str:
-            value = found[name]["pooled"]
-            return _percent([value] if value is not None else [])
-
-        counts = found.get("counts", {})
-        refused = sum(n for key, n in counts.items() if key.startswith("503 "))
-        admitted = sum(n for key, n in counts.items() if key.startswith("200 "))
-        return (f"of {refused} refused requests, `/ready` answered 503 for "
-                f"{_percent(found['refused_not_ready']['per_level'])}, pooled {pooled('refused_not_ready')}; "
-                f"of {admitted} admitted ones, 200 for {_percent(found['admitted_ready']['per_level'])}, "
-                f"pooled {pooled('admitted_ready')}")
-
-    best = agreed.get("best_admitted_ready", {}).get("per_level", [])
-    server = agreed.get("server")
-    at_decision = (f"Readiness at each admission decision (the bounded server's count, "
-                   f"`{DECISIONS}`): {shares(server)}. ") if server and server.get("counts") else ""
-    return (f"{at_decision}Readiness beside admission as the clients saw it (the bounded server's `/ready`, "
-            f"sent with each request): {shares(agreed)}. "
-            f"The most admitted requests any readiness answering 503 for {100 * REFUSED_GOAL:.0f}% of the refused "
-            f"could answer 200 for at their sending, changing its answer at most every {1000 * SEND_BIN_S:g} ms "
-            f"of send time: {_percent(best)}.")
-
-
-def _percent(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) < 2:
-        return f"{100 * values[0]:.1f}%"
-    return (f"{100 * statistics.median(values):.1f}% (median of {len(values)} levels; range "
-            f"{100 * min(values):.1f}-{100 * max(values):.1f}%)")
 
 
 def _interval(values: list[float]) -> str:
@@ -300,14 +125,14 @@ def _interval(values: list[float]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     rows = result["rows"]
     lines = [
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
         f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
         f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | accepted/s | accepted p50 ms | accepted p99 ms | 503s | /health p99 ms |",
         "|---|---|---|---|---|---|",
     ]
@@ -325,9 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
         (f"Per pair, bounded / unbounded: accepted p99 {_interval(ratios['accepted_p99'])}; "
         f"/health p99 {_interval(ratios['health_p99'])}."),
     ]
-    if result.get("readiness"):
-        lines += ["", readiness_line(result["readiness"])]
-    lines += ["<!-- --8<-- [end:tables] -->", ""]
+    lines += [_common.end("tables"), ""]
     return "\n".join(lines)
 
 
@@ -342,42 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
-    p.add_argument(
-        "--compare-retry-after", action="store_true",
-        help="the bounded server alone: clients honouring its Retry-After against clients waiting a constant 1 s",
-    )
-    p.add_argument(
-        "--readiness", action="store_true",
-        help="the bounded server serves the health port; /ready is sent beside every request and compared",
-    )
-    p.add_argument(
-        "--max-queued-cost", type=float, default=None,
-        help="bound the bounded row by OFFLOAD_VLLM_MAX_QUEUED_COST (this much cost) instead of max_queue",
-    )
-    p.add_argument(
-        "--settle", type=float, default=SETTLE_S,
-        help="with --compare-retry-after: seconds without traffic before each level (default: %(default)s)",
-    )
     p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
-    if not args.settle >= 0:
-        p.error("--settle must be a number of seconds >= 0")
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
-    if args.compare_retry_after:
-        return compare_retry_after(args, argv, clients, pairs, seconds)
-    health_port = free_port() if args.readiness else None
-    if args.max_queued_cost is not None:
-        bound_name = f"max_queued_cost={args.max_queued_cost:g}"
-        bound_env = {"OFFLOAD_VLLM_MAX_QUEUED_COST": f"{args.max_queued_cost:g}"}
-    else:
-        bound_name, bound_env = f"max_queue={MAX_QUEUE}", {"OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)}
+    bound_name = f"max_queue={MAX_QUEUE}"
     configs = {
         "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
         bound_name: ServerConfig(
             bound_name, STRATEGY,
-            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), **bound_env,
-                 **({"OFFLOAD_VLLM_HEALTH_PORT": str(health_port)} if health_port else {})},
+            env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
         ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -403,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(pairs):
                 order = names if pair % 2 == 0 else names[::-1]
                 for name in order:
-                    ready_url = f"http://{HOST}:{health_port}/ready" if health_port and name != "unbounded" else None
-                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction,
-                                      ready_url=ready_url)
+                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction)
                     rows[name].append(level)
                     bar.step(f"pair {pair + 1} {name}")
                     bar.note(f"pair {pair + 1} {name}: {json.dumps(level)}")
@@ -418,172 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         "argv": argv, "machine": f"{platform.machine()} {load_cpus()} CPUs", "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
         "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
-        **({"readiness": agreement(bounded)} if health_port else {}),
     }
     (args.out / "overload.json").write_text(json.dumps(result, indent=2))
     (args.out / "overload.md").write_text(markdown(result))
-    if health_port:
-        print(readiness_line(result["readiness"]))
     print(f"wrote the results into {args.out}")
     return 0
-
-
-#: The `Retry-After` every server sent before it was computed, and what the
-#: constant clients of `--compare-retry-after` wait.
-CONSTANT_RETRY_S = 1.0
-
-#: Seconds without traffic before each level of `--compare-retry-after`: past
-#: the longest `Retry-After` (`offload_vllm._retry_after.RETRY_AFTER_CAP_S`),
-#: every refusal of the level before is no longer due back when it begins.
-SETTLE_S = 31.0
-
-
-def compare_retry_after(args: argparse.Namespace, argv: list[str], clients: int, pairs: int, seconds: float) -> int:
-    """Levels alternating on the bounded server: clients honouring its
-    `Retry-After` ("computed") and clients waiting `CONSTANT_RETRY_S` ("constant")."""
-    config = ServerConfig(
-        f"max_queue={MAX_QUEUE}", STRATEGY,
-        env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
-    )
-    rows: dict[str, list[dict[str, Any]]] = {"computed": [], "constant": []}
-    began, machine, dirty, loadavg_before = time.monotonic(), _common.machine(), _common.dirty(), _common.loadavg()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
-        servers = stack.enter_context(
-            running_servers(
-                {"bounded": config.for_smoke() if args.smoke else config}, model,
-                {"bounded": args.out / "logs" / "overload-retry-after.log"},
-            )
-        )
-        url = servers["bounded"][0]
-        make_payload = workloads.long_text_factory(str(model))
-        asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))  # warm-up
-        settle = 0.0 if args.smoke else args.settle
-        for pair in range(pairs):
-            for name in (["computed", "constant"] if pair % 2 == 0 else ["constant", "computed"]):
-                constant = CONSTANT_RETRY_S if name == "constant" else None
-                time.sleep(settle)
-                level = run_level(url, clients, make_payload, seconds, 1.0, constant)
-                rows[name].append(level)
-                print(f"pair {pair} {name}: {json.dumps(level)}", flush=True)
-    result = {
-        "argv": argv, "command": " ".join(["python -m benchmarks overload", *argv]), "machine": machine,
-        "dirty": dirty, "loadavg_before": loadavg_before, "loadavg_after": _common.loadavg(),
-        "wall_s": time.monotonic() - began, "clients": clients, "pairs": pairs, "seconds": seconds,
-        "max_queue": MAX_QUEUE, "strategy": STRATEGY, "workers": WORKERS, "constant_retry_s": CONSTANT_RETRY_S,
-        "settle_s": settle,
-        "rows": rows, **retry_after_ratios(rows),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    _common.write(args.out, "overload-retry-after", result, retry_after_markdown(result))
-    print(retry_after_markdown(result))
-    print(f"wrote the results into {args.out}")
-    return 0
-
-
-#: The goals of a computed `Retry-After` against the constant, per pair:
-#: refused attempts at most this ratio ...
-REFUSED_GOAL_RATIO = 0.5
-#: ... at accepted requests/s of at least this ratio.
-ACCEPTED_GOAL_RATIO = 0.95
-
-
-def retry_after_ratios(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
-    """Per pair, computed / constant: refused attempts (`refused_ratio`; a
-    constant level with no refusal counts as one) and accepted requests/s
-    (`accepted_ratio`)."""
-    pairs = list(zip(rows["computed"], rows["constant"], strict=True))
-    return {
-        "refused_ratio": [c["statuses"].get("503", 0) / (k["statuses"].get("503", 0) or 1) for c, k in pairs],
-        "accepted_ratio": [c["accepted_per_s"] / k["accepted_per_s"] for c, k in pairs],
-    }
-
-
-def goal_verdict(values: list[float], bound: float, *, at_least: bool) -> str:
-    """Whether per-pair ratios `values` meet `bound` (`at_least`: >=, else
-    <=): by the whole interval of their median, by the median alone (the
-    interval crosses the bound), or not (the median misses)."""
-    ratio = stats.median_interval(values)
-
-    def meets(x: float) -> bool:
-        return x >= bound if at_least else x <= bound
-
-    if not meets(ratio.median):
-        return "missed (the median misses)"
-    if meets(ratio.low) and meets(ratio.high):
-        return "met by the whole interval"
-    return "met by the median only (the interval crosses the bound)"
-
-
-def _median_interval(values: list[float]) -> str:
-    ratio = stats.median_interval(values)
-    return f"{ratio.median:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
-
-
-def retry_after_markdown(result: dict[str, Any]) -> str:
-    """The report of `--compare-retry-after`: per pair and the median with its interval."""
-    rows = result["rows"]
-    refused, accepted = result["refused_ratio"], result["accepted_ratio"]
-    coverage = stats.median_interval(refused).coverage
-    constant = result["constant_retry_s"]
-
-    def told(level: dict[str, Any]) -> str:
-        counts = level.get("retry_after_told", {})
-        return ", ".join(f"{value or 'none'} s: {n}" for value, n in sorted(counts.items(), key=lambda kv: float(kv[0] or 0)))
-
-    lines = [
-        "# Overload: computed against constant `Retry-After`",
-        "",
-        "<!-- --8<-- [start:meta] -->",
-        _common.run_line(result),
-        "",
-        (f"One server (`{result['strategy']}` with {result['workers']} workers, "
-         f"`OFFLOAD_VLLM_MAX_QUEUE={result['max_queue']}`), {result['clients']} closed-loop clients, "
-         f"{result['pairs']} pairs of {result['seconds']:g} s levels, the two kinds of level alternating "
-         f"(computed first in pairs 1, 3, ...): clients that wait the `Retry-After` they are told (computed) "
-         f"against clients that wait {constant:g} s whatever it says (constant); a refused client's wait is "
-         f"cut at its level's end"
-         + (f"; no traffic for {result['settle_s']:g} s before each level" if result.get("settle_s") else "")
-         + f". Run took {result['wall_s']:.0f} s."),
-        "<!-- --8<-- [end:meta] -->",
-        "",
-        "<!-- --8<-- [start:tables] -->",
-        "| pair | refused, computed | refused, constant | ratio | accepted/s, computed | accepted/s, constant | ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for n, (c, k) in enumerate(zip(rows["computed"], rows["constant"], strict=True)):
-        lines.append(
-            f"| {n + 1} | {c['statuses'].get('503', 0)} | {k['statuses'].get('503', 0)} | {refused[n]:.2f} "
-            f"| {c['accepted_per_s']:.1f} | {k['accepted_per_s']:.1f} | {accepted[n]:.2f} |"
-        )
-    dropped = [
-        f"pair {n + 1} {name}: {level['statuses']['0']}"
-        for name in ("computed", "constant")
-        for n, level in enumerate(rows[name])
-        if level["statuses"].get("0")
-    ]
-    if dropped:
-        lines += ["", f"Requests whose connection dropped before an answer (not counted above): {', '.join(dropped)}."]
-    lines += [
-        "",
-        (f"Per pair, computed / constant, median [distribution-free interval of the median, coverage "
-         f"{100 * coverage:.1f}% with {len(refused)} pairs]: refused attempts {_median_interval(refused)}, "
-         f"accepted requests/s {_median_interval(accepted)}."),
-        "",
-        "`Retry-After` told with the computed levels' 503s (value: how many), per pair:",
-        "",
-        *(f"- pair {n + 1}: {told(level) or 'no 503'}" for n, level in enumerate(rows["computed"])),
-        "<!-- --8<-- [end:tables] -->",
-        "",
-        "<!-- --8<-- [start:targets] -->",
-        (f"- refused attempts <= {REFUSED_GOAL_RATIO:g}x the constant's: "
-         f"{goal_verdict(refused, REFUSED_GOAL_RATIO, at_least=False)}"),
-        (f"- accepted requests/s >= {ACCEPTED_GOAL_RATIO:g}x the constant's: "
-         f"{goal_verdict(accepted, ACCEPTED_GOAL_RATIO, at_least=True)}"),
-        "<!-- --8<-- [end:targets] -->",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def load_cpus() -> int:

@@ -27,8 +27,6 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
 
     python -m benchmarks paired                 # make bench: 5 rows, 6 rounds, 8 s blocks
     python -m benchmarks paired --workload batch --rows process thread
-    python -m benchmarks paired --workload batch --rows process "process nice 0" \
-        thread "thread switch 1ms" "thread 1 worker"       # what keeps the loop waiting
     python -m benchmarks paired --smoke --out DIR
 
 Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
@@ -41,7 +39,7 @@ on other tiny models (`MODEL_WORKLOADS`): `rerank` (`/rerank`, one query and
 whose SentencePiece tokenizer has a `Precompiled` map); these two also check
 that every row answers exactly as vLLM's default (scores or embeddings, `usage`).
 Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
-(default benchmarks/results/).
+(default .benchmarks/runs/paired/).
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ from typing import Any
 
 from benchmarks.harness import common as _common
 from benchmarks.harness import load, models, procstat, progress, stats, workloads
-from benchmarks.harness.server import ServerConfig, running_servers, switch_interval_env
+from benchmarks.harness.server import ServerConfig, running_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,33 +69,13 @@ SMOKE_TIMEOUT_S = 900
 
 DEFAULT = "vLLM default"
 #: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
-#: They measure, one step at a time, what keeps the event loop waiting
-#: beside the workers (the loop-first targets): the process workers' niceness (10
-#: by default), the GIL's switch interval (5 ms by default), the thread pool's size.
+#: (The rows of finished experiments, worker niceness, switch interval, pool size,
+#: a new user's defaults, are in decisions 0001 and 0016 with the commit that reruns them.)
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "process nice 0": ("process", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_WORKER_NICE": "0"}),
-    "thread switch 1ms": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", **switch_interval_env(0.001)}),
-    "thread 1 worker": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}),
-    # What prefix tokenization and cross-request batches add (the truncated workload).
+    # What prefix tokenization adds (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
-    # A new user's servers: as many workers as the strategy picks (`thread`:
-    # min(32, cpus + 4) threads; `process`: one per CPU).
-    "thread defaults": ("thread", {}),
-    "process defaults": ("process", {}),
 }
 ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
-#: Rows paired per round with other rows besides vLLM's default: what a new user's
-#: worker count changes, and `process` against a new user's `thread`.
-AGAINST: dict[str, tuple[str, ...]] = {
-    "thread defaults": ("thread",),
-    "process": ("thread defaults",),
-    "process defaults": ("thread defaults", "process"),
-}
-#: The figures of those pairings.
-AGAINST_METRICS = {
-    "requests_per_s": "requests/s", "p99_ms": "latency p99", "health_p99_ms": "/health p99",
-    "cpu:loop": "loop thread CPU/request", "cpu:api": "API-server CPU/request", "cpu:total": "total CPU/request",
-}
 #: Two workers where the strategy has a pool: as many as this machine has cores.
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
@@ -239,24 +217,10 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 ratios = stats.paired_ratios(values, base)
                 if ratios:
                     summary[row]["ratio"][metric] = stats.median_interval(ratios).__dict__
-        for other in AGAINST.get(row, ()):
-            if other not in blocks:
-                continue
-            ratios_by_metric = {
-                metric: stats.paired_ratios(
-                    [_metric(b, metric) for b in row_blocks], [_metric(b, metric) for b in blocks[other]]
-                )
-                for metric in AGAINST_METRICS
-            }
-            if all(ratios_by_metric.values()):
-                summary[row].setdefault("against", {})[other] = {
-                    metric: stats.median_interval(ratios).__dict__ for metric, ratios in ratios_by_metric.items()
-                }
     return summary
 
 
-def _fmt(interval: dict[str, float], digits: int = 2) -> str:
-    return f"{interval['median']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+_fmt = stats.fmt
 
 
 def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) -> str:
@@ -275,12 +239,10 @@ def targets(summary: dict[str, Any]) -> list[str]:
         ratio = summary.get(row, {}).get("ratio", {}).get(metric)
         if ratio is None:
             return
-        median = ratio["median"]
-        met = median >= bound if at_least else median <= bound
         sign = ">=" if at_least else "<="
         lines.append(
-            f"- {what} {sign} {bound}x default: {median:.2f}x "
-            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — **{'met' if met else 'missed'}** (median)"
+            f"- {what} {sign} {bound}x default: {ratio['median']:.2f}x "
+            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — {_verdict(ratio, bound, at_least=at_least)}"
         )
 
     check("process", "cpu:loop", 0.6, "`process` loop-thread CPU/request")
@@ -300,7 +262,7 @@ def targets(summary: dict[str, Any]) -> list[str]:
     if process is not None:
         lines.append(
             f"- `process` `/health` p99 <= 20 ms: {_fmt(process, 1)} ms — "
-            f"**{'met' if process['median'] <= 20 else 'missed'}** (median)"
+            f"{_verdict(process, 20)}"
         )
     return lines
 
@@ -313,10 +275,9 @@ def loop_targets(summary: dict[str, Any]) -> list[str]:
         rate = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
         if health is None or rate is None:
             continue
-        met = health["median"] <= bound
         lines.append(
-            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — **{'met' if met else 'missed'}** "
-            f"(median); requests/s {_fmt(rate)}x — "
+            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — {_verdict(health, bound)}; "
+            f"requests/s {_fmt(rate)}x — "
             f"{'**lower beyond its interval (missed)**' if rate['high'] < 1 else 'not lower beyond its interval (met)'}"
         )
     return lines
@@ -328,8 +289,11 @@ def truncated_targets(summary: dict[str, Any]) -> list[str]:
     ratio = summary.get("thread", {}).get("ratio", {}).get("requests_per_s")
     if ratio is None:
         return []
-    met = ratio["median"] >= 4
-    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — **{'met' if met else 'missed'}** (median)"]
+    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — {_verdict(ratio, 4, at_least=True)}"]
+
+
+def _verdict(interval: dict[str, float], bound: float, *, at_least: bool = False) -> str:
+    return stats.target_verdict(interval["low"], interval["median"], interval["high"], bound, at_least=at_least)
 
 
 def answers(url: str, path: str, payload: dict[str, Any]) -> tuple[list[Any], int]:
@@ -407,16 +371,16 @@ def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rows = list(summary)
     lines = [
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}{_commit_words(result)}: {describe_workload(result.get('workload', 'tiny'))}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
         f"with {result['rounds']} rounds)."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | requests/s | latency p99 ms | /health p99 ms | requests/s vs default | /health p99 vs default |",
         "|---|---|---|---|---|---|",
     ]
@@ -453,20 +417,6 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES]
         cells.append(_ratio_cell(summary[row], "ceiling", higher="higher", lower="lower"))
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    against = [(row, other) for row in rows for other in summary[row].get("against", {})]
-    if against:
-        lines += [
-            "",
-            "Paired ratios between rows (per round, row / baseline):",
-            "",
-            "| row | baseline | " + " | ".join(AGAINST_METRICS.values()) + " |",
-            "|---|---|" + "---|" * len(AGAINST_METRICS),
-        ]
-        lines += [
-            f"| {row} | {other} | "
-            + " | ".join(f"{_fmt(summary[row]['against'][other][m])}x" for m in AGAINST_METRICS) + " |"
-            for row, other in against
-        ]
     lines += [
         "",
         (
@@ -504,11 +454,11 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         (f"Worker processes spawned during measured blocks: {spawned}. Failed requests: {errors}. "
         f"Server start-up (all rows at once): {result['startup_s']:.0f} s."),
-        "<!-- --8<-- [end:tables] -->",
+        _common.end("tables"),
         "",
-        "<!-- --8<-- [start:targets] -->",
+        _common.start("targets"),
         *_targets(result),
-        "<!-- --8<-- [end:targets] -->",
+        _common.end("targets"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -264,7 +264,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"jobs (load average at the end: {load}), so figures are noisy."
         ),
         "",
-        "<!-- --8<-- [start:table] -->",
+        _common.start("table"),
         "## Targets",
         "",
         "| target | measured | met |",
@@ -301,7 +301,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {size} | {row['shared memory']:.2f} | {row['pipe']:.2f} | {row['pipe'] / row['shared memory']:.2f}x |"
         )
-    lines.append("<!-- --8<-- [end:table] -->")
+    lines.append(_common.end("table"))
     return "\n".join(lines) + "\n"
 
 

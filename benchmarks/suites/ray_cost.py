@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import offload
 from benchmarks.harness import common as _common
-from benchmarks.harness import progress
+from benchmarks.harness import progress, stats
 from benchmarks.harness.workloads import jpeg_base64
 from benchmarks.suites import image as bench_image
 from benchmarks.suites.overhead import load_tokenizer
@@ -73,13 +72,8 @@ class BareActor:
         return list(self.tokenizer.encode(text).ids)
 
 
-def _interval(values: list[float]) -> tuple[float, float, float]:
-    return statistics.median(values), min(values), max(values)
-
-
 def _fmt(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    median, low, high = _interval([v * scale for v in values])
-    return f"{median:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return stats.fmt(stats.median_interval([v * scale for v in values]), digits)
 
 
 async def _time_calls(call: Callable[[], Any], calls: int) -> float:
@@ -215,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         f"one worker; images: {clients} callers x {per_client} {size} px JPEGs per round on 2 workers; "
         f"load average at the end {meta['load_average'][0]:.1f}; commit `{meta['commit']}`, {meta['date']}.\n\n"
     )
-    markdown = f"<!-- --8<-- [start:tables] -->\n{setup}{text}<!-- --8<-- [end:tables] -->\n"
+    markdown = f"{_common.start('tables')}\n{setup}{text}{_common.end('tables')}\n"
     _common.write(
         args.out, "ray",
         {"meta": meta, "per_call_s": per_call, "ray_over_bare": ratios, "images": image_rows,

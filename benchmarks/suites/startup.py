@@ -25,7 +25,7 @@ default`'s, and `process defaults` against `thread defaults`.
     python -m benchmarks startup --rounds 5
     python -m benchmarks startup --smoke --out DIR
 
-Writes startup.{json,md} into --out (default benchmarks/results/latest/startup).
+Writes startup.{json,md} into --out (default .benchmarks/runs/startup).
 """
 
 from __future__ import annotations
@@ -135,8 +135,7 @@ def summarize(blocks: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return {"values": values, "pairs": pairs}
 
 
-def _fmt(interval: dict[str, float], digits: int) -> str:
-    return f"{interval['median']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+_fmt = stats.fmt
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -145,7 +144,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Start-up and memory, per strategy",
         "",
-        "<!-- --8<-- [start:meta] -->",
+        _common.start("meta"),
         _common.run_line(result),
         "",
         (f"Tiny BERT embeddings. Each round started every row's server alone, rows in a fresh random order; "
@@ -153,9 +152,9 @@ def markdown(result: dict[str, Any]) -> str:
          "8-word input) and one heavy (16 inputs of 1500 words kept to 32 tokens), each timed; then memory, "
          f"idle. {result['rounds']} rounds; medians over rounds, [intervals] from order statistics (coverage "
          f"{100 * coverage:.1f}%). Run took {result['wall_s']:.0f} s."),
-        "<!-- --8<-- [end:meta] -->",
+        _common.end("meta"),
         "",
-        "<!-- --8<-- [start:tables] -->",
+        _common.start("tables"),
         "| row | " + " | ".join(f"{label} ({unit})" if unit else label for label, unit, _ in METRICS.values()) + " |",
         "|---|" + "---|" * len(METRICS),
     ]
@@ -178,7 +177,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     lines += ["", "Servers (model path and port vary):", ""]
     lines += [f"- {row}: `{command}`" for row, command in result["servers"].items()]
-    lines += ["<!-- --8<-- [end:tables] -->", ""]
+    lines += [_common.end("tables"), ""]
     return "\n".join(lines)
 
 

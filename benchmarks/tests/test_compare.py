@@ -15,7 +15,7 @@ from benchmarks.suites import overhead
 
 
 def _latest_paired() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((common.RESULTS / "paired" / "paired.json").read_text())
+    data: dict[str, Any] = json.loads((common.SNAPSHOT / "paired" / "paired.json").read_text())
     return data
 
 
@@ -78,5 +78,5 @@ def test_a_baseline_of_medians_only_is_a_point_outside_or_inside_this_runs_inter
     assert not figures["overhead, no-op: run_in_executor (µs/call)"].moved
     assert "50.0 (median only)" in compare.report(list(figures.values()), [])
     # The committed result (medians only, from before the rounds were kept) compares too.
-    committed = json.loads((common.RESULTS / "overhead" / "overhead.json").read_text())
+    committed = json.loads((common.SNAPSHOT / "overhead" / "overhead.json").read_text())
     assert compare.overhead_figures(committed, now)

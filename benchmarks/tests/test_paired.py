@@ -1,4 +1,4 @@
-"""The paired suite's report from made-up rounds (no vLLM): rows paired with other rows."""
+"""The paired suite's report from made-up rounds (no vLLM)."""
 
 from __future__ import annotations
 
@@ -16,21 +16,20 @@ def _block(scale: float) -> dict[str, Any]:
     }
 
 
-def test_rows_are_paired_per_round_with_the_rows_they_name() -> None:
+def test_rows_are_paired_per_round_with_vllms_default() -> None:
     blocks = {
         paired.DEFAULT: [_block(1.0), _block(2.0), _block(3.0)],
-        "thread defaults": [_block(1.0), _block(2.0), _block(3.0)],
-        "process": [_block(2.0), _block(4.0), _block(6.0)],  # twice thread defaults', round by round
+        "process": [_block(2.0), _block(4.0), _block(6.0)],  # twice the default's, round by round
     }
     summary = paired.summarize(blocks)
-    ratio = summary["process"]["against"]["thread defaults"]["health_p99_ms"]
+    ratio = summary["process"]["ratio"]["health_p99_ms"]
     assert (ratio["median"], ratio["low"], ratio["high"]) == (2.0, 2.0, 2.0)
-    assert "against" not in summary["thread defaults"]  # its baseline (`thread`) was not run
+    assert summary[paired.DEFAULT]["ratio"] == {}  # not against itself
     result = {
         "argv": ["--workload", "truncated"], "machine": "2 CPUs", "started": "today", "clients": 64, "rounds": 3,
         "seconds": 8.0, "blocks": blocks, "startup_s": 60.0, "workload": "truncated", "summary": summary,
     }
-    assert "| process | thread defaults | 2.00 [2.00, 2.00]x |" in paired.markdown(result)
+    assert "| process |" in paired.markdown(result)
 
 
 def test_the_report_names_the_commit_it_measured_and_a_dirty_tree() -> None:

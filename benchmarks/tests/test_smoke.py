@@ -8,8 +8,7 @@ real server says how long it may take in a module constant `SMOKE_TIMEOUT_S`
 the registry's `requires`, and is skipped where it is missing (`ray` runs in
 the ray suite, adapters/ray/tests/test_bench_smoke.py). A suite whose smoke
 output is checked by a test of its own is listed in `OWN_SMOKE_TEST` and not
-run twice. Tools (`kind="tool"`) are profilers run by hand; their parsing is
-tested on its own (test_profile_loop.py).
+run twice.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from benchmarks.suites import mixed as bench_mixed
 ROOT = Path(__file__).resolve().parents[2]
 OWN_SMOKE_TEST = {"mixed": "test_mixed_traffic_smoke_run_is_sane"}
 #: A suite that starts no server may still start worker processes that import
-#: heavy libraries (the image suite's import transformers): beside the vLLM
+#: heavy libraries (as the image suite's imported transformers): beside the vLLM
 #: suite, at a load of about 10 on two cores, that took over the 120 s that
 #: stop a hung test elsewhere (44 s at a load of 14 without memory pressure).
 NO_SERVER_TIMEOUT_S = 300
@@ -51,7 +50,7 @@ def _source(module: str) -> Path:
 def _params() -> list[object]:
     params: list[object] = []
     for suite in SUITES:
-        if suite.name in OWN_SMOKE_TEST or suite.kind == "tool":
+        if suite.name in OWN_SMOKE_TEST:
             continue
         timeout = _constant(_source(suite.module), "SMOKE_TIMEOUT_S")
         marks = [pytest.mark.timeout(int(timeout)), pytest.mark.e2e] if timeout else [pytest.mark.timeout(NO_SERVER_TIMEOUT_S)]
@@ -106,8 +105,7 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
     assert bench_mixed.main(["--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "mixed-preprocess.json").read_text())
     assert set(result["blocks"]) == set(bench_mixed.SMOKE_ROWS)
-    assert (result["small"]["arrivals"], result["small"]["rate"]) == ("poisson", bench_mixed.SMALL_RATE)
-    assert result["idle_servers"] == "paused"
+    assert result["small"]["rate"] == bench_mixed.SMALL_RATE
     for row, summary in result["summary"]["rows"].items():
         for kind, counts in summary["counts"].items():
             assert counts["sent"] > 0, (row, kind)
@@ -120,13 +118,6 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
         for phase in ("alone", "flooded"):
             # Paused: 0 but for the odd clock tick; a running idle server burns a good part of a core.
             assert [b["idle_cpu_per_s"][phase] < 0.5 for b in result["blocks"][row]] == [True], (row, phase)
-        # The API server's loop thread was sampled through the flood, and worked in it.
-        (loop,) = [b["loop"] for b in result["blocks"][row]]
-        assert "error" not in loop, (row, loop)
-        # Nominally hundreds (every 2 ms); a sampler starved on a loaded 2-core
-        # machine took 31 in one run, so this asks only that it kept sampling.
-        assert loop["samples"] >= 10, (row, loop)
-        assert loop["cpu_s_per_s"] > 0, (row, loop)
     assert result["summary"]["pairs"]
     assert result["targets"]
     assert all(t["met"] is not None for t in result["targets"])
@@ -135,4 +126,3 @@ def test_mixed_traffic_smoke_run_is_sane(tmp_path: Path, monkeypatch: pytest.Mon
         assert f"[start:{section}]" in report
     assert "Poisson arrivals" in report
     assert "CPU of the servers not being measured (idle servers paused" in report
-    assert "The API server's event-loop thread" in report
