@@ -76,7 +76,10 @@ def test_with_the_health_port_vllm_default_serves_it_through_the_adapter_with_no
     behaviour); and every row is judged on it. Without it, that row is
     unmodified vLLM, no plugin."""
     default = bench_mixed.ROWS[bench_mixed.DEFAULT].config
-    assert default.command(Path("MODEL"), 8000)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    # vLLM's `vllm serve` path, through the launcher, with no plugin loaded.
+    plain = default.command(Path("MODEL"), 8000)
+    assert plain[1:5] == ["-m", "offload_vllm", "serve", "MODEL"]
+    assert not any(arg.startswith("--offload-") for arg in plain)
     assert default.environment()["VLLM_PLUGINS"] == ""
     served = bench_mixed.serving_health_port(default, 8001)
     argv = served.command(Path("MODEL"), 8000)

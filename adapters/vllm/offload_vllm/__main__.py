@@ -11,6 +11,9 @@ value exits with status 2, naming its setting, before vLLM is imported. The
 settings' old names (`VLLM_OFFLOAD_*`) are moved to the new ones, with one
 warning here, so that vLLM, which warns about every `VLLM_*` variable it does
 not know, never sees them. `serve --help` lists the settings, then vLLM's help.
+Once vLLM has parsed its arguments, a combination the adapter cannot serve
+yet (the health port with more than one API server process) exits with
+status 2, naming the flags, before any process starts.
 
 `check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
 the seams the adapter relies on, looked for in a vLLM release's source without
@@ -25,11 +28,13 @@ import os
 import sys
 from pathlib import Path
 
-from ._config import OffloadVLLMConfigError, adopt_new_names, read_settings
-from ._options import LEGACY_NAMES, OPTIONS
+from ._config import HEALTH_PORT_ENV, OffloadVLLMConfigError, adopt_new_names, read_settings
+from ._options import BY_NAME, LEGACY_NAMES, OPTIONS
 
 #: What a switch's flag sets its variable to.
 SWITCH_ON = "1"
+
+HEALTH_PORT_FLAG = BY_NAME["health_port"].flag
 
 USAGE = (
     "python -m offload_vllm serve MODEL "
@@ -100,9 +105,21 @@ def serve(args: list[str]) -> int:
     if legacy_warning is not None:
         print(legacy_warning, file=sys.stderr)
         adopt_new_names(settings)
-    from ._seams.serve_command import run_serve
+    from ._seams import serve_command
 
-    run_serve(vllm_args)
+    def refuse_what_cannot_work(args: argparse.Namespace) -> None:
+        count = serve_command.api_server_count(args)
+        if settings.health_port is not None and count > 1:
+            # Each API server process would bind the port: the second one fails.
+            print(
+                f"offload-vllm: {HEALTH_PORT_FLAG} ({HEALTH_PORT_ENV}={settings.health_port}) cannot be used "
+                f"with --api-server-count {count}: each API server process would bind the same port; "
+                f"serve with one API server process, or without the health port",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+
+    serve_command.run_serve(vllm_args, refuse_what_cannot_work)
     return 0
 
 
