@@ -140,9 +140,7 @@ class Runtime:
             started = "its worker" if workers is None else f"{workers} workers"
             if workers is not None and settings.row.kind.pool:
                 shown["workers"] = f"{workers}{'' if settings.workers is not None else '(default)'}"
-        express = float(getattr(executor.strategy, "express_cost", 0.0))
-        if express > 0:
-            started += ", and the express worker"
+        express = ", and the express worker" if float(getattr(executor.strategy, "express_cost", 0.0)) > 0 else ""
         if "express_cost" in settings.row.own_options:
             shown["express_cost"] = f"{settings.express_cost:g}"
         if settings.row.kind.pool:
@@ -150,7 +148,7 @@ class Runtime:
         index, count = config_seam.api_server_of(vllm_config)
         which = f"; API server {index + 1} of {count}" if count > 1 else ""
         return (
-            f"{self.strategy} started {started} in {seconds:.2f}s; "
+            f"{self.strategy} started {started} in {seconds:.2f}s{express}; "
             f"{settings.summary(shown)} (from {settings.strategy_source}){which}"
         )
 
