@@ -321,17 +321,17 @@ def test_unknown_name_lists_the_known_ones() -> None:
 @pytest.fixture
 def launcher_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A clean slate for the launcher's settings, restored after the test, and
-    vLLM's server replaced by a recorder of the settings it would get."""
+    vLLM's `vllm serve` replaced by a recorder of the settings it would get."""
     for name in (*KNOWN_ENV, *LEGACY_NAMES.values(), "OFFLOAD_STRATEGY"):
         # set first, so that the environment main() writes is undone after the test
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     seen: dict[str, str] = {}
 
-    def run_module(*args: object, **kwargs: object) -> None:
+    def run_serve(*args: object, **kwargs: object) -> None:
         seen.update({k: os.environ[k] for k in (*KNOWN_ENV, *LEGACY_NAMES.values()) if k in os.environ})
 
-    monkeypatch.setattr("offload_vllm.__main__.runpy.run_module", run_module)
+    monkeypatch.setattr("offload_vllm._seams.serve_command.run_serve", run_serve)
     return seen
 
 
