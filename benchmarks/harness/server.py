@@ -56,12 +56,12 @@ class ServerConfig:
             # default fails when other servers share the machine, and pooling needs little.
             "--gpu-memory-utilization", str(MEMORY_FRACTION),
         ]
-        if self.strategy is None and not self.plugin:
-            head = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-        else:
-            head = [sys.executable, "-m", "offload_vllm", "serve", str(model)]
-            if self.strategy is not None:
-                head += ["--offload-strategy", self.strategy]
+        # Every row runs vLLM's `vllm serve` path through the adapter's launcher
+        # (the `vllm` command fails on the CPU build), so `--api-server-count`
+        # is honoured; a "no plugin" row loads no plugin (`environment`).
+        head = [sys.executable, "-m", "offload_vllm", "serve", str(model)]
+        if self.strategy is not None:
+            head += ["--offload-strategy", self.strategy]
         return [*head, *common, *self.extra_args]
 
     def for_smoke(self) -> ServerConfig:

@@ -39,6 +39,14 @@ def test_the_report_names_each_rows_command() -> None:
     assert "--offload-scheduling fifo" in bench_mixed._server_command(bench_mixed.ROWS["thread fifo"].config, ())
 
 
+def test_vllm_default_is_vllms_serve_path_with_no_plugin_loaded() -> None:
+    default = bench_mixed.ROWS[bench_mixed.DEFAULT].config
+    plain = default.command(Path("MODEL"), 8000)
+    assert plain[1:5] == ["-m", "offload_vllm", "serve", "MODEL"]
+    assert not any(arg.startswith("--offload-") for arg in plain)
+    assert default.environment()["VLLM_PLUGINS"] == ""
+
+
 def block(alone_ms: float, flooded_ms: float, heavy_per_s: float, health_ms: float | None = None) -> dict[str, Any]:
     """One round of a row; `health_ms`: /health p99 until the answer arrived
     (None: a result from before that was measured)."""

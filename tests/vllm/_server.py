@@ -128,15 +128,17 @@ class Server:
 def start_server(
     model_dir: Path, name: str, strategy: str | None, log_dir: Path, *, workers: int | None = None,
     extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (), fresh: bool = False,
+    model_flag: bool = False,
 ) -> Server:
     """Start a server and return at once (`wait_ready` waits for it). It is
     forked from the session's forker (`_server_fork`) unless `fresh`: then,
-    as for a user, a new interpreter runs `python -m offload_vllm serve`."""
+    as for a user, a new interpreter runs `python -m offload_vllm serve`
+    (vLLM's `vllm serve` path). The model is positional, or `--model` if `model_flag`."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_OFFLOAD_", "OFFLOAD_"))}
     env.update(COMMON_ENV)
     env.update(extra_env or {})
-    args = [sys.executable, "-m", "offload_vllm", "serve", str(model_dir)]
+    args = [sys.executable, "-m", "offload_vllm", "serve", *(["--model"] if model_flag else []), str(model_dir)]
     if strategy is not None:
         args += ["--offload-strategy", strategy]
     if workers is not None:
@@ -226,6 +228,17 @@ def _is_worker_of(proc: psutil.Process, session: int, title: str) -> bool:
         return os.getsid(proc.pid) == session and " ".join(proc.info["cmdline"] or []).startswith(title)
     except (ProcessLookupError, psutil.Error):
         return False
+
+
+#: The title vLLM gives each of `--api-server-count` N > 1 API server
+#: processes (`VLLM::APIServer_0`, ...); with one, the server's own process serves.
+API_SERVER_TITLE = "VLLM::APIServer_"
+
+
+def api_server_processes(server: Server) -> list[psutil.Process]:
+    """The server's API server processes that vLLM started beside its own (N > 1)."""
+    session = os.getsid(server.proc.pid)
+    return [p for p in psutil.process_iter(["cmdline"]) if _is_worker_of(p, session, API_SERVER_TITLE)]
 
 
 def renderer_workers(server: Server) -> list[psutil.Process]:

@@ -47,7 +47,7 @@ from typing import IO, Any
 FRESH_ENV = "OFFLOAD_TEST_FRESH_SERVERS"
 
 #: What the forker imports before it forks anything.
-PRELOAD = ("torch", "transformers", "vllm.entrypoints.openai.api_server")
+PRELOAD = ("torch", "transformers", "vllm.entrypoints.cli.serve", "vllm.entrypoints.openai.api_server")
 
 
 class ForkedProcess:

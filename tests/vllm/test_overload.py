@@ -25,6 +25,7 @@ from offload._lag import percentile
 
 from ._server import (
     Server,
+    api_server_processes,
     good_retry_after,
     load_client,
     scrape,
@@ -258,6 +259,7 @@ def test_metrics_with_two_api_servers(bounded_servers: dict[str, Server]) -> Non
     if TWO_API_SERVERS not in bounded_servers:
         pytest.skip("needs the thread strategy")
     server = bounded_servers[TWO_API_SERVERS]
+    assert len(api_server_processes(server)) == 2, server.log_tail()
     statuses, _, missing = asyncio.run(overload(server, seconds=5))
     values = scrape(server)
     print(

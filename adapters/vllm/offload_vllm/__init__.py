@@ -185,7 +185,9 @@ def register() -> None:
     serving.install_preprocessing(preprocessed)
     offline.install(runtime.offline_executor)
     _active = settings
-    logger.info(
+    # Every process vLLM starts loads the plugin: the API server's start-up
+    # summary is logged once its workers are started (`Runtime`).
+    logger.debug(
         "offload-vllm: pooling pre/post-processing %s (from %s) on vLLM %s",
         settings.summary(),
         settings.strategy_source,

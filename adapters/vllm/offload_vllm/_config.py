@@ -134,21 +134,26 @@ class Settings:
         """How requests are routed to lanes (`"default"` is always a lane)."""
         return LaneRouter.of({DEFAULT_LANE, *dict(self.lanes)}, dict(self.lane_routes), self.lane_header)
 
-    def summary(self) -> str:
+    def summary(self, shown: Mapping[str, str] | None = None) -> str:
         """What is applied, in one line (the start-up logs): each setting in
         `OPTIONS`' order that is given, or always shown; with no strategy, the
-        strategy and those taken without one alone."""
+        strategy and those taken without one alone. `shown`: settings (by
+        name) shown with these values, whatever they are (what was started)."""
+        shown = shown or {}
         defaults = {f.name: f.default for f in fields(self)}
         parts = []
         for option in OPTIONS:
             if self.strategy is None and option is not OPTIONS[0] and not option.without_strategy:
                 continue
+            if option.name in shown:
+                parts.append(f"{option.name}={shown[option.name]}")
+                continue
             value = getattr(self, option.attribute)
             if option.needs is not None and getattr(self, BY_NAME[option.needs].attribute) is None:
                 continue
             if option.always_shown or value != defaults[option.attribute]:
-                shown = option.unset if value is None else _show(value) + option.unit
-                parts.append(f"{option.name}={shown}")
+                text = option.unset if value is None else _show(value) + option.unit
+                parts.append(f"{option.name}={text}")
         return " ".join(parts)
 
     def legacy_warning(self) -> str | None:

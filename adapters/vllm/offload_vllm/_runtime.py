@@ -53,7 +53,7 @@ class Runtime:
         with self._lock:
             if self._placement is None or self._placement.executor.closed:
                 executor = self._build(vllm_config)
-                self._start(executor)
+                self._start(executor, vllm_config)
                 self._placement = self._placement_class(
                     executor,
                     batch_across_requests=self.settings.batch_across_requests,
@@ -109,26 +109,47 @@ class Runtime:
         )
         return offload.get_executor(self.strategy, **options)
 
-    def _start(self, executor: offload.Executor) -> None:
+    def _start(self, executor: offload.Executor, vllm_config: Any) -> None:
         """Start every worker now: this runs while vLLM builds its pooling
         entrypoints, before the port opens, so no worker (a process importing
         vLLM and loading the tokenizer, a Ray actor) is spawned under load. A
-        worker that cannot start stops the server here, with its error."""
-        if executor.capacity is None:
-            return  # inline: no workers
+        worker that cannot start stops the server here, with its error.
+
+        Then the start-up summary, once per API server process (only they
+        build pooling entrypoints): what was started, and the settings."""
         began = time.perf_counter()
-        try:
-            executor.start()
-        except BaseException:
-            # The server will not come up: leave no worker behind.
-            executor.shutdown(wait=False, cancel_futures=True)
-            raise
-        workers = getattr(executor.strategy, "max_workers", None)
-        logger.info(
-            "offload-vllm: %s started %s in %.2fs",
-            self.strategy,
-            "its worker" if workers is None else f"{workers} workers",
-            time.perf_counter() - began,
+        if executor.capacity is not None:  # inline has no workers
+            try:
+                executor.start()
+            except BaseException:
+                # The server will not come up: leave no worker behind.
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise
+        logger.info("offload-vllm: %s", self._summary(executor, time.perf_counter() - began, vllm_config))
+
+    def _summary(self, executor: offload.Executor, seconds: float, vllm_config: Any) -> str:
+        """`thread started 6 workers in 0.31s, and the express worker; strategy=thread
+        workers=6(default) express_cost=2000 inline_cost=200 ... (from ...)`, with
+        `; API server 1 of 2` when there are several."""
+        settings = self.settings
+        shown: dict[str, str] = {}
+        if executor.capacity is None:
+            started = "no workers"
+        else:
+            workers = getattr(executor.strategy, "max_workers", None)
+            started = "its worker" if workers is None else f"{workers} workers"
+            if workers is not None and settings.row.kind.pool:
+                shown["workers"] = f"{workers}{'' if settings.workers is not None else '(default)'}"
+        express = ", and the express worker" if float(getattr(executor.strategy, "express_cost", 0.0)) > 0 else ""
+        if "express_cost" in settings.row.own_options:
+            shown["express_cost"] = f"{settings.express_cost:g}"
+        if settings.row.kind.pool:
+            shown["inline_cost"] = f"{settings.inline_cost:g}"
+        index, count = config_seam.api_server_of(vllm_config)
+        which = f"; API server {index + 1} of {count}" if count > 1 else ""
+        return (
+            f"{self.strategy} started {started} in {seconds:.2f}s{express}; "
+            f"{settings.summary(shown)} (from {settings.strategy_source}){which}"
         )
 
     def _sample_loop_lag(self) -> None:

@@ -82,6 +82,7 @@ _S_ERRORS = "_seams/errors.py"
 _S_OFFLINE = "_seams/offline.py"
 _S_RENDERER = "_seams/renderer.py"
 _S_CONFIG = "_seams/config.py"
+_S_SERVE = "_seams/serve_command.py"
 _S_REQUESTS = "_seams/requests.py"
 _S_VALIDATION = "_seams/validation.py"
 _WORKERS = "_workers.py"
@@ -214,6 +215,13 @@ REQUIRED: tuple[Seam, ...] = (
     *_fields("vllm.config.vllm", "VllmConfig", ("model_config", "scheduler_config"), _S_CONFIG),
     Seam("vllm.config.scheduler", "SchedulerConfig", "policy", "field", used_by=_S_CONFIG),
     *_fields("vllm.config.model", "ModelConfig", ("multimodal_config", "served_model_name"), _S_CONFIG),
+    *_fields("vllm.config.vllm", "VllmConfig", ("parallel_config",), _S_CONFIG),
+    *_fields("vllm.config.parallel", "ParallelConfig", ("_api_process_rank", "_api_process_count"), _S_CONFIG),
+    # The `vllm serve` command, run by the launcher (`_seams/serve_command.py`).
+    *(Seam("vllm.entrypoints.cli.serve", "ServeSubcommand", name, used_by=_S_SERVE) for name in ("cmd", "validate", "subparser_init")),
+    Seam("vllm.entrypoints.serve.utils.api_utils", None, "cli_env_setup", used_by=_S_SERVE),
+    Seam("vllm.logger", None, "configure_logging_from_args", used_by=_S_SERVE),
+    Seam("vllm.utils.argparse_utils", None, "FlexibleArgumentParser", used_by=_S_SERVE),
     Seam("vllm.config.model", "ModelConfig", "supports_multimodal_inputs", used_by=_S_CONFIG),
     # Pricing: which models vLLM loads scoring inputs' images for.
     Seam("vllm.entrypoints.serve.engine.serving", "BaseServing", "model_config", "instance", used_by=_S_REQUESTS),

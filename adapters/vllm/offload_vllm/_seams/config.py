@@ -45,3 +45,11 @@ def without_live_model(vllm_config: Any) -> Any:
     sendable.compilation_config = copy.copy(compilation)
     sendable.compilation_config.static_forward_context = {}
     return sendable
+
+
+def api_server_of(vllm_config: Any) -> tuple[int, int]:
+    """(this API server process's index, how many the server has): `(0, 1)`
+    with one, which is the serving process itself. vLLM gives each of
+    `--api-server-count` N processes its index and N in `ParallelConfig`."""
+    parallel = vllm_config.parallel_config
+    return max(int(parallel._api_process_rank), 0), int(parallel._api_process_count)
