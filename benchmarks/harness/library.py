@@ -56,3 +56,24 @@ def make_executor(name: str, workers: int, initializer: Callable[[], Any]) -> An
 
 def rows() -> list[str]:
     return [*offload.STRATEGIES, BASELINE]
+
+
+def load_clip_processor() -> Any:
+    """CLIP's image processor with its defaults (224 px, CLIP mean/std), built without a download."""
+    import transformers
+
+    # Pillow backend by name where it exists: vLLM's CPU environment has no torchvision.
+    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
+    return processor_cls()
+
+
+def preprocess_image(b64: str) -> tuple[int, ...]:
+    """A base64 JPEG through the worker's processor (`load_clip_processor`): its pixel values' shape."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB")
+    shape: tuple[int, ...] = state()(images=image, return_tensors="np")["pixel_values"].shape
+    return shape

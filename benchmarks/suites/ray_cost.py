@@ -14,7 +14,7 @@ spells of a shared machine fall on all rows alike:
   actor holding the same tokenizer: Ray's own actor-call latency). The ratio
   ray / bare Ray is taken per round, paired.
 - **Image preprocessing** (base64 JPEG to CLIP pixel values, as
-  `bench_image`) with 32 concurrent callers on 2 workers: images/s and the
+  `library.preprocess_image`) with 32 concurrent callers on 2 workers: images/s and the
   event loop's lag, `process` vs `ray`.
 
 Each figure is the median over rounds with the range over rounds; with 5
@@ -37,9 +37,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import offload
 from benchmarks.harness import common as _common
-from benchmarks.harness import progress, stats
+from benchmarks.harness import library, progress, stats
 from benchmarks.harness.workloads import jpeg_base64
-from benchmarks.suites import image as bench_image
 from benchmarks.suites.overhead import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,10 +134,26 @@ def overhead(rounds: int, calls: int) -> dict[str, dict[str, list[float]]]:
     return results
 
 
+async def _serve_images(executor: Any, pictures: list[str], clients: int, per_client: int,
+                        workers: int) -> dict[str, float]:
+    """Every worker warmed, then `clients` concurrent callers of `per_client` images each."""
+    await asyncio.gather(*(executor.run(library.preprocess_image, pictures[0]) for _ in range(workers)))
+
+    async def client(cid: int) -> None:
+        for i in range(per_client):
+            await executor.run(library.preprocess_image, pictures[(cid + i) % len(pictures)])
+
+    async with offload.LoopLagMonitor(interval=0.001) as lag:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        wall = time.perf_counter() - start
+    return {"images_per_s": clients * per_client / wall, "lag_p99_ms": lag.p99 * 1e3}
+
+
 def images(rounds: int, clients: int, per_client: int, size: int) -> dict[str, dict[str, list[float]]]:
     pictures = [jpeg_base64(size, seed) for seed in range(8)]
     executors = {
-        name: offload.get_executor(name, max_workers=2, initializer=bench_image.load_processor)
+        name: offload.get_executor(name, max_workers=2, initializer=library.load_clip_processor)
         for name in ("process", "ray")
     }
     results: dict[str, dict[str, list[float]]] = {
@@ -148,7 +163,7 @@ def images(rounds: int, clients: int, per_client: int, size: int) -> dict[str, d
         with progress.Progress(rounds, "ray image rounds") as bar:
             for _ in range(rounds):
                 for name, executor in executors.items():
-                    row = asyncio.run(bench_image.serve(executor, pictures, clients, per_client, 2))
+                    row = asyncio.run(_serve_images(executor, pictures, clients, per_client, 2))
                     results[name]["images_per_s"].append(row["images_per_s"])
                     results[name]["lag_p99_ms"].append(row["lag_p99_ms"])
                 bar.step()

@@ -16,8 +16,6 @@ The suite it replaces, and its last committed run (32 clients x 4 images):
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,23 +29,6 @@ CLIENTS = 16
 PER_CLIENT = 2
 WORKERS = 2  # the development machine's cores
 IMAGES = [jpeg_base64(512, seed) for seed in range(8)]
-
-
-def _load_processor() -> Any:
-    """CLIP's image processor with its defaults (224 px, CLIP mean/std), built without a download."""
-    import transformers
-
-    # Pillow backend by name where it exists: vLLM's CPU environment has no torchvision.
-    processor_cls = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
-    return processor_cls()
-
-
-def preprocess(b64: str) -> tuple[int, ...]:
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB")
-    shape: tuple[int, ...] = library.state()(images=image, return_tensors="np")["pixel_values"].shape
-    return shape
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +45,17 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def test_preprocess_images_under_concurrent_clients(benchmark: Any, loop: asyncio.AbstractEventLoop,
                                                    strategy: str) -> None:
     pytest.importorskip("transformers")
-    executor = library.make_executor(strategy, WORKERS, _load_processor)
+    executor = library.make_executor(strategy, WORKERS, library.load_clip_processor)
     try:
         # Every worker holds its processor before the first timed round.
         async def warm() -> None:
-            await asyncio.gather(*(executor.run(preprocess, IMAGES[0]) for _ in range(WORKERS)))
+            await asyncio.gather(*(executor.run(library.preprocess_image, IMAGES[0]) for _ in range(WORKERS)))
 
         loop.run_until_complete(warm())
 
         async def round_of_clients() -> list[tuple[int, ...]]:
             async def client(cid: int) -> list[tuple[int, ...]]:
-                return [await executor.run(preprocess, IMAGES[(cid + i) % len(IMAGES)]) for i in range(PER_CLIENT)]
+                return [await executor.run(library.preprocess_image, IMAGES[(cid + i) % len(IMAGES)]) for i in range(PER_CLIENT)]
 
             async with offload.LoopLagMonitor(interval=0.001) as lag:
                 shapes = await asyncio.gather(*(client(c) for c in range(CLIENTS)))
