@@ -15,7 +15,7 @@ from typing import Any
 from offload._lag import percentile
 
 __all__ = [
-    "RESULTS", "SNAPSHOT", "autogroups_enabled", "commit_words", "dirty", "end", "header", "loadavg", "machine", "parser",
+    "RESULTS", "SNAPSHOT", "commit_words", "dirty", "end", "header", "loadavg", "machine", "parser",
     "percentile", "run_line", "start",
     "table", "write",
 ]
@@ -79,15 +79,6 @@ def dirty() -> bool:
 def loadavg() -> str:
     """The load averages over 1, 5 and 15 minutes, as `run_line` shows them."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def autogroups_enabled() -> str | None:
-    """`"1"` where Linux schedules tasks by session (autogroups), `"0"` where
-    it does not, None where that cannot be read."""
-    try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
-    except OSError:
-        return None
 
 
 def start(section: str) -> str:
