@@ -154,7 +154,7 @@ def measure_block(
     (API server `pid`) for `seconds`; `others`: the process groups of the
     servers taking no traffic meanwhile (counted apart in `cores`)."""
     machine_before, before = procstat.machine(others), procstat.snapshot(pid)
-    level = load.run_level(url, path, clients, make_payload, seconds, max_requests=10**9)
+    level = load.run_level(url, path, clients, make_payload, seconds)
     after, machine_after = procstat.snapshot(pid), procstat.machine(others)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
