@@ -31,10 +31,7 @@ the engine shares the work), `score` (`/score` on a tiny cross-encoder),
 `token-ids` (vLLM's validation of the body is the loop's work), `multimodal`
 (image embeddings on a tiny CLIP; skipped with a message where it cannot run).
 Writes mixed-<variant>.json and .md into --out (default
-.benchmarks/runs/mixed/); server logs under --out/logs/. The rows of past
-experiments (worker niceness, inline and express bounds, switch interval,
-validation shortcut, a new user's defaults) are in their decision records,
-with the commit whose suite reruns them.
+.benchmarks/runs/mixed/); server logs under --out/logs/.
 """
 
 from __future__ import annotations

@@ -14,9 +14,7 @@ more pressure on), and sends its next request.
     python -m benchmarks overload --smoke --out DIR
 
 Writes overload.json and overload.md into --out (default
-.benchmarks/runs/overload/). How a computed `Retry-After` compared with a
-constant 1 s is decision record 0025, and how readiness follows admission
-0026, each with the commit that reruns it.
+.benchmarks/runs/overload/).
 """
 
 from __future__ import annotations

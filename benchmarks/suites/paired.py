@@ -64,8 +64,6 @@ SMOKE_TIMEOUT_S = 900
 
 DEFAULT = "vLLM default"
 #: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
-#: (The rows of finished experiments, worker niceness, switch interval, pool size,
-#: a new user's defaults, are in decisions 0001 and 0016 with the commit that reruns them.)
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # What prefix tokenization adds (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
