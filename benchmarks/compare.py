@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -63,10 +62,6 @@ class Figure:
         return self.verdict != "within the noise"
 
 
-def _interval(values: list[float]) -> stats.Interval:
-    return stats.median_interval(values)
-
-
 def _point(value: float) -> stats.Interval:
     """A result kept as a median only: an interval of one point."""
     return stats.Interval(value, value, value, coverage=0.0, n=1)
@@ -82,20 +77,20 @@ def overhead_figures(latest: dict[str, Any], now: dict[str, dict[str, list[float
         known = rounds or medians
 
         def before(name: str, scale: float = 1.0, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
-            return _interval([s * scale for s in rounds[name]]) if rounds else _point(medians[name] * scale)
+            return stats.median_interval([s * scale for s in rounds[name]]) if rounds else _point(medians[name] * scale)
 
         def before_ratio(name: str, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
             if rounds:
-                return _interval(stats.paired_ratios(rounds[name], rounds["run_in_executor"]))
+                return stats.median_interval(stats.paired_ratios(rounds[name], rounds["run_in_executor"]))
             return _point(medians[name] / medians["run_in_executor"])
 
         figures += [
-            Figure(f"overhead, {workload}: {name} (µs/call)", before(name, 1e6), _interval([s * 1e6 for s in values]))
+            Figure(f"overhead, {workload}: {name} (µs/call)", before(name, 1e6), stats.median_interval([s * 1e6 for s in values]))
             for name, values in contenders.items() if name in known
         ]
         figures += [
             Figure(f"overhead, {workload}: {name} / run_in_executor (per round)", before_ratio(name),
-                   _interval(stats.paired_ratios(contenders[name], contenders["run_in_executor"])))
+                   stats.median_interval(stats.paired_ratios(contenders[name], contenders["run_in_executor"])))
             for name in OVERHEAD_RATIOS if name in contenders and name in known
         ]
     return figures
@@ -113,12 +108,12 @@ def paired_figures(latest: dict[str, Any], now: dict[str, Any]) -> list[Figure]:
     for row in (r for r in now["blocks"] if r in latest["blocks"]):
         for part, label in PAIRED_PARTS.items():
             figures.append(Figure(f"paired, {row}: {label}",
-                                  _interval(_cpu(latest["blocks"][row], part)), _interval(_cpu(now["blocks"][row], part))))
+                                  stats.median_interval(_cpu(latest["blocks"][row], part)), stats.median_interval(_cpu(now["blocks"][row], part))))
             if row != DEFAULT:
                 figures.append(Figure(
                     f"paired, {row}: {label} / vLLM default's (per round)",
-                    _interval(stats.paired_ratios(_cpu(latest["blocks"][row], part), _cpu(latest["blocks"][DEFAULT], part))),
-                    _interval(stats.paired_ratios(_cpu(now["blocks"][row], part), _cpu(now["blocks"][DEFAULT], part))),
+                    stats.median_interval(stats.paired_ratios(_cpu(latest["blocks"][row], part), _cpu(latest["blocks"][DEFAULT], part))),
+                    stats.median_interval(stats.paired_ratios(_cpu(now["blocks"][row], part), _cpu(now["blocks"][DEFAULT], part))),
                 ))
     return figures
 
@@ -194,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                     return status
                 now_paired = json.loads((Path(tmp) / "paired.json").read_text())
         notes += _same_machine("paired", latest_paired["machine"],
-                               f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs")
+                               common.machine_words())
         figures += paired_figures(latest_paired, now_paired)
     elif args.smoke:
         notes.append("- smoke run: tiny overhead rounds, no paired rerun; the verdicts mean nothing.")

@@ -15,7 +15,7 @@ from typing import Any
 from offload._lag import percentile
 
 __all__ = [
-    "RESULTS", "SNAPSHOT", "autogroups_enabled", "commit_words", "dirty", "end", "header", "loadavg", "machine", "parser",
+    "RESULTS", "SNAPSHOT", "command", "commit_words", "dirty", "end", "header", "loadavg", "machine", "machine_words", "parser",
     "percentile", "run_line", "start",
     "table", "write",
 ]
@@ -29,12 +29,23 @@ RESULTS = ROOT / ".benchmarks" / "runs"
 SNAPSHOT = ROOT / "benchmarks" / "results" / "latest"
 
 
-def parser(description: str, suite: str) -> argparse.ArgumentParser:
+def parser(description: str, suite: str, smoke: str = "tiny sizes: proves the script runs, measures nothing",
+           ) -> argparse.ArgumentParser:
     """The options every suite takes; `--out` defaults to `RESULTS / suite`, outside the tracked tree."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: proves the script runs, measures nothing")
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help=smoke)
     p.add_argument("--out", type=Path, default=RESULTS / suite, help=f"output directory (default {RESULTS / suite})")
     return p
+
+
+def command(suite: str, argv: list[str]) -> str:
+    """The command line a run was started with, as its report quotes it."""
+    return " ".join([f"python -m benchmarks {suite}", *(f'"{a}"' if " " in a else a for a in argv)])
+
+
+def machine_words() -> str:
+    """"x86_64 2 CPUs": the architecture and the CPUs this process may run on."""
+    return f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs"
 
 
 def machine() -> dict[str, Any]:
@@ -79,15 +90,6 @@ def dirty() -> bool:
 def loadavg() -> str:
     """The load averages over 1, 5 and 15 minutes, as `run_line` shows them."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def autogroups_enabled() -> str | None:
-    """`"1"` where Linux schedules tasks by session (autogroups), `"0"` where
-    it does not, None where that cannot be read."""
-    try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
-    except OSError:
-        return None
 
 
 def start(section: str) -> str:

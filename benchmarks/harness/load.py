@@ -21,7 +21,7 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.harness import raw_http
@@ -39,20 +39,13 @@ ARRIVALS_NEEDED = 0.95
 
 @dataclass
 class LevelResult:
-    clients: int
     requests: int
     errors: int
-    duration_s: float
-    tokens_per_s: float
     requests_per_s: float
-    mean_ms: float
     p50_ms: float
     p99_ms: float
     health: dict[str, float]
     first_error: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
@@ -170,16 +163,14 @@ def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]
 _JSON = {"Content-Type": "application/json"}
 
 
-async def post_json(session: Any, url: str, payload: Payload | bytes) -> int:
+async def post_json(session: Any, url: str, payload: Payload | bytes) -> None:
     """POST one request, `payload` or JSON bytes already encoded
-    (`workloads.Rotation.body`: not encoded again per request); returns the
-    prompt tokens the server counted."""
+    (`workloads.Rotation.body`: not encoded again per request)."""
     sent = {"data": payload, "headers": _JSON} if isinstance(payload, bytes) else {"json": payload}
     async with session.post(url, **sent) as resp:
         body = await resp.json()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
-        return int(body.get("usage", {}).get("prompt_tokens", 0))
 
 
 async def closed_loop(
@@ -187,19 +178,14 @@ async def closed_loop(
     clients: int,
     make_payload: Callable[[int], Payload | bytes],
     duration_s: float,
-    max_requests: int,
-) -> tuple[list[float], int, int, float, str]:
-    """`clients` concurrent clients, each sending its next request when the last one answers.
-
-    `make_payload(n)` is request `n`'s payload, or its JSON bytes (`post_json`).
-
-    Stops at `duration_s` or after `max_requests` in all. Returns the latencies
-    (s), prompt tokens, errors, the wall time and the first error's message.
-    """
+) -> tuple[list[float], int, float, str]:
+    """`clients` concurrent clients, each sending its next request when the last one
+    answers, for `duration_s`; `make_payload(n)` is request `n`'s payload, or its JSON
+    bytes (`post_json`). Returns the latencies (s), errors, the wall time and the first error."""
     import aiohttp
 
     latencies: list[float] = []
-    counters = {"tokens": 0, "errors": 0, "issued": 0}
+    counters = {"errors": 0, "issued": 0}
     first_error: list[str] = []
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -208,23 +194,22 @@ async def closed_loop(
         deadline = start + duration_s
 
         async def client() -> None:
-            while time.perf_counter() < deadline and counters["issued"] < max_requests:
+            while time.perf_counter() < deadline:
                 n = counters["issued"]
                 counters["issued"] += 1
                 t0 = time.perf_counter()
                 try:
-                    tokens = await post_json(session, url, make_payload(n))
+                    await post_json(session, url, make_payload(n))
                 except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
                     counters["errors"] += 1
                     if not first_error:
                         first_error.append(f"{type(exc).__name__}: {exc}")
                     continue
                 latencies.append(time.perf_counter() - t0)
-                counters["tokens"] += tokens
 
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - start
-    return latencies, counters["tokens"], counters["errors"], wall, (first_error or [""])[0]
+    return latencies, counters["errors"], wall, (first_error or [""])[0]
 
 
 def run_level(
@@ -233,24 +218,12 @@ def run_level(
     clients: int,
     make_payload: Callable[[int], Payload | bytes],
     duration_s: float,
-    max_requests: int,
 ) -> LevelResult:
     """One concurrency level under load, with `/health` probed from another process."""
     with HealthProber(base_url) as prober:
-        lat, tokens, errors, wall, first_error = asyncio.run(
-            closed_loop(base_url + path, clients, make_payload, duration_s, max_requests)
-        )
+        lat, errors, wall, first_error = asyncio.run(closed_loop(base_url + path, clients, make_payload, duration_s))
     stats = summarize_ms(lat)
     return LevelResult(
-        clients=clients,
-        requests=len(lat),
-        errors=errors,
-        duration_s=wall,
-        tokens_per_s=tokens / wall if wall else 0.0,
-        requests_per_s=len(lat) / wall if wall else 0.0,
-        mean_ms=stats["mean_ms"],
-        p50_ms=stats["p50_ms"],
-        p99_ms=stats["p99_ms"],
-        health=prober.summary(),
-        first_error=first_error,
+        requests=len(lat), errors=errors, requests_per_s=len(lat) / wall if wall else 0.0,
+        p50_ms=stats["p50_ms"], p99_ms=stats["p99_ms"], health=prober.summary(), first_error=first_error,
     )

@@ -2,9 +2,9 @@
 
 Every figure comes from `benchmarks/results/latest/**` (the JSON the suites
 wrote), so the table and the pictures cannot say something the results do
-not. `make bench`, `make bench-mixed` and `make bench-fairness` run this after
-their suite; `benchmarks/tests/test_plots.py` regenerates everything from the
-committed results and checks it matches what is committed.
+not. `make bench-snapshot` runs this after the suite it reruns;
+`benchmarks/tests/test_plots.py` regenerates everything from the committed
+results and checks it matches what is committed.
 
     python -m benchmarks plots                 # writes the files below
     python -m benchmarks plots --out DIR       # elsewhere (the test)

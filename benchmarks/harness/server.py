@@ -176,31 +176,6 @@ def wait_healthy(url: str, timeout: float) -> float:
 
 
 @contextlib.contextmanager
-def running_server(
-    config: ServerConfig,
-    model: Path,
-    log_path: Path,
-    ready_timeout: float = DEFAULT_READY_TIMEOUT,
-) -> Iterator[str]:
-    """Yield the base URL of a ready server; stop its whole process group on exit."""
-    with running_server_process(config, model, log_path, ready_timeout) as (url, _):
-        yield url
-
-
-@contextlib.contextmanager
-def running_server_process(
-    config: ServerConfig,
-    model: Path,
-    log_path: Path,
-    ready_timeout: float = DEFAULT_READY_TIMEOUT,
-) -> Iterator[tuple[str, int]]:
-    """`running_server`, also yielding the API server's pid (the process started
-    here: both launchers run the API server in it)."""
-    with running_servers({config.name: config}, model, {config.name: log_path}, ready_timeout) as servers:
-        yield servers[config.name]
-
-
-@contextlib.contextmanager
 def _stopped_by_sigterm() -> Iterator[None]:
     """SIGTERM (`kill`, `timeout`) raises SystemExit here, as Ctrl-C raises
     KeyboardInterrupt, so that the servers are stopped on the way out: by

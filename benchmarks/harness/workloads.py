@@ -50,8 +50,6 @@ _WORD_TEXT = (
 )
 _WORDS = _WORD_TEXT.split()
 
-SHORT_TEXT = "A short sentence for measuring the per-request overhead."
-
 
 def long_texts(n: int, words: int = 160, seed: int = 0) -> list[str]:
     """`n` distinct texts of `words` words each (150+ words: tokenization is the work)."""

@@ -33,7 +33,7 @@ served is `scheduling="fifo"` on the same executor: the reference.
     python -m benchmarks fairness --smoke --out DIR
 
 Writes fairness.json and fairness.md into --out (default
-benchmarks/results/fairness/).
+.benchmarks/runs/fairness/).
 """
 
 from __future__ import annotations
@@ -49,16 +49,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import offload
 from benchmarks.harness import common as _common
 from benchmarks.harness import progress, stats
 
-ROOT = Path(__file__).resolve().parents[2]
-
-OUT = _common.RESULTS / "fairness"
 #: Each client's costs: uniform integers from 1 to this.
 MAX_COST = {"a": 10, "b": 40}
 #: Calls each client queues per run: enough that the measured window's
@@ -289,7 +285,6 @@ def markdown(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = _common.parser("Fairness of lanes and flows between two backlogged clients (no vLLM)", "fairness")
-    p.set_defaults(out=OUT)
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--calls", type=int, default=CALLS, help="calls each client queues per run")
     p.add_argument("--unit-ms", type=float, default=0.25, help="sleep per unit of cost")

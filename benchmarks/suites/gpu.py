@@ -30,7 +30,6 @@ import random
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
@@ -38,7 +37,6 @@ from benchmarks.harness import library, progress
 from benchmarks.harness.stats import median_interval, paired_ratios
 from benchmarks.harness.workloads import long_texts
 
-ROOT = Path(__file__).resolve().parents[2]
 
 def _packaged_tokenizer_dir() -> str:
     from benchmarks.harness.models import minilm_dir

@@ -31,15 +31,11 @@ the engine shares the work), `score` (`/score` on a tiny cross-encoder),
 `token-ids` (vLLM's validation of the body is the loop's work), `multimodal`
 (image embeddings on a tiny CLIP; skipped with a message where it cannot run).
 Writes mixed-<variant>.json and .md into --out (default
-.benchmarks/runs/mixed/); server logs under --out/logs/. The rows of past
-experiments (worker niceness, inline and express bounds, switch interval,
-validation shortcut, a new user's defaults) are in their decision records,
-with the commit whose suite reruns them.
+.benchmarks/runs/mixed/); server logs under --out/logs/.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -557,9 +553,7 @@ def _write(out: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true",
-                   help=f"rows {' and '.join(SMOKE_ROWS)}, one round of 1.5 s phases")
+    p = _common.parser(__doc__ or "", "mixed", smoke=f"rows {' and '.join(SMOKE_ROWS)}, one round of 1.5 s phases")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="preprocess")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), help="default: every row")
     p.add_argument("--rounds", type=int, default=ROUNDS)
@@ -567,7 +561,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-rate", type=float, default=SMALL_RATE, help="small requests a second (Poisson)")
     p.add_argument("--heavy-clients", type=int, default=HEAVY_CLIENTS, help="closed-loop heavy clients")
     p.add_argument("--seed", type=int, default=0, help="the rows' order and the small requests' arrivals")
-    p.add_argument("--out", type=Path, default=_common.RESULTS / "mixed")
     args = p.parse_args(argv)
     if args.small_rate <= 0:
         p.error("--small-rate must be above 0")
@@ -582,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [DEFAULT, *rows]
     began = time.monotonic()
     result: dict[str, Any] = {
-        "argv": argv, "command": " ".join(["python -m benchmarks mixed", *map(_quote, argv)]),
+        "argv": argv, "command": _common.command("mixed", argv),
         "variant": args.variant, "machine": _common.machine(), "dirty": _common.dirty(),
         "loadavg_before": _common.loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s, "heavy_clients": args.heavy_clients,
@@ -655,10 +648,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{lost} requests were sent and never answered (must be 0): see the report", file=sys.stderr)
         return 1
     return 0
-
-
-def _quote(arg: str) -> str:
-    return f'"{arg}"' if " " in arg else arg
 
 
 def _skip(out: Path, result: dict[str, Any], reason: str) -> int:

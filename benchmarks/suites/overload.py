@@ -14,17 +14,13 @@ more pressure on), and sends its next request.
     python -m benchmarks overload --smoke --out DIR
 
 Writes overload.json and overload.md into --out (default
-.benchmarks/runs/overload/). How a computed `Retry-After` compared with a
-constant 1 s is decision record 0025, and how readiness follows admission
-0026, each with the commit that reruns it.
+.benchmarks/runs/overload/).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,8 +32,6 @@ from typing import Any
 from benchmarks.harness import common as _common
 from benchmarks.harness import load, models, progress, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Starting two real servers is most of the smoke run; the smoke test allows this much.
 SMOKE_TIMEOUT_S = 900
@@ -156,8 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="one pair of 3 s levels at 16 clients")
+    p = _common.parser(__doc__ or "", "overload", smoke="one pair of 3 s levels at 16 clients")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument(
         "--retry-fraction", type=float, default=1.0,
@@ -165,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
-    p.add_argument("--out", type=Path, default=_common.RESULTS / "overload")
     args = p.parse_args(argv)
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
@@ -177,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
             env={"OFFLOAD_VLLM_WORKERS": str(WORKERS), "OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)},
         ),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
@@ -210,20 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         "health_p99": [b["health"]["p99_ms"] / u["health"]["p99_ms"] for b, u in zip(bounded, unbounded, strict=True) if u["health"]["p99_ms"]],
     }
     result = {
-        "argv": argv, "machine": f"{platform.machine()} {load_cpus()} CPUs", "started": started,
+        "argv": argv, "machine": _common.machine_words(), "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
         "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
     }
-    (args.out / "overload.json").write_text(json.dumps(result, indent=2))
-    (args.out / "overload.md").write_text(markdown(result))
+    _common.write(args.out, "overload", result, markdown(result))
     print(f"wrote the results into {args.out}")
     return 0
-
-
-def load_cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":

@@ -44,10 +44,7 @@ Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import random
 import shlex
 import sys
@@ -62,15 +59,11 @@ from benchmarks.harness import common as _common
 from benchmarks.harness import load, models, procstat, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
-ROOT = Path(__file__).resolve().parents[2]
-
 #: Starting the smoke run's two servers is most of it.
 SMOKE_TIMEOUT_S = 900
 
 DEFAULT = "vLLM default"
 #: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
-#: (The rows of finished experiments, worker niceness, switch interval, pool size,
-#: a new user's defaults, are in decisions 0001 and 0016 with the commit that reruns them.)
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # What prefix tokenization adds (the truncated workload).
     "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
@@ -159,7 +152,7 @@ def measure_block(
     (API server `pid`) for `seconds`; `others`: the process groups of the
     servers taking no traffic meanwhile (counted apart in `cores`)."""
     machine_before, before = procstat.machine(others), procstat.snapshot(pid)
-    level = load.run_level(url, path, clients, make_payload, seconds, max_requests=10**9)
+    level = load.run_level(url, path, clients, make_payload, seconds)
     after, machine_after = procstat.snapshot(pid), procstat.machine(others)
     used = procstat.cpu_used(before, after)
     done = max(level.requests, 1)
@@ -231,39 +224,38 @@ def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) ->
     return f"{_fmt(ratio)}x, {stats.verdict(interval, higher=higher, lower=lower)}"
 
 
+def _check(summary: dict[str, Any], row: str, metric: str, bound: float, what: str, *,
+           at_least: bool = False, x_on_median: bool = True) -> list[str]:
+    """A target on `row`'s per-round ratio to vLLM's default, read from this run (none where not run)."""
+    ratio = summary.get(row, {}).get("ratio", {}).get(metric)
+    if ratio is None:
+        return []
+    sign = ">=" if at_least else "<="
+    figure = (f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if x_on_median
+              else f"{_fmt(ratio)}x")
+    return [f"- {what} {sign} {bound}x default: {figure} — {_verdict(ratio, bound, at_least=at_least)}"]
+
+
+def _not_lower(ratio: dict[str, float], word: str) -> str:
+    return f"**{word} beyond its interval (missed)**" if ratio["high"] < 1 else f"not {word} beyond its interval (met)"
+
+
 def targets(summary: dict[str, Any]) -> list[str]:
     """The CPU-per-request targets, read from this run."""
-    lines = []
-
-    def check(row: str, metric: str, bound: float, what: str, *, at_least: bool = False) -> None:
-        ratio = summary.get(row, {}).get("ratio", {}).get(metric)
-        if ratio is None:
-            return
-        sign = ">=" if at_least else "<="
-        lines.append(
-            f"- {what} {sign} {bound}x default: {ratio['median']:.2f}x "
-            f"[{ratio['low']:.2f}, {ratio['high']:.2f}] — {_verdict(ratio, bound, at_least=at_least)}"
-        )
-
-    check("process", "cpu:loop", 0.6, "`process` loop-thread CPU/request")
-    check("process", "cpu:api", 0.7, "`process` whole-API-server CPU/request")
-    check("process", "cpu:total", 1.3, "`process` total CPU/request")
-    check("thread", "cpu:api", 1.0, "`thread` whole-API-server CPU/request")
-    check("process", "ceiling", 1.6, "`process` projected ceiling of one API server", at_least=True)
+    lines = [
+        *_check(summary, "process", "cpu:loop", 0.6, "`process` loop-thread CPU/request"),
+        *_check(summary, "process", "cpu:api", 0.7, "`process` whole-API-server CPU/request"),
+        *_check(summary, "process", "cpu:total", 1.3, "`process` total CPU/request"),
+        *_check(summary, "thread", "cpu:api", 1.0, "`thread` whole-API-server CPU/request"),
+        *_check(summary, "process", "ceiling", 1.6, "`process` projected ceiling of one API server", at_least=True),
+    ]
     for row in ROWS[2:]:
         ratio = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
         if ratio is not None:
-            slower = ratio["high"] < 1
-            lines.append(
-                f"- `{row}` throughput vs default: {_fmt(ratio)}x — "
-                f"{'**slower beyond its interval (missed)**' if slower else 'not slower beyond its interval (met)'}"
-            )
+            lines.append(f"- `{row}` throughput vs default: {_fmt(ratio)}x — {_not_lower(ratio, 'slower')}")
     process = summary.get("process", {}).get("values", {}).get("health_p99_ms")
     if process is not None:
-        lines.append(
-            f"- `process` `/health` p99 <= 20 ms: {_fmt(process, 1)} ms — "
-            f"{_verdict(process, 20)}"
-        )
+        lines.append(f"- `process` `/health` p99 <= 20 ms: {_fmt(process, 1)} ms — {_verdict(process, 20)}")
     return lines
 
 
@@ -273,23 +265,10 @@ def loop_targets(summary: dict[str, Any]) -> list[str]:
     for row, bound in (("process", 0.5), ("thread", 1.0)):
         health = summary.get(row, {}).get("ratio", {}).get("health_p99_ms")
         rate = summary.get(row, {}).get("ratio", {}).get("requests_per_s")
-        if health is None or rate is None:
-            continue
-        lines.append(
-            f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — {_verdict(health, bound)}; "
-            f"requests/s {_fmt(rate)}x — "
-            f"{'**lower beyond its interval (missed)**' if rate['high'] < 1 else 'not lower beyond its interval (met)'}"
-        )
+        if health is not None and rate is not None:
+            lines.append(f"- `{row}` `/health` p99 <= {bound}x default: {_fmt(health)}x — {_verdict(health, bound)}; "
+                         f"requests/s {_fmt(rate)}x — {_not_lower(rate, 'lower')}")
     return lines
-
-
-def truncated_targets(summary: dict[str, Any]) -> list[str]:
-    """The truncated workload's target: `thread` (prefix tokenization on) serves
-    at least 4x the requests/s of vLLM's default."""
-    ratio = summary.get("thread", {}).get("ratio", {}).get("requests_per_s")
-    if ratio is None:
-        return []
-    return [f"- `thread` requests/s >= 4x default: {_fmt(ratio)}x — {_verdict(ratio, 4, at_least=True)}"]
 
 
 def _verdict(interval: dict[str, float], bound: float, *, at_least: bool = False) -> str:
@@ -330,7 +309,9 @@ def _targets(result: dict[str, Any]) -> list[str]:
     if workload == "tiny":
         return targets(result["summary"])
     if workload in ("truncated", *MODEL_WORKLOADS):
-        lines = truncated_targets(result["summary"])
+        # `thread` (prefix tokenization on) serves at least 4x the requests/s of vLLM's default.
+        lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True,
+                       x_on_median=False)
         same = result.get("same_answers")
         if same is not None:
             lines.append(
@@ -465,15 +446,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="2 rows, 2 rounds of 2 s blocks at 8 clients")
+    p = _common.parser(__doc__ or "", "paired", smoke="2 rows, 2 rounds of 2 s blocks at 8 clients")
     p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--workload", choices=sorted([*WORKLOADS, *MODEL_WORKLOADS]), default="tiny")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=_common.RESULTS / "paired")
     args = p.parse_args(argv)
     if args.smoke:
         rows, rounds, seconds, clients = [DEFAULT, "thread" if args.workload in MODEL_WORKLOADS else "process"], 2, 2.0, 8
@@ -481,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
         rows = [DEFAULT, *rows]
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     commit, dirty = _common.machine()["commit"], _common.dirty()
     shuffle = random.Random(args.seed)
@@ -521,14 +499,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors"
                     )
     result = {
-        "argv": argv, "machine": f"{platform.machine()} {len(os.sched_getaffinity(0))} CPUs",
+        "argv": argv, "machine": _common.machine_words(),
         "started": started, "commit": commit, "dirty": dirty, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,
         "startup_s": startup_s, "blocks": blocks, "summary": summarize(blocks),
         **({"same_answers": same} if same is not None else {}),
     }
     stem = "paired" if args.workload == "tiny" else f"paired-{args.workload}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{stem}.md").write_text(markdown(result))
+    _common.write(args.out, stem, result, markdown(result))
     print(f"wrote {args.out / stem}.json and .md")
     return 0
 

@@ -3,7 +3,7 @@ standard library's `ProcessPoolExecutor` (through `loop.run_in_executor`).
 
     python -m benchmarks process [--smoke] [--out DIR]
 
-Writes `process.json` and `process.md` to DIR (default `benchmarks/results`).
+Writes `process.json` and `process.md` to DIR (default `.benchmarks/runs/process`).
 Four parts, all in one run on asyncio:
 
 1. Calls/s and event-loop lag (`LoopLagMonitor`, p50/p99) at concurrency 1, 2,

@@ -29,7 +29,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 # Every Ray address on loopback (Ray reads this at import).
@@ -40,8 +39,6 @@ from benchmarks.harness import common as _common
 from benchmarks.harness import library, progress, stats
 from benchmarks.harness.workloads import jpeg_base64
 from benchmarks.suites.overhead import load_tokenizer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, again and again, until the tokenizer is warm."
 

@@ -30,7 +30,6 @@ Writes startup.{json,md} into --out (default .benchmarks/runs/startup).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -43,8 +42,6 @@ from typing import Any
 from benchmarks.harness import common as _common
 from benchmarks.harness import mixed, models, procstat, progress, stats
 from benchmarks.harness.server import ServerConfig, running_servers
-
-ROOT = Path(__file__).resolve().parents[2]
 
 #: Starting the smoke run's one server is most of it.
 SMOKE_TIMEOUT_S = 600
@@ -181,24 +178,18 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _quote(arg: str) -> str:
-    return f'"{arg}"' if " " in arg else arg
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="the `thread defaults` row, one round, without torch.compile")
+    p = _common.parser(__doc__ or "", "startup", smoke="the `thread defaults` row, one round, without torch.compile")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     p.add_argument("--rounds", type=int, default=ROUNDS)
     p.add_argument("--seed", type=int, default=0, help="the rows' order")
-    p.add_argument("--out", type=Path, default=_common.RESULTS / "startup")
     args = p.parse_args(argv)
     rows, rounds = (["thread defaults"], 1) if args.smoke else (args.rows, args.rounds)
     configs = {row: ROWS[row].for_smoke() if args.smoke else ROWS[row] for row in rows}
     began = time.monotonic()
     result: dict[str, Any] = {
-        "argv": argv, "command": " ".join(["python -m benchmarks startup", *map(_quote, argv)]),
+        "argv": argv, "command": _common.command("startup", argv),
         "machine": _common.machine(), "dirty": _common.dirty(), "loadavg_before": _common.loadavg(), "rounds": rounds,
     }
     shuffle = random.Random(args.seed)
