@@ -51,26 +51,7 @@ __all__ = ["Dispatcher"]
 
 @final
 class Dispatcher(Generic[S]):
-    """A `CallQueue` and up to `max_slots` slot threads that take calls from it.
-
-    `put(call)` queues a call (and starts a slot if none is free);
-    `start_all()` starts every slot's worker now; `close()` refuses new
-    calls; `join()` waits for the slots to exit. `running()` gives the busy
-    slots with their calls, and `lock` guards whatever a strategy changes
-    on a slot that another thread reads (say, the process it kills).
-
-    A worker that fails to start hands its error to the next call the slot
-    takes, which fails with it; a later call starts it again. When it was
-    started by `start_all()`, the error goes to `start_all()`'s caller instead,
-    and no call ever sees it.
-
-    `express_cost` above 0 adds the express slot (`ExpressSlot`), beyond
-    `max_slots`: it starts with the first slot (or with
-    `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
-    (default): none.
-
-    Thread-safe.
-    """
+    """A `CallQueue` and up to `max_slots` slot threads that take calls from it. Thread-safe."""
 
     def __init__(
         self,
@@ -81,6 +62,10 @@ class Dispatcher(Generic[S]):
         thread_name: str | None = None,
         express_cost: float = 0.0,
     ) -> None:
+        """`express_cost` above 0 adds the express slot (`ExpressSlot`), beyond
+        `max_slots`: it starts with the first slot (or with
+        `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
+        (default): none."""
         #: For messages: the strategy's name.
         self._owner = strategy
         self._thread_name = thread_name or f"offload-{strategy}"
@@ -98,6 +83,8 @@ class Dispatcher(Generic[S]):
         self._queued = 0  # tokens for calls not taken yet (stop tokens not counted)
         self._numbers = itertools.count()
         self._stopping = False
+        #: Guards whatever a strategy changes on a slot that another thread
+        #: reads (say, the process it kills).
         self.lock = threading.Lock()
         # The express slot, with a rule of its own for the calls it takes (or none).
         self._express: SideSlot[S] = side_slot(
@@ -146,9 +133,13 @@ class Dispatcher(Generic[S]):
     # ---- calls -------------------------------------------------------------------
 
     def put(self, call: Call[Any]) -> None:
-        """Queue `call`. Raises `ExecutorClosed` once `close` has begun, and
-        `OffloadError` if no slot exists and none can be started (no thread
-        left): then the call was not queued."""
+        """Queue `call` (and start a slot if none is free). Raises
+        `ExecutorClosed` once `close` has begun, and `OffloadError` if no slot
+        exists and none can be started (no thread left): then the call was
+        not queued.
+
+        A worker that fails to start hands its error to the next call its
+        slot takes, which fails with it; a later call starts it again."""
         with self.lock:
             if self._stopping:
                 raise executor_closed(self._owner)
@@ -188,7 +179,8 @@ class Dispatcher(Generic[S]):
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
         Raises `ExecutorClosed` once `close` has begun, and the first start-up
-        error (the slots stay; see the class docstring)."""
+        error: the slots stay, and no call ever sees that error (a later call
+        starts the worker again)."""
         startup = Startup()
         with self.lock:
             if self._stopping:
