@@ -83,41 +83,16 @@ def collect_call_times() -> Iterator[list[CallTimes]]:
 class Call(Generic[T]):
     """What to run (`fn(*args, **kwargs)` inside `context`) and, later, its outcome.
 
-    The executor makes one per `run`/`submit` and hands it to its strategy.
-    For strategy authors: a worker calls `claim()` right before running it
-    (and skips it on `False`), then `execute(state)`, or, for a worker in
-    another process, `set_result(value)` / `set_exception(error)` on this
-    side; `drop()` withdraws a queued call at shutdown; `stop(reason)` marks a
-    running call whose worker offload is about to kill. `cost`, `lane` and
-    `flow` say how queues order it. Every method may be called from any
-    thread; a call ends exactly once.
-
-    Attributes:
-        fn (Callable[..., T]): the function to run.
-        args (tuple[Any, ...]): its positional arguments.
-        kwargs (dict[str, Any]): its keyword arguments.
-        context (contextvars.Context | None): a copy of the caller's context,
-            which `execute` runs `fn` in (`None`: run it as is). A strategy
-            whose workers are other processes cannot carry it (it sets
-            `carries_context = False`) and sends `fn`, `args` and `kwargs` only.
-        cost (float): what the call costs to run, in the unit its callers chose
-            (1 unless given): queues serve flows fairly by cost, admission bounds it.
-        lane (Lane): the lane it is counted in: one of its executor's `Lane`
-            objects, stamped by the executor before the call reaches its
-            strategy (the executor's default lane when the caller named
-            none); never `None`. Unset until then.
-        flow (Flow | None): the flow it shares a fair share with (`None`: its own).
-        deadline (float | None): the `time.perf_counter()` after which it must not
-            start (`claim` enforces it); `None`: no deadline.
-        stopped_by (str | None): set by `stop`: why offload stopped the worker
-            running it (`CANCELLED`, `DEADLINE`, `SHUTDOWN`), so its end is not
-            counted as a crash.
-        queued_at (float): `time.perf_counter()` when it was made.
-        started_at (float): when `claim` succeeded (0 before).
-        finished_at (float): when it ended (0 before).
+    The executor makes one per `run`/`submit` and hands it to its strategy,
+    whose worker calls `claim()` right before running it, then `execute(state)`
+    (or, for a worker in another process, `set_result` / `set_exception` on
+    this side). Every method may be called from any thread; a call ends exactly once.
     """
 
-    #: The lane the call is counted in (see the class docstring): set by its executor.
+    #: The lane it is counted in: one of its executor's `Lane` objects,
+    #: stamped by the executor before the call reaches its strategy (the
+    #: executor's default lane when the caller named none); never `None`.
+    #: Unset until then.
     lane: Lane
 
     __slots__ = (
@@ -150,9 +125,14 @@ class Call(Generic[T]):
         kwargs: dict[str, Any],
         context: contextvars.Context | None = None,
     ) -> None:
+        #: The function to run, its positional and keyword arguments.
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
+        #: A copy of the caller's context, which `execute` runs `fn` in (`None`:
+        #: run it as is). A strategy whose workers are other processes cannot
+        #: carry it (it sets `carries_context = False`) and sends `fn`, `args`
+        #: and `kwargs` only.
         self.context = context
         self._state = PENDING
         self._result: T | None = None
@@ -161,13 +141,16 @@ class Call(Generic[T]):
         self.on_done: Callable[[], None] | None = None
         #: Called under claim; returning False vetoes the start (a cancelled future).
         self.on_claim: Callable[[], bool] | None = None
+        #: `time.perf_counter()` when it was made, when `claim` succeeded and
+        #: when it ended (0 before).
         self.queued_at = time.perf_counter()
         self.started_at = 0.0
         self.finished_at = 0.0
         #: Where it reports its times once finished (`collect_call_times`), read
         #: here, in its caller's context.
         self.times = _call_times.get()
-        #: `time.perf_counter()` after which the call must not start (`None`: no deadline).
+        #: `time.perf_counter()` after which the call must not start (`claim`
+        #: enforces it; `None`: no deadline).
         self.deadline: float | None = None
         #: Told of every state change (admission counts, metrics); set by the executor.
         self.tracker: Tracker | None = None

@@ -17,9 +17,12 @@ retrying a worker that failed to start, shutdown and joining.
 
 **The express slot**: with `express_cost` above 0, one more slot, the
 express slot (`_express.py`), that takes only calls that are cheap beside
-the work in progress. The dispatcher starts it, registers it and stops it
-as any slot; which calls it takes, when it is woken and its loop are its
-own (`offer`, `take_calls`).
+the work in progress. It is composed in: the dispatcher holds a `SideSlot`
+(the express slot, or one that does nothing) and calls it at five points:
+`offer` (a call was queued), `start` (with the first slot, `grow` and
+`start_all`), `live` (counting the regular slots), `exited` (a slot's
+thread ended) and `close`. Which calls it takes, when it is woken and its
+loop are its own.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, Generic, TypeVar, final
 
 from ._call import Call
 from ._errors import OffloadError, executor_closed
-from ._express import ExpressSlot
+from ._express import SideSlot, side_slot
 from ._queue import CallQueue
 from ._slot_worker import SlotWorker
 from ._startup import Startup
@@ -48,26 +51,7 @@ __all__ = ["Dispatcher"]
 
 @final
 class Dispatcher(Generic[S]):
-    """A `CallQueue` and up to `max_slots` slot threads that take calls from it.
-
-    `put(call)` queues a call (and starts a slot if none is free);
-    `start_all()` starts every slot's worker now; `close()` refuses new
-    calls; `join()` waits for the slots to exit. `running()` gives the busy
-    slots with their calls, and `lock` guards whatever a strategy changes
-    on a slot that another thread reads (say, the process it kills).
-
-    A worker that fails to start hands its error to the next call the slot
-    takes, which fails with it; a later call starts it again. When it was
-    started by `start_all()`, the error goes to `start_all()`'s caller instead,
-    and no call ever sees it.
-
-    `express_cost` above 0 adds the express slot (`ExpressSlot`), beyond
-    `max_slots`: it starts with the first slot (or with
-    `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
-    (default): none.
-
-    Thread-safe.
-    """
+    """A `CallQueue` and up to `max_slots` slot threads that take calls from it. Thread-safe."""
 
     def __init__(
         self,
@@ -78,6 +62,10 @@ class Dispatcher(Generic[S]):
         thread_name: str | None = None,
         express_cost: float = 0.0,
     ) -> None:
+        """`express_cost` above 0 adds the express slot (`ExpressSlot`), beyond
+        `max_slots`: it starts with the first slot (or with
+        `start_all()`/`grow()`); `worker` must be an `ExpressSlotWorker`. 0
+        (default): none."""
         #: For messages: the strategy's name.
         self._owner = strategy
         self._thread_name = thread_name or f"offload-{strategy}"
@@ -95,12 +83,12 @@ class Dispatcher(Generic[S]):
         self._queued = 0  # tokens for calls not taken yet (stop tokens not counted)
         self._numbers = itertools.count()
         self._stopping = False
+        #: Guards whatever a strategy changes on a slot that another thread
+        #: reads (say, the process it kills).
         self.lock = threading.Lock()
-        # The express slot, with a rule of its own for the calls it takes (None: none).
-        self._express: ExpressSlot[S] | None = (
-            ExpressSlot(strategy, express_cost, worker, self.lock, self._calls, self._running)
-            if express_cost > 0
-            else None
+        # The express slot, with a rule of its own for the calls it takes (or none).
+        self._express: SideSlot[S] = side_slot(
+            strategy, express_cost, worker, self.lock, self._calls, self._running
         )
 
     # ---- state -----------------------------------------------------------------
@@ -119,13 +107,10 @@ class Dispatcher(Generic[S]):
     def express_cost(self) -> float:
         """The express slot takes calls priced at most this (and see
         `ExpressSlot`); 0: there is none."""
-        return 0.0 if self._express is None else self._express.cost
+        return self._express.cost
 
     def _regular_slots(self) -> int:
-        return len(self._slots) - (self._express is not None and self._express.slot is not None)
-
-    def _express_missing(self) -> bool:
-        return self._express is not None and self._express.slot is None
+        return len(self._slots) - self._express.live()
 
     def slots(self) -> list[S]:
         """The live slots (a snapshot)."""
@@ -148,9 +133,13 @@ class Dispatcher(Generic[S]):
     # ---- calls -------------------------------------------------------------------
 
     def put(self, call: Call[Any]) -> None:
-        """Queue `call`. Raises `ExecutorClosed` once `close` has begun, and
-        `OffloadError` if no slot exists and none can be started (no thread
-        left): then the call was not queued."""
+        """Queue `call` (and start a slot if none is free). Raises
+        `ExecutorClosed` once `close` has begun, and `OffloadError` if no slot
+        exists and none can be started (no thread left): then the call was
+        not queued.
+
+        A worker that fails to start hands its error to the next call its
+        slot takes, which fails with it; a later call starts it again."""
         with self.lock:
             if self._stopping:
                 raise executor_closed(self._owner)
@@ -158,17 +147,15 @@ class Dispatcher(Generic[S]):
             self._calls.push(call)
             self._queued += 1
             self._tokens.put(True)
-            express = self._express
-            if express is not None and express.offer(call, partial(self._start_slot, None, express=True)):
+            if self._express.offer(call, partial(self._start_express, None)):
                 # The express slot takes it, unless a free slot gets there first.
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
                     self._start_slot(None)
-                    if self._express_missing():
-                        # With the first slot, by the same thread: see `_express.py`.
-                        with contextlib.suppress(RuntimeError):
-                            self._start_slot(None, express=True)
+                    # With the first slot, by the same thread: see `_express.py`.
+                    with contextlib.suppress(RuntimeError):
+                        self._start_express(None)
                 except RuntimeError as exc:  # can't start new thread
                     if self._regular_slots():
                         return  # a busy slot takes the call when it is free
@@ -186,50 +173,49 @@ class Dispatcher(Generic[S]):
         with self.lock, contextlib.suppress(RuntimeError):
             while not self._stopping and self._regular_slots() < self._max_slots:
                 self._start_slot(None)
-            if not self._stopping and self._express_missing():
-                self._start_slot(None, express=True)
+            if not self._stopping:
+                self._start_express(None)
 
     def start_all(self) -> None:
         """Start every slot and its worker now; return once each reported.
         Raises `ExecutorClosed` once `close` has begun, and the first start-up
-        error (the slots stay; see the class docstring)."""
+        error: the slots stay, and no call ever sees that error (a later call
+        starts the worker again)."""
         startup = Startup()
         with self.lock:
             if self._stopping:
                 raise executor_closed(self._owner)
             # Slots already up started their workers (or will, at their next call).
             started = 0
-            wanted = self._max_slots - self._regular_slots()
-            for number in range(wanted + self._express_missing()):
-                try:
-                    self._start_slot(startup, express=number == wanted)
-                except RuntimeError as exc:
-                    startup.expect(started)
-                    raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
-                started += 1
+            try:
+                for _ in range(self._max_slots - self._regular_slots()):
+                    self._start_slot(startup)
+                    started += 1
+                started += self._start_express(startup)
+            except RuntimeError as exc:
+                startup.expect(started)
+                raise OffloadError(f"{self._owner}: could not start a slot thread: {exc}") from exc
             startup.expect(started)
         startup.wait()
 
-    def _start_slot(self, startup: Startup | None, *, express: bool = False) -> None:
-        # With the lock held. The slot is registered only once its thread runs.
+    def _start_slot(self, startup: Startup | None) -> None:
+        # With the lock held.
         number = next(self._numbers)
-        if express:
-            assert self._express is not None
-            slot = self._express.new_slot(number)
-            name = f"{self._thread_name}-{self._express.name}"
-            work = self._express.take_calls(slot)
-        else:
-            slot = self._worker.new_slot(number)
-            name = f"{self._thread_name}-{number}"
-            work = self._take_calls(slot)
-        thread = threading.Thread(target=self._main, args=(slot, work, startup), name=name, daemon=True)
+        slot = self._worker.new_slot(number)
+        self._spawn(slot, str(number), self._take_calls(slot), startup)
+        self._waiting += 1  # for its first token
+
+    def _start_express(self, startup: Startup | None) -> bool:
+        # With the lock held: whether it started (it does nothing if it runs, or if there is none).
+        return self._express.start(self._numbers, partial(self._spawn, startup=startup))
+
+    def _spawn(self, slot: S, name: str, work: Iterator[Call[Any]], startup: Startup | None) -> None:
+        # With the lock held. The slot is registered only once its thread runs.
+        thread = threading.Thread(
+            target=self._main, args=(slot, work, startup), name=f"{self._thread_name}-{name}", daemon=True
+        )
         thread.start()
         self._slots[slot] = thread
-        if express:
-            assert self._express is not None
-            self._express.slot = slot  # it looks at the queue as soon as its thread runs
-        else:
-            self._waiting += 1  # for its first token
 
     def _main(self, slot: S, work: Iterator[Call[Any]], startup: Startup | None) -> None:
         worker = self._worker
@@ -287,8 +273,7 @@ class Dispatcher(Generic[S]):
         with self.lock:
             self._slots.pop(slot, None)
             self._running.pop(slot, None)
-            if self._express is not None and slot is self._express.slot:
-                self._express.exited()
+            if self._express.exited(slot):
                 return
             if self._queued > self._waiting and self._regular_slots() < self._max_slots:
                 try:
@@ -348,8 +333,7 @@ class Dispatcher(Generic[S]):
                 self._stopping = True
                 for _ in range(self._regular_slots()):
                     self._tokens.put(None)
-                if self._express is not None:
-                    self._express.close()
+                self._express.close()
         for call in dropped:
             call.drop()
 

@@ -31,39 +31,7 @@ SCHEDULING = ("fair", "fifo")
 class Executor(concurrent.futures.Executor):
     """Runs blocking calls away from (or, for `inline`, on) the event loop.
 
-    Build one with `offload.get_executor(name, **options)`, or from a
-    strategy object: `Executor(strategy, max_queue=..., lanes=...)`. It holds
-    the strategy and owns everything cross-cutting, the same whatever the
-    strategy; each rule is on the method it governs: calling, errors,
-    cancellation, context and worker state on `run`; the order of queued
-    calls, their cost and lane on `options`; admission on `admission`;
-    deadlines on `run_with_timeout`; start-up on `start`; shutdown on
-    `shutdown` and `aclose`. It is a `concurrent.futures.Executor` too
-    (`submit`, `map`), so it can be passed to `loop.run_in_executor` or to
-    any API that takes one.
-
-    **Metrics.** With `prometheus_client` installed, every executor feeds the
-    `offload_*` metrics (docs/overload.md); `OFFLOAD_METRICS=0` turns them off.
-
-    **Fork.** In a child made by `os.fork()`, the executor forgets the
-    parent's workers, queued calls and counts: the child's calls start
-    workers of its own.
-
-    **Thread-safety.** All methods may be called from any thread.
-
-    Args:
-        strategy: the `offload.strategy.Strategy` that runs the calls. The
-            executor owns it from now on (one executor per strategy object).
-        max_queue: calls that may wait for a worker before new ones fail with
-            `Overloaded` (shared by the lanes, see `admission`). `None`
-            (default): unbounded.
-        max_queued_cost: cost that may be admitted and not started before
-            new calls and units fail with `Overloaded` (shared by the lanes,
-            see `admission`). `None` (default): unbounded.
-        lanes: extra lanes and their weights, `{"query": 4, "ingest": 1}`; the
-            lane `"default"` (weight 1 unless given here) always exists.
-        scheduling: `"fair"` (default) or `"fifo"`: one queue in arrival order,
-            whatever the costs, lanes and flows (lanes still count in the metrics).
+    A `concurrent.futures.Executor` too; every method may be called from any thread.
     """
 
     def __init__(
@@ -75,6 +43,34 @@ class Executor(concurrent.futures.Executor):
         lanes: Mapping[str, float] | None = None,
         scheduling: str = "fair",
     ) -> None:
+        """Hold `strategy` and own everything cross-cutting, the same whatever the strategy.
+
+        Build one with `offload.get_executor(name, **options)`, or from a
+        strategy object: `Executor(strategy, max_queue=..., lanes=...)`. It can
+        be passed to `loop.run_in_executor` or to any API that takes a
+        `concurrent.futures.Executor` (`submit`, `map`).
+
+        **Metrics.** With `prometheus_client` installed, every executor feeds the
+        `offload_*` metrics (docs/overload.md); `OFFLOAD_METRICS=0` turns them off.
+
+        **Fork.** In a child made by `os.fork()`, the executor forgets the
+        parent's workers, queued calls and counts: the child's calls start
+        workers of its own.
+
+        Args:
+            strategy: the `offload.strategy.Strategy` that runs the calls. The
+                executor owns it from now on (one executor per strategy object).
+            max_queue: calls that may wait for a worker before new ones fail with
+                `Overloaded` (shared by the lanes, see `admission`). `None`
+                (default): unbounded.
+            max_queued_cost: cost that may be admitted and not started before
+                new calls and units fail with `Overloaded` (shared by the lanes,
+                see `admission`). `None` (default): unbounded.
+            lanes: extra lanes and their weights, `{"query": 4, "ingest": 1}`; the
+                lane `"default"` (weight 1 unless given here) always exists.
+            scheduling: `"fair"` (default) or `"fifo"`: one queue in arrival order,
+                whatever the costs, lanes and flows (lanes still count in the metrics).
+        """
         if not isinstance(strategy, Strategy):
             raise ConfigError(f"strategy must be an offload.strategy.Strategy, got {strategy!r}")
         if getattr(strategy, "_offload_executor", None) is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any, Generic, TypeVar, cast, final
 
@@ -45,8 +45,61 @@ def _costs_at_most(limit: float, call: Call[Any]) -> bool:
     return call.cost <= limit
 
 
+#: How a dispatcher starts a slot thread: the slot, its thread's name after
+#: the dispatcher's prefix, and its loop.
+Spawn = Callable[[S, str, Iterator[Call[Any]]], None]
+
+
+class SideSlot(Generic[S]):
+    """A slot beside a dispatcher's regular ones, composed in: the
+    dispatcher calls it at these points, each with the dispatcher's lock
+    held. This base is none: every point does nothing (a dispatcher without
+    an express slot holds one)."""
+
+    #: It takes calls priced at most this; 0: it takes none.
+    cost = 0.0
+
+    def offer(self, call: Call[Any], start: Callable[[], object]) -> bool:
+        """`call` was just queued: whether this slot will look at the queue
+        for it (it may `start()` its thread to do so)."""
+        return False
+
+    def start(self, numbers: Iterator[int], spawn: Spawn[S]) -> bool:
+        """Start its slot with `spawn`, numbered from `numbers`, if it is not
+        running (with the first regular slot, `grow` and `start_all`);
+        return whether it did.
+        `RuntimeError` from `spawn` (no thread left) goes to the caller."""
+        return False
+
+    def live(self) -> int:
+        """Slots of its own among the dispatcher's live slots (0 or 1)."""
+        return 0
+
+    def exited(self, slot: S) -> bool:
+        """`slot` exited: whether it was this one's (then it is forgotten,
+        and a later call starts a new one)."""
+        return False
+
+    def close(self) -> None:
+        """Shutdown began: tell its slot, if any, to exit."""
+
+
+def side_slot(
+    owner: str,
+    cost: float,
+    worker: SlotWorker[S],
+    lock: threading.Lock,
+    calls: CallQueue,
+    running: dict[S, Call[Any]],
+) -> SideSlot[S]:
+    """The express slot for `express_cost=cost` above 0; else none."""
+    if cost > 0:
+        return ExpressSlot(owner, cost, worker, lock, calls, running)
+    return SideSlot()
+
+
 @final
-class ExpressSlot(Generic[S]):
+class ExpressSlot(SideSlot[S]):
     """A dispatcher's express slot: which calls it may take, waking it, its
     loop. Its state is guarded by the dispatcher's lock, which the methods
     marked so expect held."""
@@ -80,15 +133,23 @@ class ExpressSlot(Generic[S]):
         # The loop's priority: the niceness of the thread that built its dispatcher.
         self._niceness = this_thread_niceness()
 
-    def new_slot(self, number: int) -> S:
-        return self._worker.new_express_slot(number)
+    def start(self, numbers: Iterator[int], spawn: Spawn[S]) -> bool:
+        if self.slot is not None:
+            return False
+        slot = self._worker.new_express_slot(next(numbers))
+        spawn(slot, self.name, self.take_calls(slot))
+        self.slot = slot  # it looks at the queue as soon as its thread runs
+        return True
+
+    def live(self) -> int:
+        return int(self.slot is not None)
 
     def limit(self) -> float:
         """With the lock held: the costliest call it may take now."""
         largest = max((call.cost for slot, call in self._running.items() if slot is not self.slot), default=0.0)
         return min(self.cost, largest / EXPRESS_RATIO)
 
-    def offer(self, call: Call[Any], start: Callable[[], None]) -> bool:
+    def offer(self, call: Call[Any], start: Callable[[], object]) -> bool:
         """With the lock held, for `call`, just queued: whether this slot
         will look at the queue for it. If `call` is one it may take now, it
         is woken, or started with `start()` if its thread is not running
@@ -133,12 +194,13 @@ class ExpressSlot(Generic[S]):
                 self._running.pop(slot, None)
             del call, taken  # don't keep the last call's arguments alive while idle
 
-    def exited(self) -> None:
-        """With the lock held: its slot exited (at shutdown, or after a bug:
-        the regular slots serve what is queued, and a later call starts a new one)."""
+    def exited(self, slot: S) -> bool:
+        # At shutdown, or after a bug: the regular slots serve what is queued.
+        if slot is not self.slot:
+            return False
         self.slot, self._waiting = None, False
+        return True
 
     def close(self) -> None:
-        """With the lock held: tell its slot, if any, to exit."""
         if self.slot is not None:
             self._tokens.put(None)

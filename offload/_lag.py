@@ -69,19 +69,21 @@ class LoopLagMonitor:
     A background task sleeps `interval` seconds over and over and records how
     much later than asked it woke up: the time the loop was busy with something
     else (a blocking call, a long callback). Works on asyncio, uvloop and trio.
-
-    After the block exits, `count`, `p50`, `p99` and `max` (seconds) describe
-    the samples; `lags` holds them all. Reading them inside the block gives the
-    figures so far. A monitor is single-use. An exception raised in the block
-    reaches the caller unchanged (not wrapped in an `ExceptionGroup`).
-
-    Args:
-        interval: seconds between wake-ups, > 0. Default 10 ms
-            (`DEFAULT_INTERVAL`); a short block of code gets more samples,
-            and a finer p99, at 1 ms.
     """
 
     def __init__(self, interval: float = DEFAULT_INTERVAL) -> None:
+        """A monitor of the loop that enters its block.
+
+        After the block exits, `count`, `p50`, `p99` and `max` (seconds) describe
+        the samples; `lags` holds them all. Reading them inside the block gives the
+        figures so far. A monitor is single-use. An exception raised in the block
+        reaches the caller unchanged (not wrapped in an `ExceptionGroup`).
+
+        Args:
+            interval: seconds between wake-ups, > 0. Default 10 ms
+                (`DEFAULT_INTERVAL`); a short block of code gets more samples,
+                and a finer p99, at 1 ms.
+        """
         self.interval = check_positive_number(interval, "interval")
         self._lags: list[float] = []
         self._task_group: TaskGroup | None = None

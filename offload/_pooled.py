@@ -23,27 +23,6 @@ _pool_ids = itertools.count()
 class PooledStrategy(Strategy, Generic[S]):
     """A strategy that owns a `Dispatcher` built from a slot worker: what
     `thread`, `process` and `ray` are made of.
-
-    **Audience.** Strategy authors whose workers are a pool. A subclass sets
-    `name` and implements `new_slot_worker`: the `SlotWorker` that says what
-    one slot does (make a slot, start its worker, run a call on it, stop
-    it). This class does the rest: the options every pool takes (below),
-    `capacity`, `schedule`, `start`, `shutdown` and `after_fork_in_child` (a
-    fresh dispatcher, from a fresh slot worker). A subclass with options of
-    its own checks them in its `__init__` and then calls
-    `super().__init__(...)`; one that extends a method calls `super()`.
-
-    Args:
-        max_workers: slots (and concurrent calls), a positive `int`. `None`:
-            `default_max_workers()`.
-        initializer: run once by each worker, before its first call; what
-            it returns is that worker's `offload.worker_state()`. Kept as
-            `self.initializer` for the slot worker (`run_initializer`).
-        initargs: positional arguments for `initializer` (`self.initargs`).
-        express_cost: above 0, one more slot that runs only cheap calls (see
-            `Dispatcher`); the slot worker must then be an
-            `ExpressSlotWorker`. 0 (default): none. `max_workers` and
-            `capacity()` do not count it.
     """
 
     def __init__(
@@ -54,6 +33,29 @@ class PooledStrategy(Strategy, Generic[S]):
         initargs: tuple[Any, ...] = (),
         express_cost: float = 0.0,
     ) -> None:
+        """The options every pool takes.
+
+        **Audience.** Strategy authors whose workers are a pool. A subclass sets
+        `name` and implements `new_slot_worker`: the `SlotWorker` that says what
+        one slot does (make a slot, start its worker, run a call on it, stop
+        it). This class does the rest: the options every pool takes (below),
+        `capacity`, `schedule`, `start`, `shutdown` and `after_fork_in_child` (a
+        fresh dispatcher, from a fresh slot worker). A subclass with options of
+        its own checks them in its `__init__` and then calls
+        `super().__init__(...)`; one that extends a method calls `super()`.
+
+        Args:
+            max_workers: slots (and concurrent calls), a positive `int`. `None`:
+                `default_max_workers()`.
+            initializer: run once by each worker, before its first call; what
+                it returns is that worker's `offload.worker_state()`. Kept as
+                `self.initializer` for the slot worker (`run_initializer`).
+            initargs: positional arguments for `initializer` (`self.initargs`).
+            express_cost: above 0, one more slot that runs only cheap calls (see
+                `Dispatcher`); the slot worker must then be an
+                `ExpressSlotWorker`. 0 (default): none. `max_workers` and
+                `capacity()` do not count it.
+        """
         check_initializer(initializer, initargs)
         #: What each worker runs first (`None`: nothing), and its arguments.
         self.initializer = initializer

@@ -48,25 +48,12 @@ class Strategy(abc.ABC):
     the constructor and raise `ConfigError` (`check_max_workers`,
     `check_initializer`).
 
-    **Workers and calls.** A worker (a thread, a process, an actor) must
-    `call.claim()` a call right before running it and skip it if that returns
-    `False` (its caller went away, its deadline passed, shutdown dropped it);
-    then `call.execute(state)` runs it in the caller's context with `state` as
-    `offload.worker_state()`, or, for a worker in another process, the result
-    comes back through `call.set_result(value)` / `call.set_exception(error)`.
-    Every scheduled call must end exactly once: run, withdrawn, or failed.
-
-    **Helpers** (`offload.strategy`): `CallQueue` (the fair queue every
-    queuing strategy shares), `Dispatcher` (a queue plus slot threads: what
-    `thread`, `process` and `ray` are built on), `Startup`, the argument
-    checks, `initializer_failed`, `count_worker_restart`, and for workers in
-    other processes `by_reference`, `portable_error` and `set_worker_state`.
+    **Helpers**: `offload.strategy` (the fair queue, the slot dispatcher, the
+    argument checks, what workers in other processes need).
 
     **Checking one.** `offload.testing.StrategyContract` is the contract
     suite, for pytest: subclass it in a test module and set `strategy_name`.
 
-    **Thread-safety.** `schedule` may be called from any thread, concurrently
-    with itself and with `shutdown`.
     """
 
     #: The registry name; a plugin's equals its entry-point name.
@@ -104,7 +91,16 @@ class Strategy(abc.ABC):
         (it runs it, or drops it with `call.drop()`). Any other exception
         fails this call only, with that exception. A queuing strategy keeps
         calls in a `CallQueue`, whose order honours `call.cost`, `call.lane`
-        and `call.flow`.
+        and `call.flow`. May be called from any thread, concurrently with
+        itself and with `shutdown`.
+
+        **Workers and calls.** A worker (a thread, a process, an actor) must
+        `call.claim()` a call right before running it and skip it if that returns
+        `False` (its caller went away, its deadline passed, shutdown dropped it);
+        then `call.execute(state)` runs it in the caller's context with `state` as
+        `offload.worker_state()`, or, for a worker in another process, the result
+        comes back through `call.set_result(value)` / `call.set_exception(error)`.
+        Every scheduled call must end exactly once: run, withdrawn, or failed.
         """
 
     @abc.abstractmethod

@@ -41,80 +41,7 @@ logger = logging.getLogger(__name__)
 @final
 class BatchingStrategy(Strategy):
     """Micro-batching: one worker thread drains a queue, running pending calls of a
-    function that has a batch form as one `batch([...], **kwargs)` call.
-
-    **Order.** The worker takes the next call as every queue does (fairly by
-    lane, flow and cost; see `Executor`), then the queued calls that may join
-    its batch, one by one in the same fair order (`CallQueue.take`): lanes
-    share a batch by weight, and each lane and flow is charged for the calls
-    it got, as if they had run one by one.
-
-    **No idle cost.** A call that arrives while the worker is idle starts at
-    once, alone, as with `thread`: there is no batching window by default.
-    Calls that arrive while the worker is busy wait in the queue; when the
-    worker is free it takes the oldest one and, if it has a batch form, every
-    other queued call with the same function and equal keyword arguments (up to
-    `max_batch_size`, in the queue's order: oldest first, for calls of one
-    lane and equal costs) and runs them as one batch. So batches form
-    only under load, exactly when they pay. Calls with different keyword
-    arguments never share a batch: plain values (numbers, strings, bytes,
-    `None`, tuples of them) must be equal and of the same types, anything else
-    (an array, a tensor) the very same object.
-
-    **Batch form.** `make_async(fn, batch=batch_fn)` with `fn` taking exactly one
-    positional argument (the item). The strategy calls
-    `batch_fn([item1, item2, ...], **kwargs)`, which must return a list (or
-    tuple) of results in the same order, each equal to what `fn(item_i,
-    **kwargs)` would return. It runs in the worker with `worker_state()` set,
-    inside the `contextvars` context of the batch's oldest call. A batch of one
-    calls `fn` itself. Calls made without a batch form, or with other than one
-    positional argument, run one at a time in the queue's order, on the one
-    worker, like vLLM's single-worker multimodal executor.
-
-    **Errors.** If `batch_fn` raises, each call of that batch is run again on its
-    own with `fn`, so only the bad item fails, with its own exception; the
-    others get their results. A batch result that is not a list or tuple of the
-    right length is a bug in the batch form: every caller of that batch gets
-    `OffloadError` saying so.
-
-    **Cancellation.** A cancelled call that is still queued is taken out of its
-    batch and never runs; the others in the batch are not affected. Once a
-    batch has started, cancelling one caller drops only that caller's result.
-
-    **Concurrency bound.** One worker, so at most one call (or one batch) runs at
-    a time. Pair it with a tokenizer, whose Rust core parallelises a batch
-    across cores by itself.
-
-    Args:
-        max_batch_size: at most this many calls per batch (default 64, see
-            `DEFAULT_MAX_BATCH_SIZE`). 1 disables batching.
-        max_wait: seconds a batch that is not full waits for more calls,
-            counted from when its oldest call was queued. Default 0: never
-            wait. A positive value trades latency for bigger batches, and then
-            applies even to a call on an idle worker (vLLM's async renderer
-            behaved like `max_wait=0.002`), unless `in_flight` is given.
-        in_flight: how many calls are in flight or on their way, the batch's
-            own included; e.g. a server's requests being served, each making
-            one call. With it, a batch that is not full waits for more calls
-            (up to `max_wait`) only while this is more than the batch's size:
-            a lone call starts at once, and the window is spent only under
-            load, when other work is in the server. It is read on the worker
-            thread, with the strategy's lock held, when a batch starts to
-            wait and each time a call joins it (not polled: a batch whose
-            others finish without joining waits out `max_wait`): it must be
-            cheap, thread-safe and never block (read a counter). If it
-            raises, batches stop waiting; the error is logged once.
-        initializer: run once in the worker thread; its return value is that
-            thread's `worker_state()`, e.g. the worker's own tokenizer. If it
-            raises, the next queued call fails with `OffloadError` (the
-            cause attached), and the one after it tries the initializer
-            again; so every queued call ends, shutdown or not.
-        initargs: positional arguments for `initializer`.
-        thread_name_prefix: names the worker thread `{prefix}-{n}`.
-
-    With `max_queue` on the executor, calls that may wait beyond one full
-    batch before new ones fail with `Overloaded`.
-    """
+    function that has a batch form as one `batch([...], **kwargs)` call."""
 
     name = "async-renderer"
 
@@ -128,6 +55,38 @@ class BatchingStrategy(Strategy):
         initargs: tuple[Any, ...] = (),
         thread_name_prefix: str = "offload-batch",
     ) -> None:
+        """The worker's options; its thread starts with the first call.
+
+        Args:
+            max_batch_size: at most this many calls per batch (default 64, see
+                `DEFAULT_MAX_BATCH_SIZE`). 1 disables batching.
+            max_wait: seconds a batch that is not full waits for more calls,
+                counted from when its oldest call was queued. Default 0: never
+                wait. A positive value trades latency for bigger batches, and then
+                applies even to a call on an idle worker (vLLM's async renderer
+                behaved like `max_wait=0.002`), unless `in_flight` is given.
+            in_flight: how many calls are in flight or on their way, the batch's
+                own included; e.g. a server's requests being served, each making
+                one call. With it, a batch that is not full waits for more calls
+                (up to `max_wait`) only while this is more than the batch's size:
+                a lone call starts at once, and the window is spent only under
+                load, when other work is in the server. It is read on the worker
+                thread, with the strategy's lock held, when a batch starts to
+                wait and each time a call joins it (not polled: a batch whose
+                others finish without joining waits out `max_wait`): it must be
+                cheap, thread-safe and never block (read a counter). If it
+                raises, batches stop waiting; the error is logged once.
+            initializer: run once in the worker thread; its return value is that
+                thread's `worker_state()`, e.g. the worker's own tokenizer. If it
+                raises, the next queued call fails with `OffloadError` (the
+                cause attached), and the one after it tries the initializer
+                again; so every queued call ends, shutdown or not.
+            initargs: positional arguments for `initializer`.
+            thread_name_prefix: names the worker thread `{prefix}-{n}`.
+
+        With `max_queue` on the executor, calls that may wait beyond one full
+        batch before new ones fail with `Overloaded`.
+        """
         check_positive_int(max_batch_size, "max_batch_size")
         max_wait = check_non_negative_number(max_wait, "max_wait")
         if in_flight is not None and not callable(in_flight):
@@ -153,7 +112,9 @@ class BatchingStrategy(Strategy):
         self._threads: set[threading.Thread] = set()
 
     def capacity(self) -> int:
-        # One batch runs at a time; a call that waits joins the next one.
+        """A full batch. One worker, so at most one call (or one batch) runs at
+        a time; a call that waits joins the next batch. Pair it with a
+        tokenizer, whose Rust core parallelises a batch across cores by itself."""
         return self._max_batch_size
 
     def after_fork_in_child(self) -> None:
@@ -169,11 +130,53 @@ class BatchingStrategy(Strategy):
         return self._max_wait
 
     def batch_form(self, fn: Callable[P, T], batch: Callable[..., list[Any]]) -> Callable[P, T]:
+        """`fn` with its batch form `batch`, for `make_async(fn, batch=batch)`.
+
+        **Batch form.** `make_async(fn, batch=batch_fn)` with `fn` taking exactly one
+        positional argument (the item). The strategy calls
+        `batch_fn([item1, item2, ...], **kwargs)`, which must return a list (or
+        tuple) of results in the same order, each equal to what `fn(item_i,
+        **kwargs)` would return. It runs in the worker with `worker_state()` set,
+        inside the `contextvars` context of the batch's oldest call. A batch of one
+        calls `fn` itself. Calls made without a batch form, or with other than one
+        positional argument, run one at a time in the queue's order, on the one
+        worker, like vLLM's single-worker multimodal executor.
+
+        **Errors.** If `batch_fn` raises, each call of that batch is run again on its
+        own with `fn`, so only the bad item fails, with its own exception; the
+        others get their results. A batch result that is not a list or tuple of the
+        right length is a bug in the batch form: every caller of that batch gets
+        `OffloadError` saying so.
+        """
         return BatchedFunction(fn, batch)
 
     # ---- caller side ---------------------------------------------------------
 
     def schedule(self, call: Call[Any]) -> None:
+        """Queue `call` for the worker, which batches it with others that may join it.
+
+        **Order.** The worker takes the next call as every queue does (fairly by
+        lane, flow and cost; see `Executor`), then the queued calls that may join
+        its batch, one by one in the same fair order (`CallQueue.take`): lanes
+        share a batch by weight, and each lane and flow is charged for the calls
+        it got, as if they had run one by one.
+
+        **No idle cost.** A call that arrives while the worker is idle starts at
+        once, alone, as with `thread`: there is no batching window by default.
+        Calls that arrive while the worker is busy wait in the queue; when the
+        worker is free it takes the oldest one and, if it has a batch form, every
+        other queued call with the same function and equal keyword arguments (up to
+        `max_batch_size`, in the queue's order: oldest first, for calls of one
+        lane and equal costs) and runs them as one batch. So batches form
+        only under load, exactly when they pay. Calls with different keyword
+        arguments never share a batch: plain values (numbers, strings, bytes,
+        `None`, tuples of them) must be equal and of the same types, anything else
+        (an array, a tensor) the very same object.
+
+        **Cancellation.** A cancelled call that is still queued is taken out of its
+        batch and never runs; the others in the batch are not affected. Once a
+        batch has started, cancelling one caller drops only that caller's result.
+        """
         key = batch_key(call)
         with self._cond:
             if self._stopping:

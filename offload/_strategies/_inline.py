@@ -21,17 +21,6 @@ class InlineStrategy(Strategy):
     This is the baseline every other strategy is measured and tested against
     (vLLM's "main (sync)"), and the right choice when calls are so short that
     any hand-off costs more than it saves.
-
-    The calling thread is the worker: with `initializer=`, it runs once per
-    calling thread, before that thread's first call. Cancellation cannot
-    happen mid-call (the loop is blocked), and there is no queue, so a call
-    always starts at once.
-
-    Args:
-        initializer: run once per calling thread; its return value is `worker_state()`.
-            If it raises, the call fails with `OffloadError` (the cause
-            attached) and the next call on that thread tries it again.
-        initargs: positional arguments for `initializer`.
     """
 
     name = "inline"
@@ -39,6 +28,17 @@ class InlineStrategy(Strategy):
     def __init__(
         self, *, initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()
     ) -> None:
+        """The calling thread is the worker: with `initializer=`, it runs once per
+        calling thread, before that thread's first call. Cancellation cannot
+        happen mid-call (the loop is blocked), and there is no queue, so a call
+        always starts at once.
+
+        Args:
+            initializer: run once per calling thread; its return value is `worker_state()`.
+                If it raises, the call fails with `OffloadError` (the cause
+                attached) and the next call on that thread tries it again.
+            initargs: positional arguments for `initializer`.
+        """
         check_initializer(initializer, initargs)
         self._initializer = initializer
         self._initargs = initargs

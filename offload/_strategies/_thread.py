@@ -34,37 +34,6 @@ class ThreadStrategy(PooledStrategy[ThreadSlot]):
     Threads help while the call releases the GIL (tokenizers in Rust, NumPy,
     Pillow decoding, I/O); pure-Python work still competes with the event loop
     for the GIL (use `process` for that).
-
-    **Priority.** On Linux, where each thread has a niceness of its own,
-    worker threads run at `nice` (default 10) above the niceness of the
-    thread that started them, so when the cores are busy the event loop's
-    thread gets one first. That helps against CPU contention only: a worker
-    running Python code still holds the GIL, which priority does not change.
-    Elsewhere threads share the process's priority and `nice` does nothing.
-
-    A worker wakes the waiting task directly (no `concurrent.futures.Future`
-    chain), which is why this strategy is cheaper per call than
-    `loop.run_in_executor`. Workers are daemon threads, so a stuck call
-    cannot hold up interpreter exit; `shutdown(wait=True)` still joins them all.
-
-    Args:
-        max_workers: at most this many calls run at once. `None`: `OFFLOAD_MAX_WORKERS`,
-            else `min(32, cpus + 4)` (the standard library's default).
-        initializer: run once in each worker thread, before its first call;
-            its return value is that thread's `worker_state()`. If it raises,
-            the call the thread took fails with `OffloadError` (the cause
-            attached), and the thread tries again at its next call.
-        initargs: positional arguments for `initializer`.
-        thread_name_prefix: names the threads `{prefix}-{pool}-{n}`.
-        nice: added to each worker thread's niceness (0 to 19; default 10,
-            Linux only); 0 runs them at the loop's priority.
-        express_cost: above 0, one more thread, the *express* worker, runs
-            calls priced at most this (in the callers' cost unit) and at most
-            a quarter of the costliest call running on the other threads
-            (`offload.strategy.Dispatcher`), in the queue's fair order, at
-            the loop's priority (no `nice`): a cheap call does not wait for a
-            worker busy with a far longer call. 0 (default): none.
-            `max_workers` and `capacity()` do not count it.
     """
 
     name = "thread"
@@ -79,6 +48,39 @@ class ThreadStrategy(PooledStrategy[ThreadSlot]):
         nice: int = DEFAULT_NICE,
         express_cost: float = 0.0,
     ) -> None:
+        """The pool's options; nothing starts until the first call.
+
+        **Priority.** On Linux, where each thread has a niceness of its own,
+        worker threads run at `nice` (default 10) above the niceness of the
+        thread that started them, so when the cores are busy the event loop's
+        thread gets one first. That helps against CPU contention only: a worker
+        running Python code still holds the GIL, which priority does not change.
+        Elsewhere threads share the process's priority and `nice` does nothing.
+
+        A worker wakes the waiting task directly (no `concurrent.futures.Future`
+        chain), which is why this strategy is cheaper per call than
+        `loop.run_in_executor`. Workers are daemon threads, so a stuck call
+        cannot hold up interpreter exit; `shutdown(wait=True)` still joins them all.
+
+        Args:
+            max_workers: at most this many calls run at once. `None`: `OFFLOAD_MAX_WORKERS`,
+                else `min(32, cpus + 4)` (the standard library's default).
+            initializer: run once in each worker thread, before its first call;
+                its return value is that thread's `worker_state()`. If it raises,
+                the call the thread took fails with `OffloadError` (the cause
+                attached), and the thread tries again at its next call.
+            initargs: positional arguments for `initializer`.
+            thread_name_prefix: names the threads `{prefix}-{pool}-{n}`.
+            nice: added to each worker thread's niceness (0 to 19; default 10,
+                Linux only); 0 runs them at the loop's priority.
+            express_cost: above 0, one more thread, the *express* worker, runs
+                calls priced at most this (in the callers' cost unit) and at most
+                a quarter of the costliest call running on the other threads
+                (`offload.strategy.Dispatcher`), in the queue's fair order, at
+                the loop's priority (no `nice`): a cheap call does not wait for a
+                worker busy with a far longer call. 0 (default): none.
+                `max_workers` and `capacity()` do not count it.
+        """
         self._nice = check_nice(nice)
         self._prefix = thread_name_prefix
         super().__init__(max_workers, initializer=initializer, initargs=initargs, express_cost=express_cost)
