@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from ._fork import reset_in_child
 from ._worker_state import _NO_STATE, _swap_state
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ class Tracker(Protocol):
 # One lock for every call: it is held for a few bytecodes, and one lock a call
 # would cost an allocation on the hot path.
 _state_lock = threading.Lock()
+
+
+@reset_in_child
+def _fresh_state_lock() -> None:
+    # A thread of the parent may have held it at the fork; none holds it here.
+    global _state_lock
+    _state_lock = threading.Lock()
 
 
 

@@ -14,6 +14,7 @@ from typing_extensions import ParamSpec
 from ._checks import check_cost
 from ._errors import ConfigError
 from ._executor import Executor
+from ._fork import reset_in_child
 from ._registry import build, resolve
 
 T = TypeVar("T")
@@ -26,6 +27,13 @@ AsyncCallable = Callable[P, Coroutine[Any, Any, T]]
 # decorated helpers should have one pool, not fifty (like run_in_executor(None)).
 _shared: dict[tuple[Any, ...], Executor] = {}
 _shared_lock = threading.Lock()
+
+
+@reset_in_child
+def _fresh_shared_lock() -> None:
+    # A thread of the parent may have held it at the fork; none holds it here.
+    global _shared_lock
+    _shared_lock = threading.Lock()
 
 
 def _shared_executor(strategy: str | None, options: dict[str, Any]) -> Callable[[], Executor]:

@@ -8,19 +8,20 @@ and in the child each one forgets its workers, so the child's first call
 starts fresh ones. Calls that were pending in the parent at the fork belong to
 the parent's callers and are forgotten with the rest.
 
-Process-wide state that outlives any executor is reset here too, once per
-fork: multiprocessing's forkserver (the parent's child, not ours), the lock
-of its resource tracker, the locks of offload's metrics, of every call's
-state and of the shared executors (a thread of the parent may have held any
-of them). Every reset after a fork is here, and nowhere else.
+Process-wide state that outlives any executor is reset in the child too,
+once per fork: here, multiprocessing's forkserver (the parent's child, not
+ours) and the lock of its resource tracker; and the state each of offload's
+modules registers with `reset_in_child` (the locks of every call's state,
+of the shared executors, of the metrics: a thread of the parent may have
+held any of them). This is the one place offload hooks `os.fork()`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -29,6 +30,20 @@ class _Forgets(Protocol):
 
 
 _executors: weakref.WeakSet[_Forgets] = weakref.WeakSet()
+
+
+#: What each module of offload resets in a child, in registration order.
+_resets: list[Callable[[], None]] = []
+
+
+def reset_in_child(reset: Callable[[], None]) -> Callable[[], None]:
+    """Run `reset()` in every child forked from now on, before the executors
+    forget their workers: for a module's own process-wide state (a lock a
+    thread of the parent may have held at the fork). A decorator: returns
+    `reset`. The module keeps what it resets; this is where `os.fork()` is
+    hooked, once for all of them."""
+    _resets.append(reset)
+    return reset
 
 
 def forget_in_child(executor: _Forgets) -> None:
@@ -94,49 +109,11 @@ def _reset_resource_tracker_lock() -> None:
     resource_tracker._resource_tracker._lock._at_fork_reinit()
 
 
-def _reset_metric_locks() -> None:
-    """In a child: give offload's metrics fresh locks. A thread of the
-    parent may have held one (a worker counting a call) at the fork; that
-    thread does not exist here, so the lock would never be released and the
-    child's first count would hang."""
-    from . import _metrics
-
-    _metrics._Families._lock = threading.Lock()
-    families = _metrics._Families._instance
-    if families is None:
-        return
-    for family in vars(families).values():
-        _fresh_locks(family)
-        for child in list(getattr(family, "_metrics", {}).values()):
-            _fresh_locks(child)
-            for value in vars(child).values():
-                for part in value if isinstance(value, list) else (value,):
-                    _fresh_locks(part)
-
-
-def _fresh_locks(obj: object) -> None:
-    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
-        obj._lock = threading.Lock()  # type: ignore[attr-defined]
-
-
-def _reset_module_locks() -> None:
-    """In a child: fresh module-wide locks (every call's state lock, the
-    shared executors' lock), which a thread of the parent may have held at
-    the fork; none holds them here."""
-    from . import _call
-
-    _call._state_lock = threading.Lock()
-    # Looked up, not imported: `_decorator` stands above the executor, which imports this.
-    decorator: Any = sys.modules.get(f"{__package__}._decorator")
-    if decorator is not None:
-        decorator._shared_lock = threading.Lock()
-
-
 def _after_fork_in_child() -> None:
-    _reset_module_locks()
+    for reset in _resets:
+        reset()
     _reset_forkserver()
     _reset_resource_tracker_lock()
-    _reset_metric_locks()
     for executor in list(_executors):
         executor._after_fork_in_child()
 

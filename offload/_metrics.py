@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._errors import WorkerCrashed
+from ._fork import reset_in_child
 from ._lanes import Lane, Lanes
 
 if TYPE_CHECKING:
@@ -145,6 +146,30 @@ class _Families:
                     return None
                 cls._instance = cls(prometheus_client)
         return cls._instance
+
+
+@reset_in_child
+def _fresh_locks_in_child() -> None:
+    """In a child made by `os.fork()`: give offload's metrics fresh locks. A
+    thread of the parent may have held one (a worker counting a call) at the
+    fork; that thread does not exist here, so the lock would never be released
+    and the child's first count would hang."""
+    _Families._lock = threading.Lock()
+    families = _Families._instance
+    if families is None:
+        return
+    for family in vars(families).values():
+        _fresh_lock(family)
+        for child in list(getattr(family, "_metrics", {}).values()):
+            _fresh_lock(child)
+            for value in vars(child).values():
+                for part in value if isinstance(value, list) else (value,):
+                    _fresh_lock(part)
+
+
+def _fresh_lock(obj: object) -> None:
+    if isinstance(getattr(obj, "_lock", None), type(threading.Lock())):
+        obj._lock = threading.Lock()  # type: ignore[attr-defined]
 
 
 @final

@@ -219,3 +219,52 @@ def test_a_child_forked_while_a_metric_lock_was_held_can_count() -> None:
     )
     assert "child got 42" in out, out
     assert "child exit 0" in out, out
+
+
+@pytest.mark.parametrize("lock", ["_call._state_lock", "_decorator._shared_lock"])
+def test_a_child_forked_while_a_module_lock_was_held_can_call(lock: str) -> None:
+    # Every call's state lock and the shared executors' lock: a thread of the
+    # parent holding one at the fork would leave the child's copy held forever.
+    module, name = lock.split(".")
+    out = check(
+        run_python(
+            f"""
+            import os
+            import offload
+            from offload import {module} as module
+            from tests import helpers
+
+            add = offload.make_async(helpers.add, strategy="thread")
+
+            if __name__ == "__main__":
+                ex = offload.get_executor("thread", max_workers=1)
+                assert ex.submit(helpers.add, 1, 2).result(60) == 3
+                held = getattr(module, {name!r})
+                held.acquire()
+                pid = os.fork()
+                if pid == 0:
+                    import anyio, signal, sys
+                    signal.alarm(60)
+                    code = 1
+                    try:
+                        got = ex.submit(helpers.add, 20, 22).result(30)
+                        # The shared executor made anew, under its lock.
+                        offload.shutdown_shared_executors()
+                        shared = anyio.run(add, 1, 1)
+                        sys.stdout.write(f"child got {{got}} and {{shared}}\\n")
+                        code = 0
+                    except BaseException as exc:
+                        sys.stdout.write(f"child failed: {{exc!r}}\\n")
+                    finally:
+                        sys.stdout.flush()
+                        os._exit(code)
+                held.release()
+                _, status = os.waitpid(pid, 0)
+                print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+                ex.shutdown()
+                offload.shutdown_shared_executors()
+            """
+        )
+    )
+    assert "child got 42 and 2" in out, out
+    assert "child exit 0" in out, out
