@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar, final
 
 from ._call import Call
 from ._errors import OffloadError, executor_closed
-from ._express import SideSlot, side_slot
+from ._express import ExpressSlot, SideSlot
 from ._queue import CallQueue
 from ._slot_worker import SlotWorker
 from ._startup import Startup
@@ -87,8 +87,10 @@ class Dispatcher(Generic[S]):
         #: reads (say, the process it kills).
         self.lock = threading.Lock()
         # The express slot, with a rule of its own for the calls it takes (or none).
-        self._express: SideSlot[S] = side_slot(
-            strategy, express_cost, worker, self.lock, self._calls, self._running
+        self._express: SideSlot[S] = (
+            ExpressSlot(strategy, express_cost, worker, self.lock, self._calls, self._running)
+            if express_cost > 0
+            else SideSlot()
         )
 
     # ---- state -----------------------------------------------------------------

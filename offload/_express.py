@@ -84,20 +84,6 @@ class SideSlot(Generic[S]):
         """Shutdown began: tell its slot, if any, to exit."""
 
 
-def side_slot(
-    owner: str,
-    cost: float,
-    worker: SlotWorker[S],
-    lock: threading.Lock,
-    calls: CallQueue,
-    running: dict[S, Call[Any]],
-) -> SideSlot[S]:
-    """The express slot for `express_cost=cost` above 0; else none."""
-    if cost > 0:
-        return ExpressSlot(owner, cost, worker, lock, calls, running)
-    return SideSlot()
-
-
 @final
 class ExpressSlot(SideSlot[S]):
     """A dispatcher's express slot: which calls it may take, waking it, its
