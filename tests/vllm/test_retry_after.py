@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from offload_vllm._admission import Priced, cost_to_drain
+from offload_vllm._admission import Priced
 from offload_vllm._retry_after import (
     RATE_TIME_CONSTANT_S,
     RETRY_AFTER_CAP_S,
@@ -80,9 +80,9 @@ def held_executor() -> Iterator[tuple[offload.Executor, threading.Event]]:
         executor.shutdown(wait=True)
 
 
-def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.Executor, threading.Event]) -> None:
+def test_cost_to_admit_follows_the_admission_rule(held_executor: tuple[offload.Executor, threading.Event]) -> None:
     executor, _ = held_executor
-    assert cost_to_drain(executor, "default", 100.0) == 0.0
+    assert executor.cost_to_admit(cost=100.0, lane="default") == 0.0
     assert not executor.would_refuse()
     # `default`'s share is 250: 900 held there leaves the total 100 and the lane nothing.
     with executor.admission("test", cost=900.0):
@@ -90,18 +90,18 @@ def test_cost_to_drain_follows_the_admission_rule(held_executor: tuple[offload.E
     with executor.admission("test", cost=900.0) as _held:
         # Held cost: 250 (its share). A unit of work is checked at most at its
         # lane's share too, so 800 is checked as 250: within the total bound.
-        assert cost_to_drain(executor, "default", 750.0) == 0.0
-        assert cost_to_drain(executor, "default", 800.0) == 0.0
+        assert executor.cost_to_admit(cost=750.0, lane="default") == 0.0
+        assert executor.cost_to_admit(cost=800.0, lane="default") == 0.0
         assert not executor.would_refuse(cost=800.0)
         with executor.admission("test", cost=600.0, lane="bulk"):  # holds 600 of bulk's 750
             # Total 850: 200 more exceeds it by 50, the lane's share by 200: 50 must drain.
-            assert cost_to_drain(executor, "default", 200.0) == pytest.approx(50.0)
+            assert executor.cost_to_admit(cost=200.0, lane="default") == pytest.approx(50.0)
             assert executor.would_refuse(cost=200.0)
             assert not executor.would_refuse(cost=150.0)
-            assert cost_to_drain(executor, "default", 150.0) == 0.0
+            assert executor.cost_to_admit(cost=150.0, lane="default") == 0.0
     unbounded = offload.get_executor("thread", max_workers=1)
     try:
-        assert cost_to_drain(unbounded, "default", 1e9) is None
+        assert unbounded.cost_to_admit(cost=1e9, lane="default") is None
     finally:
         unbounded.shutdown()
 

@@ -7,10 +7,10 @@
   `Priced`), the cap on one request's cost (413), `Executor.admission` in
   its lane, and the answer that refuses it (503 with `Retry-After`, in
   vLLM's words: `Answers`, made by `_seams/errors.py`).
-- **The counts** are the executor's (`offload.Executor.admission`): read
-  here only, by `Readiness` (`would_refuse`) and `cost_to_drain`
-  (`cost_to_admit`); if the core's admission changes shape, this is what to
-  re-point.
+- **The counts** are the executor's (`offload.Executor.admission`), read by
+  `Readiness` here (`would_refuse`) and by `Retry-After` (`cost_to_admit`,
+  in `_retry_after.DrainRates`): if the core's admission changes shape,
+  these two are what to re-point.
 - **The listeners** (`AdmissionListener`, subscribed in `register`):
   readiness (`_health.Health`), `Retry-After`'s served rates
   (`_retry_after.DrainRates`) and the request's phases (`_phases.LISTENER`).
@@ -359,14 +359,6 @@ class Readiness:
         typical = self._typical_cost()
         self.refusing = executor.would_refuse(cost=READY_AGAIN_FACTOR * typical if self.refusing else typical)
         return self.refusing
-
-
-def cost_to_drain(executor: offload.Executor, lane: str, cost: float) -> float | None:
-    """How much queued cost must leave before a request of `cost` in `lane`
-    is admitted under `max_queued_cost` (`Executor.cost_to_admit`, by
-    admission's own rule): 0 when it would be admitted now; `None` without a
-    cost bound."""
-    return executor.cost_to_admit(cost=cost, lane=lane)
 
 
 # ---- engine priority (`OFFLOAD_VLLM_ENGINE_PRIORITY`) -----------------------------------

@@ -3,7 +3,7 @@
 The fewest whole seconds, between 1 and `RETRY_AFTER_CAP_S`, in which the
 refused request's lane, at the rate its cost has been served of late, serves
 the cost that must drain before it is admitted
-(`_admission.cost_to_drain`) and the cost of the requests refused before
+(`Executor.cost_to_admit`, by admission's own rule) and the cost of the requests refused before
 it that were told to come back before it and are still due
 (`DrainRates.retry_after`). Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not
 cost), the same in requests. Until a lane has served anything, 1 (the
@@ -31,7 +31,7 @@ from typing import final
 
 import offload
 
-from ._admission import AdmissionListener, Priced, cost_to_drain
+from ._admission import AdmissionListener, Priced
 from ._lanes import DEFAULT_LANE
 
 #: The longest `Retry-After`, in seconds. A server that expects to stay full
@@ -261,7 +261,7 @@ class DrainRates(AdmissionListener):
         """`Retry-After` for a request of `cost` in `lane` just refused: the
         fewest whole seconds `r` (1 to `RETRY_AFTER_CAP_S`) in which its lane,
         at the rate it has been served, serves what must drain before it is
-        admitted (`cost_to_drain`; under `OFFLOAD_VLLM_MAX_QUEUE` alone, one
+        admitted (`Executor.cost_to_admit`; under `OFFLOAD_VLLM_MAX_QUEUE` alone, one
         request) and the requests refused before it that are due back before
         it (`now + r`); those due back later come after it. The request is
         then counted as due back at `now + r`, until then. Without that
@@ -279,7 +279,7 @@ class DrainRates(AdmissionListener):
         for every client of the lane, up to the cap."""
         now = self._clock()
         rates = self._lane(lane)
-        excess = cost_to_drain(executor, lane, cost)
+        excess = executor.cost_to_admit(cost=cost, lane=lane)
         # Refused with no cost to drain: a place (OFFLOAD_VLLM_MAX_QUEUE) must free up.
         by_cost = bool(excess)
         served = rates.served_cost if by_cost else rates.served_requests
