@@ -1,13 +1,16 @@
 """The launcher runs vLLM's `vllm serve` path: `--api-server-count 2` starts two
 API server processes, the model is positional or `--model`, the start-up
 summary is logged once per API server process, and what cannot work with
-several (the health port) is refused at start. Real servers on 127.0.0.1."""
+several (the health port) is refused at start, by the launcher and, on vLLM's
+own serve path, by the API server processes. Real servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -143,3 +146,38 @@ def test_the_health_port_with_two_api_servers_is_refused_at_start(model_dirs: di
     # Refused before vLLM started anything: no engine, no API server.
     assert "EngineCore" not in done.stderr
     assert STARTUP_COMPLETE not in done.stderr
+
+
+#: vLLM's own `vllm serve` path, as a GPU build's `vllm serve ARGS...` runs it,
+#: without the launcher (and its early refusal) in front.
+VLLM_SERVE = "import sys; from offload_vllm._seams.serve_command import run_serve; run_serve(sys.argv[1:])"
+
+
+def test_on_vllms_own_serve_path_each_api_server_refuses_the_health_port(model_dirs: dict[str, Path]) -> None:
+    """A server started without the launcher (`vllm serve --api-server-count 2`
+    with `OFFLOAD_VLLM_HEALTH_PORT` set) is refused too, by the API server
+    processes as they bind the port: the server exits, naming both flags,
+    rather than one process failing with EADDRINUSE while the other serves."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "VLLM_OFFLOAD_"))} | COMMON_ENV
+    env |= {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1", "OFFLOAD_VLLM_HEALTH_PORT": str(port)}
+    args = [
+        sys.executable, "-c", VLLM_SERVE, str(model_dirs["embed"]), "--runner", "pooling", "--dtype", "float32",
+        "--host", "127.0.0.1", "--port", str(free_port()), "--max-model-len", "256",
+        "--kv-cache-memory-bytes", "64M", "--enforce-eager", "--api-server-count", "2",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = output.decode(errors="replace")
+    assert proc.returncode != 0, text[-3000:]
+    refusal = (
+        f"--offload-health-port (OFFLOAD_VLLM_HEALTH_PORT={port}) cannot be used with --api-server-count 2: "
+        "each API server process would bind the same port"
+    )
+    assert refusal in text, text[-3000:]
+    assert "Address already in use" not in text, text[-3000:]
+    assert STARTUP_COMPLETE not in text, text[-3000:]

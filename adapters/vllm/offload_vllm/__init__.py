@@ -246,10 +246,12 @@ def _install_app_hooks(
 def _binds(health: Health) -> AppHook:
     """The app hook that binds `health`'s port on vLLM's `--host` as vLLM builds its app."""
     from ._seams import app as app_seam
+    from ._seams import serve_command
 
     def bind_health(args: Any, app: Any) -> None:
-        # A port that cannot be had stops the server at start, naming the setting.
-        health.bind(app_seam.host(args))
+        # A port that cannot be had, or that each of several API server
+        # processes would bind, stops the server at start, naming the setting.
+        health.bind(app_seam.host(args), serve_command.api_server_count(args))
 
     return bind_health
 

@@ -28,13 +28,11 @@ import os
 import sys
 from pathlib import Path
 
-from ._config import HEALTH_PORT_ENV, OffloadVLLMConfigError, adopt_new_names, read_settings
-from ._options import BY_NAME, LEGACY_NAMES, OPTIONS
+from ._config import OffloadVLLMConfigError, adopt_new_names, read_settings
+from ._options import LEGACY_NAMES, OPTIONS
 
 #: What a switch's flag sets its variable to.
 SWITCH_ON = "1"
-
-HEALTH_PORT_FLAG = BY_NAME["health_port"].flag
 
 USAGE = (
     "python -m offload_vllm serve MODEL "
@@ -105,19 +103,18 @@ def serve(args: list[str]) -> int:
     if legacy_warning is not None:
         print(legacy_warning, file=sys.stderr)
         adopt_new_names(settings)
+    from ._health import refuse_beside_api_servers
     from ._seams import serve_command
 
     def refuse_what_cannot_work(args: argparse.Namespace) -> None:
-        count = serve_command.api_server_count(args)
-        if settings.health_port is not None and count > 1:
-            # Each API server process would bind the port: the second one fails.
-            print(
-                f"offload-vllm: {HEALTH_PORT_FLAG} ({HEALTH_PORT_ENV}={settings.health_port}) cannot be used "
-                f"with --api-server-count {count}: each API server process would bind the same port; "
-                f"serve with one API server process, or without the health port",
-                file=sys.stderr,
-            )
-            sys.exit(2)
+        # The API server processes refuse it too, as they bind the port; here
+        # it is refused before the engine starts, in seconds, not minutes.
+        if settings.health_port is not None:
+            try:
+                refuse_beside_api_servers(settings.health_port, serve_command.api_server_count(args))
+            except OffloadVLLMConfigError as exc:
+                print(f"offload-vllm: {exc}", file=sys.stderr)
+                sys.exit(2)
 
     serve_command.run_serve(vllm_args, refuse_what_cannot_work)
     return 0

@@ -51,6 +51,8 @@ from ._admission import AdmissionListener, Priced, Readiness
 from ._health_answer import Board, Snapshot
 from ._lanes import DEFAULT_LANE
 from ._metric_family import once_per_process
+from ._options import BY_NAME
+from ._parsers import OffloadVLLMConfigError
 from ._seams import engine as engine_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -157,6 +159,21 @@ def _shared_memory() -> int:
 
     with tempfile.TemporaryFile() as file:
         return os.dup(file.fileno())
+
+
+def refuse_beside_api_servers(port: int, api_servers: int) -> None:
+    """Raise `OffloadVLLMConfigError`, naming both flags, when `api_servers`
+    API server processes (more than one) would each bind the health port:
+    the second one's bind fails, and the server half-starts. Checked where
+    the port is bound (`Health.bind`, in every API server process, however
+    vLLM was started) and by the launcher before anything starts."""
+    if api_servers > 1:
+        option = BY_NAME["health_port"]
+        raise OffloadVLLMConfigError(
+            f"{option.flag} ({option.env}={port}) cannot be used with --api-server-count {api_servers}: "
+            "each API server process would bind the same port; serve with one API server process, "
+            "or without the health port"
+        )
 
 
 #: A health process that ended within this of its start is started again only
@@ -339,8 +356,11 @@ class Health(AdmissionListener):
         self._decisions: dict[tuple[bool, int], Any] | None = None
         self._decisions_looked_up = False
 
-    def bind(self, host: str | None) -> None:
-        """Listen on `host` (`None` or empty: every interface), once."""
+    def bind(self, host: str | None, api_servers: int = 1) -> None:
+        """Listen on `host` (`None` or empty: every interface), once, in a
+        server of `api_servers` API server processes (more than one is
+        refused: `refuse_beside_api_servers`)."""
+        refuse_beside_api_servers(self._port, api_servers)
         if self.server is None:
             self.server = HealthServer(host or "0.0.0.0", self._port, self.state, self._setting)
             logger.info(

@@ -25,12 +25,14 @@ def api_server_count(args: argparse.Namespace) -> int:
     """How many API server processes `ServeSubcommand.cmd` will start: none
     headless, else `--api-server-count`, else one per data-parallel rank
     (its default with vLLM's internal load balancing; with an external or
-    hybrid balancer it starts fewer, never more)."""
-    if args.headless:
+    hybrid balancer it starts fewer, never more). Also read from the
+    arguments each API server process builds its app with, which are the
+    same; a flag an older entry point lacks counts as its default."""
+    if getattr(args, "headless", False):
         return 0
-    if args.api_server_count is not None:
+    if getattr(args, "api_server_count", None) is not None:
         return int(args.api_server_count)
-    return int(args.data_parallel_size)
+    return int(getattr(args, "data_parallel_size", 1) or 1)
 
 
 def run_serve(argv: list[str], check: Callable[[argparse.Namespace], None] = lambda args: None) -> None:
