@@ -8,6 +8,7 @@ the long call still runs; without, it waits for it.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -15,7 +16,9 @@ import anyio
 import offload
 
 
-def decode(size: int) -> int:
+def decode(size: int, running: threading.Event | None = None) -> int:
+    if running is not None:
+        running.set()
     time.sleep(size / 10_000)  # stands for work proportional to the input
     return size
 
@@ -23,8 +26,10 @@ def decode(size: int) -> int:
 async def wait_for_cheap_call(express_cost: float) -> float:
     executor = offload.get_executor("thread", max_workers=1, express_cost=express_cost)
     async with executor, anyio.create_task_group() as tg:
-        tg.start_soon(executor.options(cost=5_000).run, decode, 5_000)  # 0.5 s
-        await anyio.sleep(0.05)  # the long call is running
+        running = threading.Event()
+        tg.start_soon(executor.options(cost=5_000).run, decode, 5_000, running)  # 0.5 s
+        # Once the long call runs: queued beside it, the cheaper call would go first.
+        await anyio.to_thread.run_sync(running.wait)
         began = time.perf_counter()
         await executor.options(cost=100).run(decode, 100)  # 0.01 s
         return time.perf_counter() - began
