@@ -67,9 +67,6 @@ SUITES: tuple[Suite, ...] = (
           "On a GPU host, which strategy feeds an encoder the most items a second with the loop free (library level)?",
           10, "gpu_library.{json,md} (--smoke runs on CPU)", requires=("torch",),
           measured_on="one H200 GPU, 16 cores"),
-    Suite("process", "benchmarks.suites.process",
-          "Where does the process strategy's shared-memory arena beat the pipe, by message size?",
-          1, "process.{json,md}"),
 )
 
 BY_NAME = {suite.name: suite for suite in SUITES}

@@ -1,7 +1,7 @@
 """The `process` strategy's own promises: crash isolation, pickling errors,
 per-worker initializers, recycling, cancellation by kill, shared memory, and
 no worker process left behind. Timing bounds are wide on purpose (the test
-machine is small and shared); exact speeds live in `benchmarks/suites/process.py`."""
+machine is small and shared); exact speeds are in `benchmarks/results/latest/process/`."""
 
 from __future__ import annotations
 
