@@ -362,57 +362,38 @@ def markdown(result: dict[str, Any]) -> str:
         _common.end("meta"),
         "",
         _common.start("tables"),
-        "| row | requests/s | latency p99 ms | /health p99 ms | requests/s vs default | /health p99 vs default |",
-        "|---|---|---|---|---|---|",
     ]
-    for row in rows:
-        v = summary[row]["values"]
-        lines.append(
-            f"| {row} | {_fmt(v['requests_per_s'], 1)} | {_fmt(v['p99_ms'], 0)} | {_fmt(v['health_p99_ms'], 1)} | "
-            f"{_ratio_cell(summary[row], 'requests_per_s', higher='faster', lower='slower')} | "
-            f"{_ratio_cell(summary[row], 'health_p99_ms', higher='slower', lower='faster')} |"
-        )
+    table = _common.table
+    lines.append(table(
+        ["row", "requests/s", "latency p99 ms", "/health p99 ms", "requests/s vs default", "/health p99 vs default"],
+        [[row, _fmt(summary[row]["values"]["requests_per_s"], 1), _fmt(summary[row]["values"]["p99_ms"], 0),
+          _fmt(summary[row]["values"]["health_p99_ms"], 1),
+          _ratio_cell(summary[row], "requests_per_s", higher="faster", lower="slower"),
+          _ratio_cell(summary[row], "health_p99_ms", higher="slower", lower="faster")] for row in rows]))
+    lines += ["CPU per completed request (ms), from `/proc`:", ""]
+    lines.append(table(
+        ["row", *PART_NAMES.values(), "projected ceiling of one API server (req/s)",
+         "load generator (the clients, not the server)"],
+        [[row, *(_fmt(v[f"cpu:{p}"]) for p in PART_NAMES), _fmt(v["ceiling"], 0),
+          _fmt(v["client"]) if "client" in v else "–"]
+         for row, v in ((row, summary[row]["values"]) for row in rows)]))
+    lines += ["Paired ratios to vLLM default (per round; < 1 is less CPU):", ""]
+    lines.append(table(
+        ["row", *PART_NAMES.values(), "projected ceiling"],
+        [[row, *(_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES),
+          _ratio_cell(summary[row], "ceiling", higher="higher", lower="lower")] for row in rows if row != DEFAULT]))
     lines += [
-        "",
-        "CPU per completed request (ms), from `/proc`:",
-        "",
-        "| row | " + " | ".join(PART_NAMES.values())
-        + " | projected ceiling of one API server (req/s) | load generator (the clients, not the server) |",
-        "|---|" + "---|" * (len(PART_NAMES) + 2),
-    ]
-    for row in rows:
-        v = summary[row]["values"]
-        cells = [_fmt(v[f"cpu:{p}"]) for p in PART_NAMES]
-        client = _fmt(v["client"]) if "client" in v else "–"
-        lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['ceiling'], 0)} | {client} |")
-    lines += [
-        "",
-        "Paired ratios to vLLM default (per round; < 1 is less CPU):",
-        "",
-        "| row | " + " | ".join(PART_NAMES.values()) + " | projected ceiling |",
-        "|---|" + "---|" * (len(PART_NAMES) + 1),
-    ]
-    for row in rows:
-        if row == DEFAULT:
-            continue
-        cells = [_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES]
-        cells.append(_ratio_cell(summary[row], "ceiling", higher="higher", lower="lower"))
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
         (
             "The loop thread's context switches per completed request, from `/proc` (the loop "
             "sleeps when it waits for I/O or for the GIL; it is preempted when more threads "
             "want to run than there are cores):"
         ),
         "",
-        "| row | " + " | ".join(SWITCH_NAMES.values()) + " |",
-        "|---|" + "---|" * len(SWITCH_NAMES),
     ]
-    for row in rows:
-        v = summary[row]["values"]
-        cells = [_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines.append(table(
+        ["row", *SWITCH_NAMES.values()],
+        [[row, *(_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES)]
+         for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"))
     if all(f"cores:{k}" in summary[row]["values"] for row in rows for k in CORE_NAMES):
         lines += [
             "",
@@ -422,13 +403,10 @@ def markdown(result: dict[str, Any]) -> str:
                 "average at the blocks' ends:"
             ),
             "",
-            "| row | " + " | ".join(CORE_NAMES.values()) + " | load average |",
-            "|---|" + "---|" * (len(CORE_NAMES) + 1),
+            table(["row", *CORE_NAMES.values(), "load average"],
+                  [[row, *(_fmt(v[f"cores:{k}"]) for k in CORE_NAMES), _fmt(v["load_average"], 1)]
+                   for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"),
         ]
-        for row in rows:
-            v = summary[row]["values"]
-            cells = [_fmt(v[f"cores:{k}"]) for k in CORE_NAMES]
-            lines.append(f"| {row} | " + " | ".join(cells) + f" | {_fmt(v['load_average'], 1)} |")
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
     lines += [
