@@ -18,8 +18,11 @@ The map (one module each):
   (awaited, deadline, `Future`).
 - `_strategy`: the `Strategy` interface; `_strategies/`: one module per
   strategy. `_queue`: the fair `CallQueue`; `_dispatch`: slot threads
-  serving it; `_express`: the express slot; `_worker_life`: a worker's start-up
-  rule; `_pooled`: `PooledStrategy`, a pool strategy's base.
+  serving it; `_express`: the express slot; `_slot_interface`: `SlotWorker`,
+  what a slot does with its worker; `_worker_lifecycle`: a worker's start-up
+  rule; `_initializer_state`: `worker_state()`, what the initializer built;
+  `_pooled`: `PooledStrategy`, a pool strategy's base. `_builtins`: the
+  built-in strategies' names and facts, one table.
 - `testing/`: the contract suite, one mixin per concern (`_contract_*`).
 
 One call: `Executor.run` makes a `Call` and stamps its lane → `_start`
@@ -41,12 +44,12 @@ from ._errors import OffloadError as OffloadError
 from ._errors import Overloaded as Overloaded
 from ._errors import WorkerCrashed as WorkerCrashed
 from ._executor import Executor as Executor
+from ._initializer_state import worker_state as worker_state
 from ._lag import LoopLagMonitor as LoopLagMonitor
 from ._lag import sample_loop_lag as sample_loop_lag
 from ._metrics import metrics_enabled as metrics_enabled
 from ._registry import STRATEGIES as STRATEGIES
 from ._registry import get_executor as get_executor
-from ._worker_state import worker_state as worker_state
 
 __version__ = "0.1.0"
 

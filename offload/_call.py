@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._fork import reset_in_child
-from ._worker_state import _NO_STATE, _swap_state
+from ._initializer_state import _NO_STATE, _swap_state
 
 if TYPE_CHECKING:
     from ._lanes import Flow, Lane

@@ -40,9 +40,9 @@ from ._call import Call
 from ._errors import OffloadError, executor_closed
 from ._express import ExpressSlot, SideSlot
 from ._queue import CallQueue
-from ._slot_worker import SlotWorker
+from ._slot_interface import SlotWorker
 from ._startup import Startup
-from ._worker_life import serve
+from ._worker_lifecycle import serve
 
 S = TypeVar("S")
 

@@ -30,7 +30,7 @@ from ._call import Call
 from ._errors import OffloadError
 from ._niceness import set_this_thread_niceness, this_thread_niceness
 from ._queue import CallQueue
-from ._slot_worker import ExpressSlotWorker, SlotWorker
+from ._slot_interface import ExpressSlotWorker, SlotWorker
 
 S = TypeVar("S")
 

@@ -12,7 +12,7 @@ from ._call import Call
 from ._checks import check_cost, check_initializer, check_max_workers
 from ._config import usable_cpu_count
 from ._dispatch import Dispatcher
-from ._slot_worker import SlotWorker
+from ._slot_interface import SlotWorker
 from ._strategy import Strategy
 
 S = TypeVar("S")

@@ -8,6 +8,7 @@ import threading
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from ._builtins import BUILTIN_STRATEGIES
 from ._config import (
     DEFAULT_STRATEGY,
     STRATEGY_ENV,
@@ -20,14 +21,8 @@ from ._strategy import Strategy
 
 ENTRY_POINT_GROUP = "offload.strategies"
 
-# Built-ins are imported on first use, so `import offload` stays light (the
-# process strategy pulls in multiprocessing, the batching one its own machinery).
-_BUILTINS: dict[str, str] = {
-    "inline": "offload._strategies._inline:InlineStrategy",
-    "thread": "offload._strategies._thread:ThreadStrategy",
-    "process": "offload._strategies._process:ProcessStrategy",
-    "async-renderer": "offload._strategies._batching:BatchingStrategy",
-}
+# Built-ins are imported on first use, so `import offload` stays light.
+_BUILTINS: dict[str, str] = {b.name: b.target for b in BUILTIN_STRATEGIES}
 
 #: Options every strategy takes, because the executor owns them.
 EXECUTOR_OPTIONS = ("max_queue", "max_queued_cost", "lanes", "scheduling")

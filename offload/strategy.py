@@ -39,10 +39,15 @@ Helpers, public for strategy authors:
   another process (send a `make_async`-decorated function, send back an
   exception with its traceback, make `offload.worker_state()` work there).
 
+- `BUILTIN_STRATEGIES` (rows of `BuiltinStrategy`): the built-in strategies'
+  names and what each is (where calls run, a pool, an express worker,
+  batching), for adapters that must treat each kind differently.
+
 Checking a strategy: `offload.testing.StrategyContract`, the contract suite.
 """
 
 from ._admission import count_batch
+from ._builtins import BUILTIN_STRATEGIES, BuiltinStrategy
 from ._call import CANCELLED, DEADLINE, SHUTDOWN, Call
 from ._checks import (
     check_cost,
@@ -55,12 +60,13 @@ from ._checks import (
 from ._config import usable_cpu_count
 from ._dispatch import Dispatcher
 from ._errors import executor_closed, initializer_failed
+from ._initializer_state import run_initializer, set_worker_state
 from ._lanes import Flow, Lane, Lanes
 from ._metrics import count_worker_restart
 from ._pooled import PooledStrategy
 from ._portable import by_reference, portable_error
 from ._queue import CallQueue
-from ._slot_worker import (
+from ._slot_interface import (
     ExpressSlotWorker,
     SlotWorker,
     ThreadSlot,
@@ -69,13 +75,14 @@ from ._slot_worker import (
 )
 from ._startup import Startup
 from ._strategy import Strategy
-from ._worker_life import replace_worker
-from ._worker_state import run_initializer, set_worker_state
+from ._worker_lifecycle import replace_worker
 
 __all__ = [
+    "BUILTIN_STRATEGIES",
     "CANCELLED",
     "DEADLINE",
     "SHUTDOWN",
+    "BuiltinStrategy",
     "Call",
     "CallQueue",
     "Dispatcher",

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import offload
+import offload.strategy
 from offload._config import max_workers_from_env
-from offload._registry import _Registry
+from offload._registry import _Registry, option_names
 
 from . import helpers
 
@@ -206,3 +207,28 @@ def test_max_workers_env_takes_plain_digits_only(raw: str) -> None:
     with pytest.raises(offload.ConfigError, match="not an integer"):
         max_workers_from_env({"OFFLOAD_MAX_WORKERS": raw})
     assert max_workers_from_env({"OFFLOAD_MAX_WORKERS": " 10 "}) == 10
+
+
+@pytest.mark.parametrize("builtin", offload.strategy.BUILTIN_STRATEGIES, ids=lambda b: b.name)
+def test_the_builtin_table_says_what_each_strategy_is(builtin: offload.strategy.BuiltinStrategy) -> None:
+    import os
+    import threading
+
+    import anyio
+
+    assert offload.STRATEGIES[: len(offload.strategy.BUILTIN_STRATEGIES)] == tuple(
+        b.name for b in offload.strategy.BUILTIN_STRATEGIES
+    )
+    cls = _Registry().get(builtin.name)
+    assert cls.name == builtin.name
+    options = set(option_names(cls))
+    assert ("max_workers" in options) == builtin.pool
+    assert ({"express_cost", "nice"} <= options) == builtin.express
+    assert builtin.express or not {"express_cost", "nice"} & options
+    assert ("max_batch_size" in options) == builtin.batches
+    with offload.get_executor(builtin.name) as ex:
+        pid, thread = anyio.run(ex.run, helpers.worker_identity)
+    if pid != os.getpid():
+        assert builtin.runs_in == "processes"
+    else:
+        assert builtin.runs_in == ("caller" if thread == threading.get_ident() else "threads")

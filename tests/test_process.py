@@ -502,13 +502,13 @@ def test_worker_is_quiet_when_the_parent_goes_away() -> None:
     result = run_python(
         """
         import multiprocessing, pickle, time
-        from offload._strategies import _in_worker
+        from offload._strategies import _child_main
 
         if __name__ == "__main__":
             ctx = multiprocessing.get_context("spawn")
             parent_end, child_end = ctx.Pipe()
             alive_r, alive_w = ctx.Pipe(duplex=False)
-            worker = ctx.Process(target=_in_worker.main, args=(child_end, alive_r, None, (), None, None))
+            worker = ctx.Process(target=_child_main.main, args=(child_end, alive_r, None, (), None, None))
             worker.start()
             child_end.close()
             assert pickle.loads(parent_end.recv_bytes()) == ("ready",)

@@ -13,7 +13,7 @@ from typing_extensions import ParamSpec
 from .._admission import count_batch
 from .._call import Call
 from .._errors import OffloadError
-from .._worker_state import _swap_state
+from .._initializer_state import _swap_state
 
 T = TypeVar("T")
 P = ParamSpec("P")

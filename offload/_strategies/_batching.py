@@ -1,4 +1,8 @@
-"""`async-renderer`: one worker thread that runs queued calls as micro-batches."""
+"""`async-renderer`: one worker thread that runs queued calls as micro-batches.
+
+`async-renderer` is the registry name of `BatchingStrategy` (after vLLM's
+async renderer, whose micro-batching it keeps; docs/strategies/async-renderer.md).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,10 @@ from .._call import Call
 from .._checks import check_initializer, check_non_negative_number, check_positive_int
 from .._errors import ConfigError, OffloadError, executor_closed
 from .._queue import CallQueue
-from .._slot_worker import ThreadSlotWorker
+from .._slot_interface import ThreadSlotWorker
 from .._startup import Startup
 from .._strategy import Strategy
-from .._worker_life import serve
+from .._worker_lifecycle import serve
 from ._batch_form import BatchedFunction, batch_key, run_batch
 
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from typing import Any, final
 from .._call import Call
 from .._checks import check_initializer
 from .._errors import executor_closed, initializer_failed
+from .._initializer_state import _NO_STATE
 from .._strategy import Strategy
-from .._worker_state import _NO_STATE
 
 
 @final

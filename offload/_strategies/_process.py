@@ -12,14 +12,14 @@ The path of a call:
                                  slot thread (_process_slot.ProcessSlotWorker.run)
                                    claims the call, pickles it (_encoding),
                                    big buffers into its shared-memory arena
-                                   (_wire.Sender) ──── one frame, pipe ────▶ _in_worker._serve
+                                   (_wire.Sender) ──── one frame, pipe ────▶ _child_main._serve
                                                                               runs fn(x), pickles the reply
                                    reads the reply (_wire.Receiver) ◀─ pipe ─┘
                                    call.set_result / set_exception
     waiter.wake ◀──────────────────┘
       └─ run returns
 
-Layers: `_worker_handle.WorkerProcess` is one child's lifecycle (spawn, wait
+Layers: `_child_handle.WorkerProcess` is one child's lifecycle (spawn, wait
 for its initializer, send, receive, kill, reap); `_process_slot.ProcessSlotWorker`
 maps calls onto it (one slot thread per worker: crashes, kills, retirement,
 replacement); this module is the strategy (options, start method, the pipe
@@ -44,8 +44,8 @@ from .._fork import forget_foreign_forkserver
 from .._niceness import DEFAULT_NICE, check_nice
 from .._pooled import PooledStrategy
 from . import _wire
+from ._child_handle import STOP_GRACE
 from ._process_slot import ProcessSlot, ProcessSlotWorker, WorkerConfig
-from ._worker_handle import STOP_GRACE
 
 _pool_ids = itertools.count()
 
@@ -217,7 +217,7 @@ class ProcessStrategy(PooledStrategy[ProcessSlot]):
                 # `os.register_at_fork` hooks, say) is not ours to use.
                 forget_foreign_forkserver()
                 # Workers fork with the worker module already imported.
-                ctx.set_forkserver_preload(["offload._strategies._in_worker"])
+                ctx.set_forkserver_preload(["offload._strategies._child_main"])
             # Workers read the one end; this process alone holds the other, so its
             # death is an end of file in every worker.
             self._alive_r, self._alive_w = ctx.Pipe(duplex=False)

@@ -19,9 +19,9 @@ from .._call import SHUTDOWN, Call
 from .._errors import OffloadError, WorkerCrashed, initializer_failed
 from .._metrics import count_worker_restart
 from .._portable import by_reference, rebuild_error
-from .._worker_life import replace_worker
+from .._worker_lifecycle import replace_worker
 from . import _encoding, _wire
-from ._worker_handle import InitializerRaised, StartTimedOut, WorkerProcess
+from ._child_handle import InitializerRaised, StartTimedOut, WorkerProcess
 
 
 @dataclass(frozen=True)

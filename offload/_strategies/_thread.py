@@ -9,7 +9,7 @@ from typing import Any, final
 from .._config import default_thread_workers
 from .._niceness import DEFAULT_NICE, check_nice, lower_this_thread
 from .._pooled import PooledStrategy
-from .._slot_worker import ThreadSlot, ThreadSlotWorker
+from .._slot_interface import ThreadSlot, ThreadSlotWorker
 
 _pool_ids = itertools.count()
 

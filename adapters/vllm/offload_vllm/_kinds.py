@@ -11,9 +11,11 @@ A *placement* is where a strategy runs a pooling request's vLLM work
 - **batched** (`async-renderer`): vLLM's async renderer on the loop, its
   tokenization micro-batched on the strategy's worker.
 
-Adding a strategy is one row of `STRATEGY_ROWS`. Everything else is derived from
-its kind: the settings it takes (`_options.py`), the executor's options and
-the calls it makes (`_placements/`). This module imports no vLLM, so that
+A built-in strategy's row is derived from the core's table
+(`offload.strategy.BUILTIN_STRATEGIES`); a plugin is one row of `PLUGIN_ROWS`.
+Everything else is derived from its kind: the settings it takes
+(`_options.py`), the executor's options and the calls it makes
+(`_placements/`). This module imports no vLLM, so that
 settings are checked where vLLM is not loaded (the launcher, `check-seams`).
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from offload.strategy import BUILTIN_STRATEGIES, BuiltinStrategy
 
 
 @dataclass(frozen=True)
@@ -66,15 +70,31 @@ class StrategyRow:
     needs: str = ""
 
 
-#: Every strategy the adapter supports, in the order messages list them. A
-#: strategy must also be in `offload.STRATEGIES` (`ray` is there once the
+def _kind_of(builtin: BuiltinStrategy) -> PlacementKind:
+    if builtin.batches:
+        return BATCHED
+    return {"caller": ON_LOOP, "threads": IN_THREAD, "processes": REMOTE}[builtin.runs_in]
+
+
+def _builtin_row(builtin: BuiltinStrategy) -> StrategyRow:
+    return StrategyRow(
+        _kind_of(builtin),
+        own_options={"worker_nice": "nice", "express_cost": "express_cost"} if builtin.express else {},
+        titles_workers=builtin.runs_in == "processes",
+    )
+
+
+#: Strategies the adapter supports beyond the core's built-ins: plugins, keyed
+#: by their entry-point name.
+PLUGIN_ROWS: Mapping[str, StrategyRow] = {
+    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}, needs="[offload-ray](ray.md)"),
+}
+
+#: Every strategy the adapter supports, in the order messages list them: the
+#: core's built-ins (`offload.strategy.BUILTIN_STRATEGIES`), then `PLUGIN_ROWS`.
+#: A strategy must also be in `offload.STRATEGIES` (`ray` is there once the
 #: `offload-ray` plugin is installed).
 STRATEGY_ROWS: Mapping[str, StrategyRow] = {
-    "inline": StrategyRow(ON_LOOP),
-    "thread": StrategyRow(IN_THREAD, own_options={"worker_nice": "nice", "express_cost": "express_cost"}),
-    "process": StrategyRow(
-        REMOTE, own_options={"worker_nice": "nice", "express_cost": "express_cost"}, titles_workers=True
-    ),
-    "async-renderer": StrategyRow(BATCHED),
-    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}, needs="[offload-ray](ray.md)"),
+    **{b.name: _builtin_row(b) for b in BUILTIN_STRATEGIES},
+    **PLUGIN_ROWS,
 }

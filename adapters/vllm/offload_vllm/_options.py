@@ -133,6 +133,21 @@ def _own(option: str) -> Callable[[StrategyRow], bool]:
     return takes
 
 
+def _and_list(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _taking(test: Callable[[StrategyRow], bool]) -> list[str]:
+    """The strategies (from `STRATEGY_ROWS`) whose row passes `test`, for help texts."""
+    return [name for name, row in STRATEGY_ROWS.items() if test(row)]
+
+
+#: Help texts name the strategies from the table, not by hand.
+_EXPRESS = _taking(_own("express_cost"))
+_NICE = _taking(_own("worker_nice"))
+_BATCHING = _and_list(_taking(_batches))
+
 _NO_POOL = "it has no worker pool"
 _NO_QUEUE = "it has no queue"
 _NO_BATCHES = "it does not batch tokenization"
@@ -200,7 +215,7 @@ OPTIONS = (
     ),
     Option(
         "worker_nice", parse.integer(0, 19, "a niceness increment", "an integer from 0 to 19"),
-        "The thread and process workers' niceness increment.", "integer 0-19",
+        f"The {_and_list(_NICE)} workers' niceness increment.", "integer 0-19",
         "unset: 10 (the strategies' default)", metavar="N", applies=_own("worker_nice"),
         lacking="it starts no worker threads or processes of its own on this host",
     ),
@@ -212,8 +227,8 @@ OPTIONS = (
     Option(
         "express_cost", parse.cost_bound("no express worker"),
         "The express worker takes calls priced at most this (characters); 0: none.", _COST_VALUES,
-        "unset: 32768 (two pieces) with `thread` and `process`", metavar="C", applies=_own("express_cost"),
-        lacking="it has no express worker (thread and process have one)", field="express_cost_setting",
+        f"unset: 32768 (two pieces) with {_and_list([f'`{n}`' for n in _EXPRESS])}", metavar="C", applies=_own("express_cost"),
+        lacking=f"it has no express worker ({_and_list(_EXPRESS)} have one)", field="express_cost_setting",
     ),
     Option(
         "validation_shortcut", parse.switch,
@@ -236,12 +251,12 @@ OPTIONS = (
     ),
     Option(
         "batch_across_requests", parse.switch,
-        "async-renderer: concurrent requests' prompts share one tokenizer call.", "same", "on",
+        f"{_BATCHING}: concurrent requests' prompts share one tokenizer call.", "same", "on",
         metavar="1|0", applies=_batches, lacking=_NO_BATCHES,
     ),
     Option(
         "batch_wait", parse.batch_wait,
-        "async-renderer: seconds a tokenizer batch waits for more calls while others are in flight.",
+        f"{_BATCHING}: seconds a tokenizer batch waits for more calls while others are in flight.",
         "seconds, 0 to 1", "`0.01`", metavar="SECONDS", applies=_batches, lacking=_NO_BATCHES, unit="s",
     ),
 )

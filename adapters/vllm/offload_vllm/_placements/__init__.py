@@ -1,7 +1,8 @@
 """Placements: one class per kind of placement (`_kinds.py`), chosen once per executor.
 
-A new strategy of an existing kind is a row of `_kinds.STRATEGY_ROWS` and
-nothing here; a new kind is a `PlacementKind` there and a `Placement`
+A new strategy of an existing kind is a row of `_kinds.STRATEGY_ROWS` (a
+built-in's derived from the core's table, a plugin's in `_kinds.PLUGIN_ROWS`)
+and nothing here; a new kind is a `PlacementKind` there and a `Placement`
 subclass here, listed in `_BY_KIND`.
 """
 

@@ -11,7 +11,7 @@ from ._metrics import count_worker_restart
 from ._startup import Startup
 
 if TYPE_CHECKING:
-    from ._slot_worker import SlotWorker
+    from ._slot_interface import SlotWorker
     from ._strategy import Strategy
 
 S = TypeVar("S")

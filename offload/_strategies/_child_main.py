@@ -17,8 +17,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .._initializer_state import _NO_STATE, _swap_state
 from .._portable import describe_error as _describe_error
-from .._worker_state import _NO_STATE, _swap_state
 from . import _encoding, _wire
 
 

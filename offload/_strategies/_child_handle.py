@@ -14,7 +14,7 @@ from typing import Any, final
 
 from .._errors import OffloadError, WorkerCrashed
 from .._portable import rebuild_error
-from . import _in_worker, _wire
+from . import _child_main, _wire
 
 #: How long a worker that was asked to stop may take before it is killed.
 STOP_GRACE = 5.0
@@ -55,13 +55,13 @@ class WorkerProcess:
         args: tuple[Any, ...],
         started: Callable[[WorkerProcess], None],
     ) -> WorkerProcess:
-        """Start a worker process running `_in_worker.main(conn, *args)`;
+        """Start a worker process running `_child_main.main(conn, *args)`;
         `started(worker)` is called as soon as it exists (before its
         initializer ran: whoever may have to kill it meanwhile must know it).
         Raises what prevented it (`OSError`: no pipe, no process)."""
         parent_end, child_end = ctx.Pipe()
         process = ctx.Process(  # type: ignore[attr-defined]
-            target=_in_worker.main, args=(child_end, *args), name=name
+            target=_child_main.main, args=(child_end, *args), name=name
         )
         try:
             process.start()

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 from ._call import Call
 from ._checks import check_initializer
 from ._errors import OffloadError
-from ._worker_state import run_initializer
+from ._initializer_state import run_initializer
 
 S = TypeVar("S")
 T = TypeVar("T")
