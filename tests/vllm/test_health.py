@@ -509,7 +509,7 @@ def test_the_typical_cost_is_that_of_requests_priced_not_answered() -> None:
     assert rates.typical_cost() == pytest.approx(9_000.0)
     rates.priced(Priced(3_000.0, "other"))
     assert rates.typical_cost() == pytest.approx(9_000.0)
-    for _ in range(200):
+    for _ in range(400):
         rates.priced(Priced(100.0))
     assert rates.typical_cost() == pytest.approx(100.0, rel=0.01)
 

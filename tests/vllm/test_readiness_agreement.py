@@ -102,9 +102,12 @@ def test_admission_agrees_with_readiness_from_the_first_request(server: tuple[Se
 
     outside = [(code == 200) == (nearest(sent) == 200) for sent, code in answers if code in (200, 503)]
     refused = sum(code == 503 for _, code in answers)
-    print(f"counted {counted}; agreement {agree / decided:.3f} of {decided:g}; "
-          f"prober agreement {sum(outside) / len(outside):.3f} of {len(outside)} answers, {len(probes)} probes")
+    print(  # noqa: T201 (the figures, for the report: run with -s)
+        f"counted {counted}; agreement {agree / decided:.3f} of {decided:g}; "
+        f"prober agreement {sum(outside) / len(outside):.3f} of {len(outside)} answers, {len(probes)} probes"
+    )
     assert {code for _, code in answers} <= {200, 503}, answers
-    assert refused >= 1 and counted["refused", "503"] + counted["refused", "200"] >= 1, counted
+    assert refused >= 1, counted
+    assert counted["refused", "503"] + counted["refused", "200"] >= 1, counted
     assert agree / decided >= 0.95, counted
     assert sum(outside) / len(outside) >= 0.80, (counted, len(outside))
