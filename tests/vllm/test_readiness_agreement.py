@@ -21,9 +21,10 @@ from ._server import Server, free_port, scrape, servers_started, start_server, t
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-#: The docs' Kubernetes example's bound, and requests like the user's who
+#: A bound of about three requests (the docs' 2,000,000 is not reached by 32
+#: clients on one worker here), and requests like the user's who
 #: found readiness at 200 through a first flood: 16 texts of 9,749 characters.
-MAX_QUEUED_COST = 2_000_000
+MAX_QUEUED_COST = 500_000
 BODY = {"input": ["offload readiness " * 541 + "x" * 11] * 16, "truncate_prompt_tokens": 16}
 CLIENTS = 32
 FLOOD_S = 15.0
