@@ -474,7 +474,7 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
     200 again only once twice that cost would be admitted."""
     rates = DrainRates()
     for _ in range(5):
-        rates.answered(Priced(300.0))
+        rates.priced(Priced(300.0))
     assert rates.typical_cost() == pytest.approx(300.0)
     health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", Readiness(rates.typical_cost))
     executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
@@ -495,6 +495,61 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
         assert ready() == 200  # room 1000
     finally:
         executor.shutdown()
+
+
+def test_the_typical_cost_is_that_of_requests_priced_not_answered() -> None:
+    """The typical cost follows the requests priced for admission (admitted
+    or refused), the latest weighing most, per lane; answers do not move it,
+    and before any request it is 1."""
+    rates = DrainRates()
+    assert rates.typical_cost() == 1.0
+    rates.answered(Priced(50.0))
+    assert rates.typical_cost() == 1.0
+    rates.priced(Priced(9_000.0))
+    assert rates.typical_cost() == pytest.approx(9_000.0)
+    rates.priced(Priced(3_000.0, "other"))
+    assert rates.typical_cost() == pytest.approx(9_000.0)
+    for _ in range(400):
+        rates.priced(Priced(100.0))
+    assert rates.typical_cost() == pytest.approx(100.0, rel=0.01)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_first_decision_is_refused_with_readiness_at_503() -> None:
+    """A cost bound already full below the first request's cost (a call
+    holding it, admitted elsewhere): the very first request priced is
+    refused, and readiness, judged at that request's own cost, said 503 at
+    its decision (with a typical cost of 1 it said 200)."""
+    rates = DrainRates()
+    health = Health(0, 5.0, "OFFLOAD_VLLM_HEALTH_PORT", Readiness(rates.typical_cost))
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1_000)
+    policy = RequestPolicy(
+        executor_of=lambda: executor,
+        router=LaneRouter.of({"default"}, {}),
+        engine_priority=False,
+        retry_after=rates.retry_after,
+        answers=ANSWERS,
+    )
+    for listener in (rates, health):
+        policy.subscribe(listener)
+
+    async def served() -> None:
+        raise AssertionError("a refused request was served")
+
+    before = decisions_counted()
+    try:
+        with executor.admission("test", cost=600):
+            health.changed(executor)
+            assert health.state.readiness(time.monotonic())[0] == 200  # room 400 >= cost 1
+            answer = await policy.admit(None, lambda: 500.0, None, served)
+            assert answer.status_code == 503
+    finally:
+        executor.shutdown()
+    after = decisions_counted()
+    assert {key: after[key] - before[key] for key in after} == {
+        ("admitted", "200"): 0, ("admitted", "503"): 0, ("refused", "200"): 0, ("refused", "503"): 1,
+    }
 
 
 def decisions_counted() -> dict[tuple[str, str], float]:

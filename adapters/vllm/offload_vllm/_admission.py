@@ -74,6 +74,10 @@ class AdmissionListener:
         each refusal (counts also change where admission does not see it, as
         a call started or queued on a worker)."""
 
+    def priced(self, request: Priced) -> None:
+        """`request` was priced (its lane and cost known, under the cap), at
+        the door or at the seam, before its decision and the `changed` before it."""
+
     def decided(self, request: Priced, admitted: bool) -> None:
         """`request` was admitted, or refused because a bound is full (at the
         door or at the seam); between the `changed` before it and the one after."""
@@ -177,6 +181,8 @@ class RequestPolicy:
             return self.answers.too_costly(request.cost, cap, body_bytes)
         if self.engine_priority and set_priority is not None:
             set_priority(engine_priority(request.cost, executor.lanes[request.lane]))
+        for listener in self._listeners:
+            listener.priced(request)
         self.changed(executor)  # readiness as it stands at this decision
         admission = executor.admission(REQUEST_LABEL, cost=request.cost, lane=request.lane)
         admitted: offload.Admission | None = None
@@ -343,7 +349,8 @@ class Readiness:
 
     def __init__(self, typical_cost: Callable[[], float] = lambda: 1.0) -> None:
         #: The cost of a typical request of the default lane now: the mean of
-        #: the requests answered of late (`DrainRates.typical_cost`).
+        #: the requests priced of late, admitted or refused, this one included
+        #: (`DrainRates.typical_cost`), so known from the first decision on.
         self._typical_cost = typical_cost
         #: What `refuses` last said.
         self.refusing = False

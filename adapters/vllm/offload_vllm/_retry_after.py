@@ -45,6 +45,12 @@ RETRY_AFTER_CAP_S = 30
 #: their few milliseconds they would read as thousands a second.
 RATE_MIN_SPAN_S = 1.0
 
+#: How many of the latest priced requests of a lane the typical cost is a
+#: mean of (weighted as an exponential average of this span): a flood's
+#: requests are many within a second, so a change of what clients send shows
+#: within one, and one odd request moves it by a thirty-second.
+TYPICAL_COST_SPAN = 32
+
 #: The time constant of the served-rate average, in seconds: long enough to
 #: span many requests of a flood (a few hundred at tens a second), short
 #: enough that a change of load shows within a probe period or two.
@@ -196,7 +202,8 @@ class _LaneRates:
     requests still due back."""
 
     __slots__ = (
-        "busy_before", "busy_since", "due_back", "in_flight", "refused_again", "served_cost", "served_requests",
+        "busy_before", "busy_since", "due_back", "in_flight", "priced", "priced_cost", "refused_again",
+        "served_cost", "served_requests",
     )
 
     def __init__(self) -> None:
@@ -204,6 +211,8 @@ class _LaneRates:
         self.served_requests = _Rate()
         self.due_back = _DueBack()
         self.refused_again = _RefusedAgain()
+        self.priced = 0  # requests priced (up to TYPICAL_COST_SPAN: the weight of the latest)
+        self.priced_cost = 0.0  # their mean cost, weighted to the latest
         self.in_flight = 0  # admitted, not yet answered
         self.busy_since: float | None = None  # when `in_flight` last left 0
         self.busy_before = 0.0  # busy seconds before `busy_since`
@@ -230,6 +239,12 @@ class DrainRates(AdmissionListener):
             rates = self._lanes[lane] = _LaneRates()
         return rates
 
+    def priced(self, request: Priced) -> None:
+        """`request` was priced: its cost enters its lane's typical cost."""
+        rates = self._lane(request.lane)
+        rates.priced = min(rates.priced + 1, TYPICAL_COST_SPAN)
+        rates.priced_cost += (request.cost - rates.priced_cost) / rates.priced
+
     def admitted(self, request: Priced) -> None:
         """`request` was admitted: its lane is busy until every request
         admitted in it is `answered`."""
@@ -249,13 +264,14 @@ class DrainRates(AdmissionListener):
             rates.busy_before, rates.busy_since = busy, None
 
     def typical_cost(self, lane: str = DEFAULT_LANE) -> float:
-        """The mean cost of the requests of `lane` answered of late, weighted as
-        the served rates are (over `RATE_TIME_CONSTANT_S` of its busy time);
-        1 before any."""
+        """The mean cost of the latest requests of `lane` priced for admission
+        (about `TYPICAL_COST_SPAN` of them, the latest weighing most), admitted
+        or refused: known from the first request's decision, which prices it
+        first (`priced`); 1 before any request (no request to agree with). The
+        mean of the requests answered instead stayed 1 until the first answer,
+        seconds into a flood, and readiness said 200 while admission refused."""
         rates = self._lane(lane)
-        now = rates.busy_clock(self._clock())
-        requests = rates.served_requests.per_second(now)
-        return rates.served_cost.per_second(now) / requests if requests > 0 else 1.0
+        return rates.priced_cost if rates.priced else 1.0
 
     def retry_after(self, executor: offload.Executor, lane: str, cost: float) -> int:
         """`Retry-After` for a request of `cost` in `lane` just refused: the
