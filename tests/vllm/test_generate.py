@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,8 +39,7 @@ def generate_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     }
     for strategy in GENERATE_STRATEGIES:
         starts[strategy] = lambda s=strategy: start_server(
-            # Every call on the executor, none on the loop: the test of placement sees each.
-            model, NAME, s, logs, workers=WORKERS.get(s), extra_args=ARGS, extra_env={"OFFLOAD_VLLM_INLINE_COST": "0"}
+            model, NAME, s, logs, workers=WORKERS.get(s), extra_args=ARGS, extra_env=OWN_ENV.get(s)
         )
     with servers_started(starts) as started:
         yield started
@@ -50,6 +48,9 @@ def generate_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
 def strategies() -> list[Any]:
     return [pytest.param(s, id=s) for s in GENERATE_STRATEGIES]
 
+
+#: Pool strategies: every call on the executor, none on the loop (the test of placement counts each).
+OWN_ENV = {s: {"OFFLOAD_VLLM_INLINE_COST": "0"} for s in ("thread", "process")}
 
 GREEDY = {"temperature": 0, "seed": 7, "max_tokens": 12}
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Say something about tokenizers."}]
