@@ -89,11 +89,6 @@ CASES = {
 }
 BAD = {
     "chat-over-context": ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "word " * 300}]}),
-    "chat-unknown-role": ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}),
-    "chat-bad-template-kwarg": (
-        "/v1/chat/completions",
-        {**CHAT, "chat_template_kwargs": {"add_generation_prompt": False, "continue_final_message": True}},
-    ),
     "completion-over-context": ("/v1/completions", {**COMPLETION, "prompt": "word " * 300}),
     "completion-token-out-of-vocab": ("/v1/completions", {**COMPLETION, "prompt": [1, 2, 10**7]}),
 }
