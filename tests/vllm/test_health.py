@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 from offload_vllm import _health_answer as health_answer
-from offload_vllm._admission import Priced, Readiness, RequestPolicy
+from offload_vllm._admission import Priced, Readiness, RefuseWhenFull, RequestPolicy
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
@@ -550,6 +550,46 @@ async def test_the_first_decision_is_refused_with_readiness_at_503() -> None:
     assert {key: after[key] - before[key] for key in after} == {
         ("admitted", "200"): 0, ("admitted", "503"): 0, ("refused", "200"): 0, ("refused", "503"): 1,
     }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_typical_cost_counts_the_seams_price_not_the_doors_floor() -> None:
+    """A request passes the door (priced at its body's floor, the least its
+    bytes can cost) and then the seam (its full cost): only the seam's
+    price enters the typical cost, so floors do not pull the mean below
+    what requests cost."""
+    rates = DrainRates()
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=10_000_000)
+    policy = RequestPolicy(
+        executor_of=lambda: executor,
+        router=LaneRouter.of({"default"}, {}),
+        engine_priority=False,
+        retry_after=rates.retry_after,
+        answers=ANSWERS,
+    )
+    policy.subscribe(rates)
+    passed: list[str] = []
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        passed.append("app")
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/embeddings", "root_path": "",
+        "headers": [(b"content-length", b"40000")],
+    }
+    try:
+        await RefuseWhenFull(app, policy)(scope, None, None)
+        assert passed == ["app"]
+        assert rates.typical_cost() == 1.0  # the door's floor is not a price of the request
+
+        async def served() -> str:
+            return "served"
+
+        assert await policy.admit(None, lambda: 90_000.0, None, served) == "served"
+        assert rates.typical_cost() == pytest.approx(90_000.0)
+    finally:
+        executor.shutdown()
 
 
 def decisions_counted() -> dict[tuple[str, str], float]:

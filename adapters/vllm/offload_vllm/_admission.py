@@ -75,8 +75,10 @@ class AdmissionListener:
         a call started or queued on a worker)."""
 
     def priced(self, request: Priced) -> None:
-        """`request` was priced (its lane and cost known, under the cap), at
-        the door or at the seam, before its decision and the `changed` before it."""
+        """`request` was priced at the serving seam (its lane and full cost
+        known, under the cap), before its decision and the `changed` before it.
+        Not at the door: its price there is only the body's floor, below what
+        the seam finds, and would pull a mean of prices down."""
 
     def decided(self, request: Priced, admitted: bool) -> None:
         """`request` was admitted, or refused because a bound is full (at the
@@ -181,8 +183,9 @@ class RequestPolicy:
             return self.answers.too_costly(request.cost, cap, body_bytes)
         if self.engine_priority and set_priority is not None:
             set_priority(engine_priority(request.cost, executor.lanes[request.lane]))
-        for listener in self._listeners:
-            listener.priced(request)
+        if held is not None:  # the seam's full price, not the door's floor
+            for listener in self._listeners:
+                listener.priced(request)
         self.changed(executor)  # readiness as it stands at this decision
         admission = executor.admission(REQUEST_LABEL, cost=request.cost, lane=request.lane)
         admitted: offload.Admission | None = None

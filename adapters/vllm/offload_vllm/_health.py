@@ -12,7 +12,7 @@ paths from what the event loop last published (`HealthState`):
   server under load stays alive to its probe; a loop blocked for real stops
   publishing, and is reported once the bound has passed.
 - `GET /ready` (readiness): 503 while admission would refuse a request of
-  the typical recent cost in the default lane, until it would admit twice
+  the typical cost (of the requests priced at the seam) in the default lane, until it would admit twice
   that (`_admission.Readiness`), during shutdown (from SIGTERM until
   the process ends, while vLLM drains), and while liveness fails; else 200.
 

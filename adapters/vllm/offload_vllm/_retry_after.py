@@ -266,8 +266,8 @@ class DrainRates(AdmissionListener):
     def typical_cost(self, lane: str = DEFAULT_LANE) -> float:
         """The mean cost of the latest requests of `lane` priced for admission
         (about `TYPICAL_COST_SPAN` of them, the latest weighing most), admitted
-        or refused: known from the first request's decision, which prices it
-        first (`priced`); 1 before any request (no request to agree with). The
+        or refused: known from the first request's decision at the serving seam,
+        which prices it first (`priced`; the door's floor prices are left out); 1 before any request (no request to agree with). The
         mean of the requests answered instead stayed 1 until the first answer,
         seconds into a flood, and readiness said 200 while admission refused."""
         rates = self._lane(lane)
