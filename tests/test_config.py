@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 import offload
@@ -211,11 +214,6 @@ def test_max_workers_env_takes_plain_digits_only(raw: str) -> None:
 
 @pytest.mark.parametrize("builtin", offload.strategy.BUILTIN_STRATEGIES, ids=lambda b: b.name)
 def test_the_builtin_table_says_what_each_strategy_is(builtin: offload.strategy.BuiltinStrategy) -> None:
-    import os
-    import threading
-
-    import anyio
-
     assert offload.STRATEGIES[: len(offload.strategy.BUILTIN_STRATEGIES)] == tuple(
         b.name for b in offload.strategy.BUILTIN_STRATEGIES
     )
