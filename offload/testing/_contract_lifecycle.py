@@ -126,13 +126,19 @@ class LifecycleContract(_ContractBase):
         before = set(threading.enumerate())
         ex = self.new_executor(strategy)
         gate, started = tmp_path / "gate", tmp_path / "started"
-        running = ex.submit(f.hold_until, str(gate), str(started))
+        running: list[concurrent.futures.Future[str]] = []
+        # Submitted from a thread of its own: where the call runs on the caller's
+        # thread (`inline`), `submit` returns only once the call has ended, and the
+        # gate, opened after it, would never be what ends the call.
+        submitter = threading.Thread(target=lambda: running.append(ex.submit(f.hold_until, str(gate), str(started))))
+        submitter.start()
         deadline = time.monotonic() + 60
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         ex.shutdown(wait=False)
         gate.touch()
-        assert running.result(timeout=60) == "held"
+        submitter.join(60)
+        assert running[0].result(timeout=60) == "held"
         deadline = time.monotonic() + 30
         while self._threads_left(before) and time.monotonic() < deadline:
             time.sleep(0.02)
