@@ -214,7 +214,8 @@ class SharedProcessPool(PooledStrategy[_Joined]):
     """A strategy whose slots all share one `ProcessPoolExecutor` (a crash
     breaks it whole, failing calls running beside it:
     `crash_fails_running_calls`), for the contract suite
-    only: its `start()` warms the pool's workers with `run_on_each_worker`."""
+    only: its pool starts every worker before its first call
+    (`run_on_each_worker`)."""
 
     name = "shared-process-pool"
     carries_context = False
@@ -238,12 +239,18 @@ class SharedProcessPool(PooledStrategy[_Joined]):
     def pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(
+                pool = ProcessPoolExecutor(
                     self.max_workers,
                     mp_context=multiprocessing.get_context("forkserver"),
                     initializer=_init_worker,
                     initargs=(self.initializer, self.initargs),
                 )
+                # Every worker up before the first call: a worker the pool
+                # starts for a call while its other calls run is missing from
+                # what it watches, and its death went unseen until the next
+                # result came back (Python 3.11).
+                run_on_each_worker(pool, self.max_workers, _ready)
+                self._pool = pool
             return self._pool
 
     def replace(self, broken: ProcessPoolExecutor) -> None:
