@@ -188,8 +188,10 @@ class _SharedSlots:
             ok, value = pool.submit(_run, self._strategy.initializer, by_reference(call.fn), call.args, call.kwargs).result()
         except BrokenProcessPool as exc:
             # The calls running in the pool may fail with it: the strategy declares it.
-            call.set_exception(offload.WorkerCrashed(f"shared-process-pool: a worker died: {exc}"))
+            # Replaced first: a call its caller makes on hearing of the crash must
+            # find the new pool, not the broken one.
             self._strategy.replace(pool)
+            call.set_exception(offload.WorkerCrashed(f"shared-process-pool: a worker died: {exc}"))
             return
         except BaseException as exc:  # the call or its result could not be pickled
             call.set_exception(exc)
