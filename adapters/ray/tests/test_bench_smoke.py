@@ -11,6 +11,7 @@ import ray
 
 # Starts Ray, then process workers and actors that import transformers.
 @pytest.mark.timeout(600)
+@pytest.mark.usefixtures("no_local_ray")
 def test_bench_ray_runs_in_smoke_mode(tmp_path: Path) -> None:
     from benchmarks.suites import ray_cost as bench_ray
 

@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,13 @@ import pytest
 import ray
 from offload_ray import RayStrategy
 from offload_ray._arguments import through_object_store
-from ray_settings import LOCAL_RAY
 
 import offload
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("local_ray")]
 
 # Actors cannot import this test module: its functions travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    ray.init(**LOCAL_RAY)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def pid() -> int:
