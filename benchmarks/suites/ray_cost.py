@@ -147,10 +147,12 @@ async def _serve_images(executor: Any, pictures: list[str], clients: int, per_cl
     return {"images_per_s": clients * per_client / wall, "lag_p99_ms": lag.p99 * 1e3}
 
 
-def images(rounds: int, clients: int, per_client: int, size: int) -> dict[str, dict[str, list[float]]]:
+def images(
+    rounds: int, clients: int, per_client: int, size: int, workers: int
+) -> dict[str, dict[str, list[float]]]:
     pictures = [jpeg_base64(size, seed) for seed in range(8)]
     executors = {
-        name: offload.get_executor(name, max_workers=2, initializer=library.load_clip_processor)
+        name: offload.get_executor(name, max_workers=workers, initializer=library.load_clip_processor)
         for name in ("process", "ray")
     }
     results: dict[str, dict[str, list[float]]] = {
@@ -160,7 +162,7 @@ def images(rounds: int, clients: int, per_client: int, size: int) -> dict[str, d
         with progress.Progress(rounds, "ray image rounds") as bar:
             for _ in range(rounds):
                 for name, executor in executors.items():
-                    row = asyncio.run(_serve_images(executor, pictures, clients, per_client, 2))
+                    row = asyncio.run(_serve_images(executor, pictures, clients, per_client, workers))
                     results[name]["images_per_s"].append(row["images_per_s"])
                     results[name]["lag_p99_ms"].append(row["lag_p99_ms"])
                 bar.step()
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     rounds, calls = (1, 5) if args.smoke else (args.rounds, 300)
-    clients, per_client, size = (2, 1, 64) if args.smoke else (32, 4, 512)
+    # Smoke: one worker per row, as each worker imports Transformers (about 10 s of CPU).
+    clients, per_client, size, workers = (2, 1, 64, 1) if args.smoke else (32, 4, 512, 2)
     started_here = not ray.is_initialized()
     if started_here:
         # "local": its own instance; without an address Ray would join the
@@ -186,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
                  configure_logging=False)
     try:
         per_call = overhead(rounds, calls)
-        image_rows = images(rounds, clients, per_client, size)
+        image_rows = images(rounds, clients, per_client, size, workers)
     finally:
         if started_here:
             ray.shutdown()
     meta = {**_common.machine(), "mode": "smoke" if args.smoke else "full", "rounds": rounds,
             "calls_per_round": calls, "clients": clients, "images_per_client": per_client,
-            "image_px": size, "load_average": os.getloadavg()}
+            "image_px": size, "image_workers": workers, "load_average": os.getloadavg()}
     ratios = {
         f"{workload}, ray / {baseline}": [r / b for r, b in zip(rows["ray"], rows[baseline], strict=True)]
         for workload, rows in per_call.items()
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     text += f"\nLoop lag p99, ray / process (paired per round): {_fmt(lag_ratio, digits=2)}.\n"
     setup = (
         f"{rounds} rounds, rows interleaved; overhead: {calls} sequential calls per row per round on "
-        f"one worker; images: {clients} callers x {per_client} {size} px JPEGs per round on 2 workers; "
+        f"one worker; images: {clients} callers x {per_client} {size} px JPEGs per round on {workers} workers; "
         f"load average at the end {meta['load_average'][0]:.1f}; commit `{meta['commit']}`, {meta['date']}.\n\n"
     )
     markdown = f"{_common.start('tables')}\n{setup}{text}{_common.end('tables')}\n"
