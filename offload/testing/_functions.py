@@ -98,11 +98,15 @@ def gated(gate: str, marker_dir: str, tag: str) -> str:
 
 
 def hold_until(gate: str, started: str) -> str:
-    """Leave the file `started`, then wait (up to 30 s) until the file `gate` exists."""
+    """Leave the file `started`, then wait until the file `gate` exists; after
+    30 s raise `TimeoutError` (a test whose gate opened too late fails, rather
+    than passing 30 s later)."""
     with open(started, "w"):
         pass
     deadline = time.monotonic() + 30
-    while not os.path.exists(gate) and time.monotonic() < deadline:
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} did not appear within 30 s")
         time.sleep(0.002)
     return "held"
 
