@@ -25,7 +25,10 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="session")
 def _shared_local_ray() -> Iterator[None]:
-    """Shuts down, at the end of the run, the local instance `local_ray` started."""
+    """Shuts down, at the end of the run, the local instance `local_ray` started;
+    not between modules: once, shut down before test_ray_failures, this process
+    was connected to a new local instance within seconds (by what, not found),
+    whose GCS then went away, and Ray ended the process (exit 1)."""
     yield
     ray.shutdown()
 

@@ -17,9 +17,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
-# The instance other modules shared would only load the machine while these run.
-pytestmark = pytest.mark.usefixtures("no_local_ray")
-
 #: Starting a local Ray takes 10-40 s on a busy two-core machine; twice here.
 TIMEOUT = 420
 
