@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 
@@ -18,17 +17,7 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 class TestRayContract(StrategyContract):
-    """On asyncio only, as the core suite runs its pool-shaped strategies
-    (`TestPoolExample`, `TestSharedPool`): the strategy's code runs on its slot
-    threads and never touches the event loop, the contract on every backend is
-    the core suite's, and test_ray.py runs the ray strategy's own tests on all
-    three backends."""
-
     strategy_name = "ray"
-
-    @pytest.fixture
-    def anyio_backend(self) -> Any:
-        return ("asyncio", {})
 
     @pytest.mark.timeout(300)
     def test_an_executor_used_before_fork_serves_the_child(self, strategy: str) -> None:
