@@ -30,6 +30,7 @@ import concurrent.futures
 import functools
 import io
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import random
@@ -126,8 +127,8 @@ class Tally:
         }
 
 
-async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
-    """POST one request and tally how it ended."""
+async def _send(session: Any, url: str, body: bytes, tally: Tally) -> float:
+    """POST one request and tally how it ended; the `Retry-After` (s) of a 503, else 0."""
     import aiohttp
 
     tally.sent += 1
@@ -135,11 +136,11 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     try:
         async with session.post(url, data=body, headers=_JSON) as resp:
             await resp.read()
-            status = resp.status
+            status, retry_after = resp.status, float(resp.headers.get("Retry-After") or 0)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if not tally.first_error:
             tally.first_error = f"{type(exc).__name__}: {exc}"
-        return
+        return 0.0
     done = time.monotonic()
     tally.statuses[str(status)] += 1
     if status == 200:
@@ -147,6 +148,7 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
         tally.finished_at.append(done)
     elif not tally.first_error:
         tally.first_error = f"HTTP {status}"
+    return retry_after if status == 503 else 0.0
 
 
 def _session(connections: int) -> Any:
@@ -157,10 +159,13 @@ def _session(connections: int) -> Any:
 
 
 async def closed_loop(
-    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally
+    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally,
+    retry_fraction: float = 0.0, deadline: float = math.inf,
 ) -> None:
     """`clients` clients, each sending its next request when the last one is
-    answered, while `keep_going()`; returns once every request sent is answered or lost."""
+    answered, while `keep_going()`; a client refused with 503 first waits its
+    `Retry-After` times `retry_fraction`, never past `deadline` (monotonic).
+    Returns once every request sent is answered or lost."""
     async with _session(clients) as session:
 
         async def client(first: int) -> None:
@@ -168,7 +173,9 @@ async def closed_loop(
             while keep_going():
                 body = bodies[n % len(bodies)]
                 n += clients
-                await _send(session, url, body, tally)
+                pause = retry_fraction * await _send(session, url, body, tally)
+                if pause > 0:
+                    await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
         await asyncio.gather(*(client(i) for i in range(clients)))
 
@@ -259,11 +266,11 @@ def open_loop_timed(
         sock.close()
 
 
-def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
-    """A closed loop for `seconds` (the requests in flight then are still waited for)."""
+def run_for(url: str, bodies: list[bytes], clients: int, seconds: float, retry_fraction: float = 0.0) -> Tally:
+    """`closed_loop` for `seconds` (the requests in flight then are still waited for)."""
     tally = Tally()
     deadline = time.monotonic() + seconds
-    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally))
+    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally, retry_fraction, deadline))
     return tally
 
 

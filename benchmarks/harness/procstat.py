@@ -16,19 +16,11 @@ For the event-loop thread it also keeps the kernel's share of its CPU
 (`stime`) and its context switches: voluntary ones (it went to sleep: the loop
 waited for I/O or for the GIL) and involuntary ones (the scheduler took the
 core away: more runnable threads than cores).
-
-`machine` and `cores_used` account for the whole machine over a block
-(`/proc/stat`): the measured server, the process generating the load, its
-children (the `/health` prober), the servers taking no traffic, every other
-process on the machine, the CPUs' idle time and the time the hypervisor
-gave them to someone else (steal), so that a row's requests/s can be read
-against the share of the cores its server had.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -154,59 +146,6 @@ def loop_switches(before: Snapshot, after: Snapshot) -> dict[str, int]:
     return {
         "sleeps": after.loop_sleeps - before.loop_sleeps,
         "preempted": after.loop_preempted - before.loop_preempted,
-    }
-
-
-@dataclass(frozen=True)
-class Machine:
-    """CPU seconds so far (`/proc/stat`, and this process's own), at `at` (`time.monotonic()`)."""
-
-    at: float
-    #: Every CPU's time running anything (user, nice, system, irq, softirq).
-    busy: float
-    #: Every CPU's idle time (idle, iowait).
-    idle: float
-    #: Time the hypervisor ran something else on the CPUs.
-    steal: float
-    #: This process (the load generator), all its threads.
-    client: float
-    #: Its children that have ended and been waited for (the `/health` prober).
-    children: float
-    #: The process groups of `machine`'s `others` (servers taking no traffic).
-    others: float
-
-
-def machine(others: Collection[int] = ()) -> Machine:
-    """Where the machine's CPU time has gone so far; `others`: process groups counted apart."""
-    with open("/proc/stat") as f:
-        fields = [int(x) / _TICK for x in f.readline().split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
-    own = os.times()
-    return Machine(
-        at=time.monotonic(), busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal,
-        client=own.user + own.system, children=own.children_user + own.children_system,
-        others=group_cpu(others) if others else 0.0,
-    )
-
-
-def cores_used(before: Machine, after: Machine, server: float) -> dict[str, float]:
-    """How many of the machine's cores (CPU seconds per second) went to each
-    part between two readings, given the measured `server`'s CPU seconds
-    then: `server`, `client`, `prober` (ended children), `others` (the
-    groups counted apart), `rest` (every other process: what is left of the
-    busy time), `idle` and `steal`. They add up to the number of CPUs, less
-    the ticks the kernel's counters round away."""
-    wall = after.at - before.at
-    if wall <= 0:
-        return {}
-    client = after.client - before.client
-    prober = after.children - before.children
-    others = after.others - before.others
-    busy = after.busy - before.busy
-    return {
-        "server": server / wall, "client": client / wall, "prober": prober / wall, "others": others / wall,
-        "rest": max(0.0, busy - server - client - prober - others) / wall,
-        "idle": (after.idle - before.idle) / wall, "steal": (after.steal - before.steal) / wall,
     }
 
 

@@ -14,12 +14,7 @@ row being measured gets traffic. For every block and row:
   requests/s one API server could take before its loop is saturated; unlike
   throughput on this 2-core machine, it carries to a host with free cores;
 - the load generator's own CPU per request (this process: the closed-loop
-  clients; request bodies are JSON encoded once, `workloads.Rotation`);
-- where the machine's cores went meanwhile (`procstat.cores_used`): the
-  measured server, the load generator, the `/health` prober, the servers
-  taking no traffic, every other process on the machine, idle, steal; and
-  the load average at the block's end. A row's requests/s follows its CPU
-  per request only where its server had the same share of the cores.
+  clients; request bodies are JSON encoded once, `workloads.Rotation`).
 
 Each strategy's figures are compared with vLLM's default *per round* (the
 blocks of one round ran minutes apart at most); the report gives the median
@@ -50,13 +45,12 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Collection
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, procstat, progress, stats, workloads
+from benchmarks.harness import load, mixed, models, procstat, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
 #: Starting the smoke run's two servers is most of it.
@@ -120,18 +114,6 @@ SWITCH_NAMES = {
     "preempted": "preempted (involuntary)",
 }
 
-#: Where the machine's cores went during a block (`procstat.cores_used`).
-CORE_NAMES = {
-    "server": "server measured",
-    "client": "load generator",
-    "prober": "/health prober",
-    "others": "servers taking no traffic",
-    "rest": "other processes",
-    "idle": "idle",
-    "steal": "steal",
-}
-
-
 def config(row: str) -> ServerConfig:
     args = ("--gpu-memory-utilization", MEMORY_FRACTION)
     if row == DEFAULT:
@@ -144,31 +126,28 @@ def config(row: str) -> ServerConfig:
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 
 
-def measure_block(
-    url: str, pid: int, clients: int, make_payload: Any, seconds: float, path: str = "/v1/embeddings",
-    others: Collection[int] = (),
-) -> dict[str, Any]:
-    """One block of `clients` closed-loop clients on the server at `url`
-    (API server `pid`) for `seconds`; `others`: the process groups of the
-    servers taking no traffic meanwhile (counted apart in `cores`)."""
-    machine_before, before = procstat.machine(others), procstat.snapshot(pid)
-    level = load.run_level(url, path, clients, make_payload, seconds)
-    after, machine_after = procstat.snapshot(pid), procstat.machine(others)
+def measure_block(url: str, pid: int, clients: int, bodies: list[bytes], seconds: float,
+                  path: str = "/v1/embeddings") -> dict[str, Any]:
+    """One block of `clients` closed-loop clients on the server at `url` (API server `pid`) for `seconds`."""
+    before, client_before = procstat.snapshot(pid), sum(os.times()[:2])
+    with load.HealthProber(url) as prober:
+        start = time.monotonic()
+        tally = mixed.run_for(url + path, bodies, clients, seconds)
+        window = (start, time.monotonic())
+    after, client = procstat.snapshot(pid), sum(os.times()[:2]) - client_before
     used = procstat.cpu_used(before, after)
-    done = max(level.requests, 1)
-    client = machine_after.client - machine_before.client
+    level = tally.summary(window)
+    done = max(level["ok"], 1)
     return {
-        "requests": level.requests,
-        "errors": level.errors,
-        "first_error": level.first_error,
-        "requests_per_s": level.requests_per_s,
-        "p50_ms": level.p50_ms,
-        "p99_ms": level.p99_ms,
-        "health_p99_ms": level.health.get("p99_ms", 0.0),
+        "requests": level["ok"],
+        "errors": level["sent"] - level["ok"],
+        "first_error": level["first_error"],
+        "requests_per_s": level["requests_per_s"],
+        "p50_ms": level["p50_ms"],
+        "p99_ms": level["p99_ms"],
+        "health_p99_ms": prober.summary().get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
         "client_cpu_ms_per_request": 1e3 * client / done,
-        "cores": procstat.cores_used(machine_before, machine_after, used["total"]),
-        "load_average": os.getloadavg()[0],
         "loop_switches_per_request": {
             kind: count / done for kind, count in procstat.loop_switches(before, after).items()
         },
@@ -180,10 +159,7 @@ def _metric(block: dict[str, Any], name: str) -> float:
     if name.startswith("cpu:"):
         return float(block["cpu_ms_per_request"][name[4:]])
     if name.startswith("switches:"):
-        # Older results have no switch counts.
-        return float(block.get("loop_switches_per_request", {}).get(name[9:], 0.0))
-    if name.startswith("cores:"):
-        return float(block["cores"][name[6:]])
+        return float(block["loop_switches_per_request"][name[9:]])
     if name == "client":
         return float(block["client_cpu_ms_per_request"])
     if name == "ceiling":
@@ -197,12 +173,10 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
         *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
     ]
-    # Results from before the load generator and the machine were measured have neither.
-    measured = [*metrics, "client", "load_average", *(f"cores:{k}" for k in CORE_NAMES)]
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
         summary[row] = {"values": {}, "ratio": {}}
-        for metric in measured if all("cores" in b for b in row_blocks) else metrics:
+        for metric in [*metrics, "client"]:
             values = [_metric(b, metric) for b in row_blocks]
             summary[row]["values"][metric] = stats.median_interval(values).__dict__
             if row != DEFAULT and DEFAULT in blocks:
@@ -394,19 +368,6 @@ def markdown(result: dict[str, Any]) -> str:
         ["row", *SWITCH_NAMES.values()],
         [[row, *(_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES)]
          for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"))
-    if all(f"cores:{k}" in summary[row]["values"] for row in rows for k in CORE_NAMES):
-        lines += [
-            "",
-            (
-                "Where the machine's cores went during each row's blocks (CPU seconds per second, "
-                f"from `/proc`; they add up to the {len(os.sched_getaffinity(0))} CPUs), and the load "
-                "average at the blocks' ends:"
-            ),
-            "",
-            table(["row", *CORE_NAMES.values(), "load average"],
-                  [[row, *(_fmt(v[f"cores:{k}"]) for k in CORE_NAMES), _fmt(v["load_average"], 1)]
-                   for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"),
-        ]
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
     lines += [
@@ -443,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model, make_payload, path = build_workload(args.workload, Path(tmp), smoke=args.smoke)
-        send = make_payload.body  # the bodies as JSON bytes, encoded once (here, before any block)
-        send(0)
+        bodies = list(make_payload.bodies)  # JSON bytes, encoded once, before any block
         began = time.perf_counter()
         # Started together; all stay up.
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
@@ -458,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_s = time.perf_counter() - began
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
-                measure_block(url, pid, min(clients, 8), send, 2.0, path)
+                measure_block(url, pid, min(clients, 8), bodies, 2.0, path)
         same = same_answers(servers, path, make_payload) if args.workload in MODEL_WORKLOADS else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         with progress.Progress(rounds * len(rows), "paired blocks") as bar:
@@ -466,10 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(rows)
                 shuffle.shuffle(order)
                 for row in order:
-                    url, pid = servers[row]
-                    # running_servers starts each in its own session: its group's id is its pid.
-                    others = [other_pid for other, (_, other_pid) in servers.items() if other != row]
-                    block = measure_block(url, pid, clients, send, seconds, path, others)
+                    block = measure_block(*servers[row], clients, bodies, seconds, path)
                     blocks[row].append(block)
                     bar.step(f"round {round_number + 1} {row}")
                     bar.note(

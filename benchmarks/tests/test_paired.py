@@ -13,6 +13,7 @@ def _block(scale: float) -> dict[str, Any]:
         "p99_ms": 9 * scale, "health_p99_ms": 3 * scale,
         "cpu_ms_per_request": dict.fromkeys(paired.PART_NAMES, scale),
         "loop_switches_per_request": dict.fromkeys(paired.SWITCH_NAMES, 1.0), "new_workers": 0,
+        "client_cpu_ms_per_request": 0.5 * scale,
     }
 
 
