@@ -150,7 +150,7 @@ async def _serve_images(executor: Any, pictures: list[str], clients: int, per_cl
 def images(rounds: int, clients: int, per_client: int, size: int) -> dict[str, dict[str, list[float]]]:
     pictures = [jpeg_base64(size, seed) for seed in range(8)]
     executors = {
-        name: offload.get_executor(name, max_workers=2, initializer=library.load_clip_processor)
+        name: offload.get_executor(name, max_workers=2)
         for name in ("process", "ray")
     }
     results: dict[str, dict[str, list[float]]] = {
