@@ -17,19 +17,15 @@ or *lost* (sent, never answered: connection dropped or timed out). The clocks
 are `time.monotonic()`, which Linux shares between processes, so the flood's
 completions can be counted inside the window the small requests ran in.
 
-Request bodies are JSON bytes built once (the client's own JSON encoding is not
-part of the measurement); the flood builds its own in its process from a
-picklable factory, so multi-megabyte bodies never cross a pipe.
+Request bodies are JSON bytes built once (`workloads`: the client's own JSON
+encoding is not part of the measurement); the flood builds its own in its
+process from a picklable factory, so multi-megabyte bodies never cross a pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
-import functools
-import io
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -43,13 +39,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from benchmarks.harness import raw_http, workloads
+from benchmarks.harness import raw_http
 from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, summarize_ms
 from benchmarks.harness.side_process import SideProcess
-
-#: Builds a list of request bodies (JSON bytes); module-level functions and
-#: `functools.partial`s of them, so that the flood's can be sent to its process.
-Bodies = Callable[[], list[bytes]]
+from benchmarks.harness.workloads import Bodies
 
 FLOOD_START_TIMEOUT_S = 120.0
 #: Open-loop requests in flight at once, at most: far above what a few small
@@ -321,91 +314,3 @@ class Flood(SideProcess):
         super().__exit__(exc_type, exc_val, exc_tb)
         if self.result is None and exc_type is None:
             raise RuntimeError("the flood's requests were not all answered or lost in time")
-
-
-# ---- request bodies --------------------------------------------------------
-
-
-def _dump(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode()
-
-
-def text_bodies(
-    model: str, *, count: int, inputs: int, words: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `inputs` texts of `words` words each."""
-    bodies = []
-    for i in range(count):
-        body: dict[str, Any] = {"model": model, "input": workloads.long_texts(inputs, words, seed=seed + i)}
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def token_id_bodies(
-    model: str, *, count: int, inputs: int, ids: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `inputs` lists of `ids` token ids each
-    (ids of a BERT vocabulary, past its special tokens)."""
-    bodies = []
-    for i in range(count):
-        rng = random.Random(seed + i)
-        body: dict[str, Any] = {
-            "model": model, "input": [[rng.randrange(1000, 30_000) for _ in range(ids)] for _ in range(inputs)],
-        }
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def score_bodies(
-    model: str, *, count: int, documents: int, words: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/score` bodies: one 8-word query against `documents` documents of `words` words."""
-    bodies = []
-    for i in range(count):
-        query = workloads.long_texts(1, 8, seed=seed + i)[0]
-        body: dict[str, Any] = {
-            "model": model, "queries": query, "documents": workloads.long_texts(documents, words, seed=seed + i + 1),
-        }
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def photo_jpeg_base64(size: int, seed: int = 0) -> str:
-    """A `size`-pixel square JPEG that compresses like a photo (smooth noise, upscaled):
-    decoding costs what a photo of that size costs, without noise's megabytes of body."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    coarse = Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB")
-    buf = io.BytesIO()
-    coarse.resize((size, size), Image.Resampling.BILINEAR).save(buf, format="JPEG", quality=90)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def image_bodies(model: str, *, count: int, images: int, size: int, seed: int = 0) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `images` conversations of one image each
-    (CLIP takes one image per prompt): vLLM's chat form for one, its batched chat form for more."""
-    rng = random.Random(seed)
-    bodies = []
-    for _ in range(count):
-        conversations = [
-            [{"role": "user", "content": [
-                {"type": "image_url",
-                 "image_url": {"url": f"data:image/jpeg;base64,{photo_jpeg_base64(size, rng.randrange(2**31))}"}},
-            ]}]
-            for _ in range(images)
-        ]
-        bodies.append(_dump({"model": model, "messages": conversations[0] if images == 1 else conversations}))
-    return bodies
-
-
-def bodies(build: Callable[..., list[bytes]], model: str, **kwargs: Any) -> Bodies:
-    """A picklable `Bodies` for `build(model, **kwargs)`."""
-    return functools.partial(build, model, **kwargs)

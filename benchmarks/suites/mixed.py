@@ -50,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import idle_servers, load, mixed, models, procstat, progress, stats
+from benchmarks.harness import (
+    idle_servers,
+    load,
+    mixed,
+    models,
+    procstat,
+    progress,
+    stats,
+    workloads,
+)
 from benchmarks.harness.server import ServerConfig, ServerFailed, running_servers
 
 #: Starting the smoke run's two servers is most of it (as the paired suite's).
@@ -102,8 +111,8 @@ class Variant:
     description: str
     path: str
     build_model: Callable[[Path], Path]
-    small: Callable[[str], mixed.Bodies]
-    heavy: Callable[[str], mixed.Bodies]
+    small: Callable[[str], workloads.Bodies]
+    heavy: Callable[[str], workloads.Bodies]
     rows: tuple[str, ...] = ROW_NAMES
     server_args: tuple[str, ...] = TEXT_MEMORY
 
@@ -122,8 +131,8 @@ def _clip(root: Path) -> Path:
     return build_tiny_clip(root / CLIP_NAME)
 
 
-def _small_texts(model: str) -> mixed.Bodies:
-    return mixed.bodies(mixed.text_bodies, model, count=SMALL_POOL, inputs=1, words=8)
+def _small_texts(model: str) -> workloads.Bodies:
+    return workloads.bodies(workloads.text_bodies, model, count=SMALL_POOL, inputs=1, words=8)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -131,20 +140,20 @@ VARIANTS: dict[str, Variant] = {
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 1500 words with "
         "`truncate_prompt_tokens: 32` (tokenization is the work, not the engine)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=1500, truncate=32,
+        lambda m: workloads.bodies(workloads.text_bodies, m, count=HEAVY_POOL, inputs=16, words=1500, truncate=32,
                                seed=HEAVY_SEED),
     ),
     "engine": Variant(
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 150 words, untruncated "
         "(the engine shares the work)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
+        lambda m: workloads.bodies(workloads.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
     ),
     "token-ids": Variant(
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 lists of 512 token ids with "
         "`truncate_prompt_tokens: 32` (vLLM's validation of the body is the loop's work)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.token_id_bodies, m, count=HEAVY_POOL, inputs=16, ids=512, truncate=32,
+        lambda m: workloads.bodies(workloads.token_id_bodies, m, count=HEAVY_POOL, inputs=16, ids=512, truncate=32,
                                seed=HEAVY_SEED),
         rows=(DEFAULT, "thread lanes", "process lanes"),
     ),
@@ -153,16 +162,16 @@ VARIANTS: dict[str, Variant] = {
         "query, 32 documents of 750 words (as many words as the preprocess variant's heavy request), "
         "`truncate_prompt_tokens: 32`",
         "/score", _cross_encoder,
-        lambda m: mixed.bodies(mixed.score_bodies, m, count=SMALL_POOL, documents=2, words=8),
-        lambda m: mixed.bodies(mixed.score_bodies, m, count=HEAVY_POOL, documents=32, words=750, truncate=32,
+        lambda m: workloads.bodies(workloads.score_bodies, m, count=SMALL_POOL, documents=2, words=8),
+        lambda m: workloads.bodies(workloads.score_bodies, m, count=HEAVY_POOL, documents=32, words=750, truncate=32,
                                seed=HEAVY_SEED),
     ),
     "multimodal": Variant(
         "tiny CLIP image embeddings (base64 JPEGs); small: one 96-pixel image; heavy: 4 images of "
         "1024 pixels (photo-like JPEGs), one conversation each",
         "/v1/embeddings", _clip,
-        lambda m: mixed.bodies(mixed.image_bodies, m, count=SMALL_POOL, images=1, size=96),
-        lambda m: mixed.bodies(mixed.image_bodies, m, count=HEAVY_POOL, images=4, size=1024, seed=HEAVY_SEED),
+        lambda m: workloads.bodies(workloads.image_bodies, m, count=SMALL_POOL, images=1, size=96),
+        lambda m: workloads.bodies(workloads.image_bodies, m, count=HEAVY_POOL, images=4, size=1024, seed=HEAVY_SEED),
         # The multimodal processor cache cannot be shared by several renderer
         # workers: the adapter refuses thread/process with it (docs/benchmarks.md).
         server_args=(*CLIP_MEMORY, "--mm-processor-cache-gb", "0"),
@@ -211,7 +220,7 @@ class SmallTraffic:
 
 
 def measure(
-    url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, seconds: float, ramp_s: float,
+    url: str, small: list[bytes], heavy: workloads.Bodies, traffic: SmallTraffic, seconds: float, ramp_s: float,
     round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0, heavy_clients: int = HEAVY_CLIENTS,
 ) -> dict[str, Any]:
     """One row's two phases: small requests alone, then under the flood;

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ).items()
         }
-        bodies = list(workloads.long_text_factory(str(model)).bodies)
+        bodies = workloads.text_bodies(str(model), count=256, inputs=1, words=160)
         for url in urls.values():  # warm-up, not measured: first requests allocate
             mixed.run_for(url, bodies, 4, 2.0)
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}

@@ -14,7 +14,7 @@ row being measured gets traffic. For every block and row:
   requests/s one API server could take before its loop is saturated; unlike
   throughput on this 2-core machine, it carries to a host with free cores;
 - the load generator's own CPU per request (this process: the closed-loop
-  clients; request bodies are JSON encoded once, `workloads.Rotation`).
+  clients; request bodies are JSON encoded once, `workloads`).
 
 Each strategy's figures are compared with vLLM's default *per round* (the
 blocks of one round ran minutes apart at most); the report gives the median
@@ -28,7 +28,7 @@ Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per requ
 texts of 24 words per request: what a request's several prompts cost) and
 `truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
 what tokenizing only the kept part saves; rows `thread`, `thread no prefix`);
-on other tiny models (`MODEL_WORKLOADS`): `rerank` (`/rerank`, one query and
+on other tiny models: `rerank` (`/rerank`, one query and
 32 documents of 5,000 words kept to 512 tokens, a BERT cross-encoder) and
 `multilingual` (`truncated` with multilingual texts on an XLM-R-style model
 whose SentencePiece tokenizer has a `Precompiled` map); these two also check
@@ -39,13 +39,16 @@ Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,37 +70,44 @@ ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
 MEMORY_FRACTION = "0.04"
-#: name -> (what the report says, payload factory of the model path)
-WORKLOADS: dict[str, tuple[str, Any]] = {
-    "tiny": ("160-word inputs, one per request", lambda model: workloads.long_text_factory(model)),
-    "batch": (
-        "32 inputs of 24 words per request",
-        lambda model: workloads.many_texts_factory(model, per_request=32, words=24),
-    ),
-    "truncated": (
-        "16 inputs of 1500 words per request, kept to 32 tokens",
-        lambda model: workloads.truncated_texts_factory(model, per_request=16, words=1500, keep=32),
-    ),
-}
-#: Workloads on a model other than the tiny BERT embedding model:
-#: name -> (what the report says, payload factory of the model path and
-#: whether it is a smoke run, model builder, model's directory name, route).
-MODEL_WORKLOADS: dict[str, tuple[str, Any, Any, str, str]] = {
-    "rerank": (
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a request sends, to which model and route (`--workload`)."""
+
+    #: What the report says it sends.
+    description: str
+    #: The request bodies for the model's path, and whether it is a smoke run.
+    bodies: Callable[[str, bool], list[bytes]]
+    model: Callable[[Path], Path] = models.build_tiny_embedding_model
+    model_dir: str = models.EMBED_NAME
+    route: str = "/v1/embeddings"
+    #: Whether every row must answer as vLLM's default does (`same_answers`).
+    checks_answers: bool = False
+
+
+_TINY_BERT = "tiny BERT embedding (random weights), "
+WORKLOADS: dict[str, Workload] = {
+    "tiny": Workload(_TINY_BERT + "160-word inputs, one per request",
+                     lambda m, _: workloads.text_bodies(m, count=256, inputs=1, words=160)),
+    "batch": Workload(_TINY_BERT + "32 inputs of 24 words per request",
+                      lambda m, _: workloads.text_bodies(m, count=4, inputs=32, words=24)),
+    "truncated": Workload(_TINY_BERT + "16 inputs of 1500 words per request, kept to 32 tokens",
+                          lambda m, _: workloads.text_bodies(m, count=4, inputs=16, words=1500, truncate=32)),
+    "rerank": Workload(
         ("`/rerank`, one query and 32 documents of 5,000 words per request, kept to 512 tokens "
-        "(tiny BERT cross-encoder, random weights, MiniLM's WordPiece tokenizer)"),
-        lambda model, smoke: workloads.rerank_factory(
-            model, documents=4 if smoke else 32, words=600 if smoke else 5000, keep=512
-        ),
-        models.build_tiny_cross_encoder, models.CROSS_ENCODER_NAME, "/rerank",
+         "(tiny BERT cross-encoder, random weights, MiniLM's WordPiece tokenizer)"),
+        lambda m, smoke: workloads.rerank_bodies(m, count=4, documents=4 if smoke else 32,
+                                                 words=600 if smoke else 5000, truncate=512),
+        models.build_tiny_cross_encoder, models.CROSS_ENCODER_NAME, "/rerank", checks_answers=True,
     ),
-    "multilingual": (
+    "multilingual": Workload(
         ("16 multilingual inputs of 1500 words per request, kept to 32 tokens (tiny XLM-R embedding model, "
-        "random weights, a SentencePiece Unigram tokenizer trained here with `nmt_nfkc`)"),
-        lambda model, smoke: workloads.multilingual_truncated_factory(
-            model, per_request=4 if smoke else 16, words=300 if smoke else 1500, keep=32
-        ),
-        models.build_tiny_xlmr, models.XLMR_NAME, "/v1/embeddings",
+         "random weights, a SentencePiece Unigram tokenizer trained here with `nmt_nfkc`)"),
+        lambda m, smoke: workloads.multilingual_bodies(m, count=4, inputs=4 if smoke else 16,
+                                                       words=300 if smoke else 1500, truncate=32),
+        models.build_tiny_xlmr, models.XLMR_NAME, checks_answers=True,
     ),
 }
 PART_NAMES = {
@@ -262,7 +272,7 @@ def answers(url: str, path: str, payload: dict[str, Any]) -> tuple[list[Any], in
     return [values[k] for k in order], int(data["usage"]["prompt_tokens"])
 
 
-def same_answers(servers: dict[str, tuple[str, int]], path: str, make_payload: Any) -> dict[str, bool]:
+def same_answers(servers: dict[str, tuple[str, int]], path: str, bodies: list[bytes]) -> dict[str, bool]:
     """Whether each row answers two requests as vLLM's default does: the same
     prompt tokens, and scores or embeddings within 1e-5."""
     import numpy as np
@@ -270,8 +280,8 @@ def same_answers(servers: dict[str, tuple[str, int]], path: str, make_payload: A
     same = {}
     for row, (url, _) in servers.items():
         same[row] = True
-        for i in range(2):
-            payload = make_payload(i)
+        for body in bodies[:2]:
+            payload = json.loads(body)
             ours, our_tokens = answers(url, path, payload)
             theirs, their_tokens = answers(servers[DEFAULT][0], path, payload)
             same[row] &= our_tokens == their_tokens and bool(np.allclose(ours, theirs, atol=1e-5, rtol=0))
@@ -282,7 +292,7 @@ def _targets(result: dict[str, Any]) -> list[str]:
     workload = result.get("workload", "tiny")
     if workload == "tiny":
         return targets(result["summary"])
-    if workload in ("truncated", *MODEL_WORKLOADS):
+    if workload == "truncated" or WORKLOADS[workload].checks_answers:
         # `thread` (prefix tokenization on) serves at least 4x the requests/s of vLLM's default.
         lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True,
                        x_on_median=False)
@@ -294,24 +304,6 @@ def _targets(result: dict[str, Any]) -> list[str]:
             )
         return lines
     return loop_targets(result["summary"])
-
-
-def build_workload(workload: str, directory: Path, *, smoke: bool = False) -> tuple[Path, Any, str]:
-    """A workload's model, built under `directory`, its payload factory
-    (a `workloads.Rotation`) and the route its requests go to."""
-    if workload in MODEL_WORKLOADS:
-        _, factory, build, name, path = MODEL_WORKLOADS[workload]
-        model = build(directory / name)
-        return model, factory(str(model), smoke), path
-    model = models.build_tiny_embedding_model(directory / models.EMBED_NAME)
-    return model, WORKLOADS[workload][1](str(model)), "/v1/embeddings"
-
-
-def describe_workload(workload: str) -> str:
-    """What a workload sends and to which model, in the reports' words."""
-    if workload in MODEL_WORKLOADS:
-        return MODEL_WORKLOADS[workload][0]
-    return f"tiny BERT embedding (random weights), {WORKLOADS[workload][0]}"
 
 
 def _commit_words(result: dict[str, Any]) -> str:
@@ -328,7 +320,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         _common.start("meta"),
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}{_commit_words(result)}: {describe_workload(result.get('workload', 'tiny'))}, "
+        f"{result['started']}{_commit_words(result)}: {WORKLOADS[result.get('workload', 'tiny')].description}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -390,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--workload", choices=sorted([*WORKLOADS, *MODEL_WORKLOADS]), default="tiny")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    workload = WORKLOADS[args.workload]
     if args.smoke:
-        rows, rounds, seconds, clients = [DEFAULT, "thread" if args.workload in MODEL_WORKLOADS else "process"], 2, 2.0, 8
+        rows, rounds, seconds, clients = [DEFAULT, "thread" if workload.checks_answers else "process"], 2, 2.0, 8
     else:
         rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
@@ -403,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     commit, dirty = _common.machine()["commit"], _common.dirty()
     shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        model, make_payload, path = build_workload(args.workload, Path(tmp), smoke=args.smoke)
-        bodies = list(make_payload.bodies)  # JSON bytes, encoded once, before any block
+        model = workload.model(Path(tmp) / workload.model_dir)
+        bodies, path = workload.bodies(str(model), args.smoke), workload.route
         began = time.perf_counter()
         # Started together; all stay up.
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
@@ -419,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
                 measure_block(url, pid, min(clients, 8), bodies, 2.0, path)
-        same = same_answers(servers, path, make_payload) if args.workload in MODEL_WORKLOADS else None
+        same = same_answers(servers, path, bodies) if workload.checks_answers else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         with progress.Progress(rounds * len(rows), "paired blocks") as bar:
             for round_number in range(rounds):

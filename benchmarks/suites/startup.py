@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import mixed, models, procstat, progress, stats
+from benchmarks.harness import models, procstat, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
 #: Starting the smoke run's one server is most of it.
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         result["servers"] = {
             row: " ".join(["python", *config.command(Path("MODEL"), 8000)[1:]]) for row, config in configs.items()
         }
-        small = mixed.text_bodies(str(model), count=1, inputs=1, words=8)[0]
-        heavy = mixed.text_bodies(str(model), count=1, inputs=16, words=1500, truncate=32, seed=1000)[0]
+        small = workloads.text_bodies(str(model), count=1, inputs=1, words=8)[0]
+        heavy = workloads.text_bodies(str(model), count=1, inputs=16, words=1500, truncate=32, seed=1000)[0]
         with progress.Progress(rounds * len(rows), "startup starts") as bar:
             for round_number in range(rounds):
                 order = list(rows)

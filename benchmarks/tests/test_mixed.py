@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import idle_servers, load, mixed, raw_http
+from benchmarks.harness import idle_servers, load, mixed, raw_http, workloads
 from benchmarks.harness.server import ServerFailed
 from benchmarks.suites import mixed as bench_mixed
 from benchmarks.tests.loopback import loopback_server, read_head
@@ -346,7 +346,7 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
 def test_the_prober_probes_from_a_session_and_scheduling_group_of_its_own(answering_server: str) -> None:
     """As a kubelet probes from a process of its own: not in the scheduling
     group of the process driving the load (nor of its clients' processes)."""
-    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    build = workloads.bodies(workloads.text_bodies, "m", count=1, inputs=1, words=3)
     with load.HealthProber(answering_server) as prober, mixed.Flood(answering_server + "/ok", build, 1) as flood:
         assert prober.pid is not None
         assert flood.pid is not None
