@@ -33,19 +33,14 @@ ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 class ServerConfig:
     """One row of the tables: how the server is started.
 
-    `strategy` None means unmodified vLLM (no plugin), unless `plugin`;
-    otherwise the server goes through the adapter's launcher,
-    `python -m offload_vllm serve`.
+    `strategy` None means unmodified vLLM (no plugin); every row goes through
+    the adapter's launcher, `python -m offload_vllm serve`.
     """
 
     name: str
     strategy: str | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    #: With no strategy: through the adapter's launcher all the same, its plugin
-    #: loaded, for the settings it takes without a strategy (the health port):
-    #: vLLM keeps its own behaviour. A row with a strategy always loads it.
-    plugin: bool = False
 
     def command(self, model: Path, port: int) -> list[str]:
         common = [
@@ -63,6 +58,10 @@ class ServerConfig:
         if self.strategy is not None:
             head += ["--offload-strategy", self.strategy]
         return [*head, *common, *self.extra_args]
+
+    def shown(self) -> str:
+        """The command line as a report quotes it (the model and port vary)."""
+        return " ".join(["python", *self.command(Path("MODEL"), 8000)[1:]])
 
     def for_smoke(self) -> ServerConfig:
         """This configuration as a smoke run starts it, which measures nothing:
@@ -85,9 +84,8 @@ class ServerConfig:
         if self.strategy is not None:
             env["OFFLOAD_VLLM_STRATEGY"] = self.strategy
         else:
-            if not self.plugin:
-                # A plugin installed in the venv must not change the "no plugin" rows.
-                env["VLLM_PLUGINS"] = ""
+            # A plugin installed in the venv must not change the "no plugin" rows.
+            env["VLLM_PLUGINS"] = ""
             for name in ("OFFLOAD_VLLM_STRATEGY", "VLLM_OFFLOAD_STRATEGY", "OFFLOAD_STRATEGY"):
                 env.pop(name, None)
         env.update(self.env)

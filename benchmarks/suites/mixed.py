@@ -55,7 +55,6 @@ from benchmarks.harness import (
     load,
     mixed,
     models,
-    procstat,
     progress,
     stats,
     workloads,
@@ -456,11 +455,6 @@ def _idle_line(result: dict[str, Any]) -> str:
             f"median over {len(values)} phases, {values[-1]:.3f} at most.")
 
 
-def _server_command(config: ServerConfig, server_args: tuple[str, ...]) -> str:
-    argv = dataclasses.replace(config, extra_args=(*server_args, *config.extra_args)).command(Path("MODEL"), 8000)
-    return " ".join(["python", *argv[1:]])
-
-
 def markdown(result: dict[str, Any]) -> str:
     if result.get("skipped"):
         return f"# Mixed traffic, `{result['variant']}`\n\nNot run: {result['skipped']}\n"
@@ -511,17 +505,6 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
-    if result.get("memory_mib"):
-        lines += [
-            "",
-            ("Memory after the warm-up, PSS in MiB (`procstat.memory_mib`): API server process, offload's "
-             "worker processes (together; how many), the rest (vLLM's engine):"),
-            "",
-            "| row | API server | worker processes | engine |",
-            "|---|---|---|---|",
-        ]
-        lines += [f"| {row} | {used['api']:.0f} | {used['workers']:.0f} ({used['worker_processes']:.0f}) "
-                  f"| {used['engine']:.0f} |" for row, used in result["memory_mib"].items() if used]
     if summary["pairs"]:
         lines += [
             "",
@@ -589,10 +572,9 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": _common.loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s, "heavy_clients": args.heavy_clients,
         "small": dataclasses.asdict(traffic),
-        "servers": {row: {"command": _server_command(ROWS[row].config, variant.server_args)} for row in rows},
+        "servers": {row: {"command": dataclasses.replace(ROWS[row].config, extra_args=(*variant.server_args, *ROWS[row].config.extra_args)).shown()} for row in rows},
     }
 
-    shuffle = random.Random(args.seed)
     blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         try:
@@ -622,30 +604,20 @@ def main(argv: list[str] | None = None) -> int:
         # Entered after the servers: every stopped one is resumed before they are stopped.
         idle = stack.enter_context(idle_servers.IdleServers(running))
         heavy_bodies = heavy()
-        memory: dict[str, dict[str, float]] = {}
         for row, url in servers.items():  # warm-up, not measured
             with idle.serving(row):
                 mixed.run_for(url, small, 2, warmup_s)
                 mixed.run_for(url, heavy_bodies, 2, warmup_s)
-                memory[row] = procstat.memory_mib(running[row][1])
-        result["memory_mib"] = memory
-        with progress.Progress(rounds * len(rows), f"mixed-{args.variant} blocks") as bar:
-            for round_number in range(rounds):
-                order = list(rows)
-                shuffle.shuffle(order)
-                for row in order:
-                    t0 = time.monotonic()
-                    with idle.serving(row):
-                        block = measure(servers[row], small, heavy, traffic, seconds, ramp_s, round_number,
-                                        functools.partial(idle.others_cpu, row), args.heavy_clients)
-                    block["wall_s"] = time.monotonic() - t0
-                    blocks[row].append(block)
-                    bar.step(f"round {round_number + 1} {row}")
-                    bar.note(
-                        f"round {round_number + 1} {row} ({block['wall_s']:.0f} s): p50 "
-                        f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms; heavy "
-                        f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms",
-                    )
+        for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, f"mixed-{args.variant} blocks"):
+            t0 = time.monotonic()
+            with idle.serving(row):
+                block = measure(servers[row], small, heavy, traffic, seconds, ramp_s, round_number,
+                                functools.partial(idle.others_cpu, row), args.heavy_clients)
+            block["wall_s"] = time.monotonic() - t0
+            blocks[row].append(block)
+            bar.note(f"round {round_number + 1} {row} ({block['wall_s']:.0f} s): p50 "
+                     f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms; heavy "
+                     f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms")
     result.update(
         loadavg_after=_common.loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
         targets=[evaluate(t, blocks) for t in targets(rows)],

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shlex
 import sys
 import tempfile
@@ -394,7 +393,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = [DEFAULT, *rows]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     commit, dirty = _common.machine()["commit"], _common.dirty()
-    shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = workload.model(Path(tmp) / workload.model_dir)
         bodies, path = workload.bodies(str(model), args.smoke), workload.route
@@ -414,18 +412,11 @@ def main(argv: list[str] | None = None) -> int:
                 measure_block(url, pid, min(clients, 8), bodies, 2.0, path)
         same = same_answers(servers, path, bodies) if workload.checks_answers else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
-        with progress.Progress(rounds * len(rows), "paired blocks") as bar:
-            for round_number in range(rounds):
-                order = list(rows)
-                shuffle.shuffle(order)
-                for row in order:
-                    block = measure_block(*servers[row], clients, bodies, seconds, path)
-                    blocks[row].append(block)
-                    bar.step(f"round {round_number + 1} {row}")
-                    bar.note(
-                        f"round {round_number + 1} {row}: {block['requests_per_s']:.1f} requests/s, loop thread "
-                        f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors"
-                    )
+        for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, "paired blocks"):
+            block = measure_block(*servers[row], clients, bodies, seconds, path)
+            blocks[row].append(block)
+            bar.note(f"round {round_number + 1} {row}: {block['requests_per_s']:.1f} requests/s, loop thread "
+                     f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors")
     result = {
         "argv": argv, "machine": _common.machine_words(),
         "started": started, "commit": commit, "dirty": dirty, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,

@@ -34,9 +34,9 @@ PROBING_S = 1.5
 
 
 def test_the_report_names_each_rows_command() -> None:
-    plain = bench_mixed._server_command(bench_mixed.ROWS["thread lanes"].config, ())
+    plain = bench_mixed.ROWS["thread lanes"].config.shown()
     assert plain.startswith("python -m offload_vllm serve MODEL --offload-strategy thread")
-    assert "--offload-scheduling fifo" in bench_mixed._server_command(bench_mixed.ROWS["thread fifo"].config, ())
+    assert "--offload-scheduling fifo" in bench_mixed.ROWS["thread fifo"].config.shown()
 
 
 def test_vllm_default_is_vllms_serve_path_with_no_plugin_loaded() -> None:
