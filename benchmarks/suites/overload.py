@@ -95,7 +95,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = _common.parser(__doc__ or "", "overload", smoke="one pair of 3 s levels at 16 clients")
+    p = _common.parser(__doc__ or "", "overload", smoke="one pair of 1.5 s levels at 16 clients")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument(
         "--retry-fraction", type=float, default=1.0,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
     args = p.parse_args(argv)
     clients = 16 if args.smoke else args.clients
-    pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
+    pairs, seconds = (1, 1.5) if args.smoke else (args.pairs, args.seconds)
     bound_name = f"max_queue={MAX_QUEUE}"
     configs = {
         "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         bodies = workloads.text_bodies(str(model), count=256, inputs=1, words=160)
         for url in urls.values():  # warm-up, not measured: first requests allocate
-            mixed.run_for(url, bodies, 4, 2.0)
+            mixed.run_for(url, bodies, 4, 0.5 if args.smoke else 2.0)
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
         names = list(configs)
         with progress.Progress(pairs * len(names), "overload levels") as bar:

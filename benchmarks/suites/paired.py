@@ -39,6 +39,7 @@ Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -123,7 +124,11 @@ SWITCH_NAMES = {
     "preempted": "preempted (involuntary)",
 }
 
-def config(row: str) -> ServerConfig:
+def config(row: str, smoke: bool = False) -> ServerConfig:
+    """A row's server; in a smoke run as `ServerConfig.for_smoke` starts it, with one worker."""
+    if smoke:
+        smoked = config(row).for_smoke()
+        return dataclasses.replace(smoked, env={**smoked.env, "OFFLOAD_VLLM_WORKERS": "1"}) if row in WORKERS else smoked
     args = ("--gpu-memory-utilization", MEMORY_FRACTION)
     if row == DEFAULT:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
@@ -376,7 +381,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = _common.parser(__doc__ or "", "paired", smoke="2 rows, 2 rounds of 2 s blocks at 8 clients")
+    p = _common.parser(__doc__ or "", "paired", smoke="2 rows (one worker each), one round of 1 s blocks at 8 clients")
     p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
@@ -386,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workload = WORKLOADS[args.workload]
     if args.smoke:
-        rows, rounds, seconds, clients = [DEFAULT, "thread" if workload.checks_answers else "process"], 2, 2.0, 8
+        rows, rounds, seconds, clients = [DEFAULT, "thread" if workload.checks_answers else "process"], 1, 1.0, 8
     else:
         rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
@@ -401,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
             servers = stack.enter_context(
                 running_servers(
-                    {row: config(row).for_smoke() if args.smoke else config(row) for row in rows},
+                    {row: config(row, args.smoke) for row in rows},
                     model,
                     {row: args.out / "logs" / f"paired-{row.replace(' ', '-')}.log" for row in rows},
                 )
@@ -409,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_s = time.perf_counter() - began
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
-                measure_block(url, pid, min(clients, 8), bodies, 2.0, path)
+                measure_block(url, pid, min(clients, 8), bodies, 0.5 if args.smoke else 2.0, path)
         same = same_answers(servers, path, bodies) if workload.checks_answers else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, "paired blocks"):
