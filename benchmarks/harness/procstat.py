@@ -12,10 +12,7 @@ load, divided by the requests it completed, is CPU per request.
 server started in its own session: its API server, engine core and workers),
 for what servers that take no traffic burn meanwhile.
 
-For the event-loop thread it also keeps the kernel's share of its CPU
-(`stime`) and its context switches: voluntary ones (it went to sleep: the loop
-waited for I/O or for the GIL) and involuntary ones (the scheduler took the
-core away: more runnable threads than cores).
+For the event-loop thread it also keeps the kernel's share of its CPU (`stime`).
 """
 
 from __future__ import annotations
@@ -70,26 +67,10 @@ def _stat_cpu(path: str) -> float:
     return sum(_stat_times(path))
 
 
-def _switches(path: str) -> tuple[int, int]:
-    """(voluntary, involuntary) context switches from a `/proc/.../status` file."""
-    counts = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in counts:
-                    counts[key] = int(value)
-    except OSError:
-        pass
-    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
-
-
 @dataclass(frozen=True)
 class Snapshot:
     loop: float
     loop_kernel: float
-    loop_sleeps: int
-    loop_preempted: int
     api: float
     workers: dict[int, float]
     engine: dict[int, float]
@@ -110,12 +91,9 @@ def snapshot(api_pid: int) -> Snapshot:
         cpu = _stat_cpu(f"/proc/{child.pid}/stat")
         (workers if title.startswith(WORKER_TITLE) else engine)[child.pid] = cpu
     loop_user, loop_kernel = _stat_times(f"/proc/{api_pid}/task/{api_pid}/stat")
-    sleeps, preempted = _switches(f"/proc/{api_pid}/task/{api_pid}/status")
     return Snapshot(
         loop=loop_user + loop_kernel,
         loop_kernel=loop_kernel,
-        loop_sleeps=sleeps,
-        loop_preempted=preempted,
         api=_stat_cpu(f"/proc/{api_pid}/stat"),
         workers=workers,
         engine=engine,
@@ -139,14 +117,6 @@ def cpu_used(before: Snapshot, after: Snapshot) -> dict[str, float]:
     used["total"] = used["api"] + used["workers"] + used["engine"]
     used["loop_kernel"] = after.loop_kernel - before.loop_kernel
     return used
-
-
-def loop_switches(before: Snapshot, after: Snapshot) -> dict[str, int]:
-    """The loop thread's context switches between the snapshots."""
-    return {
-        "sleeps": after.loop_sleeps - before.loop_sleeps,
-        "preempted": after.loop_preempted - before.loop_preempted,
-    }
 
 
 def new_workers(before: Snapshot, after: Snapshot) -> int:

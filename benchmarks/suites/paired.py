@@ -119,10 +119,6 @@ PART_NAMES = {
     "total": "total",
 }
 
-SWITCH_NAMES = {
-    "sleeps": "went to sleep (voluntary)",
-    "preempted": "preempted (involuntary)",
-}
 
 def config(row: str, smoke: bool = False) -> ServerConfig:
     """A row's server; in a smoke run as `ServerConfig.for_smoke` starts it, with one worker."""
@@ -162,9 +158,6 @@ def measure_block(url: str, pid: int, clients: int, bodies: list[bytes], seconds
         "health_p99_ms": prober.summary().get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
         "client_cpu_ms_per_request": 1e3 * client / done,
-        "loop_switches_per_request": {
-            kind: count / done for kind, count in procstat.loop_switches(before, after).items()
-        },
         "new_workers": procstat.new_workers(before, after),
     }
 
@@ -172,8 +165,6 @@ def measure_block(url: str, pid: int, clients: int, bodies: list[bytes], seconds
 def _metric(block: dict[str, Any], name: str) -> float:
     if name.startswith("cpu:"):
         return float(block["cpu_ms_per_request"][name[4:]])
-    if name.startswith("switches:"):
-        return float(block["loop_switches_per_request"][name[9:]])
     if name == "client":
         return float(block["client_cpu_ms_per_request"])
     if name == "ceiling":
@@ -185,7 +176,7 @@ def _metric(block: dict[str, Any], name: str) -> float:
 def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     metrics = [
         "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
-        *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
+        *(f"cpu:{p}" for p in PART_NAMES),
     ]
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
@@ -213,15 +204,13 @@ def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) ->
 
 
 def _check(summary: dict[str, Any], row: str, metric: str, bound: float, what: str, *,
-           at_least: bool = False, x_on_median: bool = True) -> list[str]:
+           at_least: bool = False) -> list[str]:
     """A target on `row`'s per-round ratio to vLLM's default, read from this run (none where not run)."""
     ratio = summary.get(row, {}).get("ratio", {}).get(metric)
     if ratio is None:
         return []
     sign = ">=" if at_least else "<="
-    figure = (f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if x_on_median
-              else f"{_fmt(ratio)}x")
-    return [f"- {what} {sign} {bound}x default: {figure} — {_verdict(ratio, bound, at_least=at_least)}"]
+    return [f"- {what} {sign} {bound}x default: {_fmt(ratio)}x — {_verdict(ratio, bound, at_least=at_least)}"]
 
 
 def _not_lower(ratio: dict[str, float], word: str) -> str:
@@ -298,8 +287,7 @@ def _targets(result: dict[str, Any]) -> list[str]:
         return targets(result["summary"])
     if workload == "truncated" or WORKLOADS[workload].checks_answers:
         # `thread` (prefix tokenization on) serves at least 4x the requests/s of vLLM's default.
-        lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True,
-                       x_on_median=False)
+        lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True)
         same = result.get("same_answers")
         if same is not None:
             lines.append(
@@ -310,21 +298,13 @@ def _targets(result: dict[str, Any]) -> list[str]:
     return loop_targets(result["summary"])
 
 
-def _commit_words(result: dict[str, Any]) -> str:
-    """", commit `abc1234`" (with " (dirty tree)" where it had changes), or
-    nothing for a result written before runs recorded their commit."""
-    if "commit" not in result:
-        return ""
-    return f", commit {_common.commit_words(result['commit'], result['dirty'])}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rows = list(summary)
     lines = [
         _common.start("meta"),
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}{_commit_words(result)}: {WORKLOADS[result.get('workload', 'tiny')].description}, "
+        f"{result['started']}, commit {_common.commit_words(result['commit'], result['dirty'])}: {WORKLOADS[result.get('workload', 'tiny')].description}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -351,19 +331,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(table(
         ["row", *PART_NAMES.values(), "projected ceiling"],
         [[row, *(_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES),
-          _ratio_cell(summary[row], "ceiling", higher="higher", lower="lower")] for row in rows if row != DEFAULT]))
-    lines += [
-        (
-            "The loop thread's context switches per completed request, from `/proc` (the loop "
-            "sleeps when it waits for I/O or for the GIL; it is preempted when more threads "
-            "want to run than there are cores):"
-        ),
-        "",
-    ]
-    lines.append(table(
-        ["row", *SWITCH_NAMES.values()],
-        [[row, *(_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES)]
-         for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"))
+          _ratio_cell(summary[row], "ceiling", higher="higher", lower="lower")] for row in rows if row != DEFAULT]
+    ).rstrip("\n"))
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
     lines += [

@@ -63,16 +63,12 @@ def test_procstat_sees_this_thread_burn_cpu() -> None:
     assert used["total"] >= used["api"]
 
 
-def test_procstat_sees_the_loop_thread_sleep_and_enter_the_kernel() -> None:
+def test_procstat_sees_the_loop_thread_enter_the_kernel() -> None:
     pid = os.getpid()
     before = procstat.snapshot(pid)
-    for _ in range(50):
-        time.sleep(0.001)  # each one a voluntary context switch of this (the main) thread
     end = time.process_time() + 0.3
     while time.process_time() < end:
         os.stat("/")  # a system call: time in the kernel
     after = procstat.snapshot(pid)
     used = procstat.cpu_used(before, after)
-    switches = procstat.loop_switches(before, after)
-    assert switches["sleeps"] >= 50
     assert 0 < used["loop_kernel"] <= used["loop"]
