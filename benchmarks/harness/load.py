@@ -128,12 +128,6 @@ class HealthProber(SideProcess):
         }
 
 
-def quantiles_ms(values_s: list[float], name: str) -> dict[str, float]:
-    """p50, p99 and max of `values_s` in ms, as `p50_<name>_ms`, `p99_<name>_ms`, `max_<name>_ms`."""
-    summary = summarize_ms(values_s)
-    return {f"{q}_{name}_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")}
-
-
 def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]:
     """p50, p99 and max (ms, keys `..._arrived_ms`) of the times until each answer
     arrived (`raw_http`), and how many `answers` had none (`without_arrival`);
@@ -141,4 +135,6 @@ def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]
     arrived = [a for a in arrivals_s if a is not None]
     if not arrived or len(arrived) < ARRIVALS_NEEDED * answers:
         return {}
-    return {**quantiles_ms(arrived, "arrived"), "without_arrival": float(answers - len(arrived))}
+    summary = summarize_ms(arrived)
+    return {**{f"{q}_arrived_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")},
+            "without_arrival": float(answers - len(arrived))}

@@ -87,18 +87,6 @@ class Tally:
     def lost(self) -> int:
         return self.sent - self.answered
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
-            "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
-            "arrivals_s": self.arrivals_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Tally:
-        return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"], data.get("arrivals_s", []))
-
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
         completed inside `window` (monotonic start, end)."""
@@ -287,7 +275,7 @@ def _flood(
         await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
 
     asyncio.run(go())
-    out.send(tally.as_dict())
+    out.send(tally)
     out.close()
 
 
@@ -303,7 +291,7 @@ class Flood(SideProcess):
 
     @property
     def tally(self) -> Tally:
-        return Tally.from_dict(self.result) if self.result is not None else Tally()
+        return self.result if isinstance(self.result, Tally) else Tally()
 
     def __exit__(
         self,

@@ -25,11 +25,8 @@ and the same strategy under FIFO; a verdict per target.
     python -m benchmarks mixed --rows "vLLM default" "thread fifo" --rounds 3
     python -m benchmarks mixed --smoke --out DIR
 
-Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
-tokens: tokenization is the work), `engine` (heavy = 16 inputs of 150 words:
-the engine shares the work), `score` (`/score` on a tiny cross-encoder),
-`token-ids` (vLLM's validation of the body is the loop's work), `multimodal`
-(image embeddings on a tiny CLIP; skipped with a message where it cannot run).
+Variants (`--variant`; `VARIANTS` says what each sends): `preprocess`, `engine`,
+`score`, `token-ids`, `multimodal` (skipped with a message where it cannot run).
 Writes mixed-<variant>.json and .md into --out (default
 .benchmarks/runs/mixed/); server logs under --out/logs/.
 """
@@ -50,15 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import (
-    idle_servers,
-    load,
-    mixed,
-    models,
-    progress,
-    stats,
-    workloads,
-)
+from benchmarks.harness import idle_servers, load, mixed, models, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, ServerFailed, running_servers
 
 #: Starting the smoke run's two servers is most of it (as the paired suite's).
@@ -228,7 +217,7 @@ def measure(
     alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
     idle = {"alone": _per_s(idle_cpu() - cpu_before, alone_window)}
-    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
+    with load.HealthProber(url) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
         time.sleep(ramp_s)
         cpu_before, begin = idle_cpu(), time.monotonic()
         flooded = traffic.run(url, small, seconds, round_number, "flooded")
@@ -246,12 +235,6 @@ def measure(
 def _per_s(amount: float, window: tuple[float, float]) -> float:
     begin, end = window
     return amount / (end - begin) if end > begin else 0.0
-
-
-def _base(url: str) -> str:
-    """`http://host:port` of an endpoint's URL."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def _ratio(top: float, bottom: float) -> float | None:

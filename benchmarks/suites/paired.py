@@ -24,15 +24,10 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
     python -m benchmarks paired --workload batch --rows process thread
     python -m benchmarks paired --smoke --out DIR
 
-Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
-texts of 24 words per request: what a request's several prompts cost) and
-`truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
-what tokenizing only the kept part saves; rows `thread`, `thread no prefix`);
-on other tiny models: `rerank` (`/rerank`, one query and
-32 documents of 5,000 words kept to 512 tokens, a BERT cross-encoder) and
-`multilingual` (`truncated` with multilingual texts on an XLM-R-style model
-whose SentencePiece tokenizer has a `Precompiled` map); these two also check
-that every row answers exactly as vLLM's default (scores or embeddings, `usage`).
+Workloads (`--workload`; `WORKLOADS` says what each sends to which model): `tiny`
+(the CPU-per-request measurement's), `batch` (a request's several prompts),
+`truncated` (what tokenizing only the kept part saves), and on models of their
+own `rerank` and `multilingual`, where every row must answer as vLLM's default does.
 Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 (default .benchmarks/runs/paired/).
 """

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import pickle
 import random
 import signal
 import socket
@@ -165,7 +166,7 @@ def test_the_timed_client_counts_every_answer_and_when_it_arrived(
     assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in timed)
     summary = tally.summary((0.0, float("inf")))
     assert 0 < summary["p99_arrived_ms"] <= summary["p99_ms"] + 1.0
-    assert mixed.Tally.from_dict(tally.as_dict()).arrivals_s == tally.arrivals_s
+    assert pickle.loads(pickle.dumps(tally)) == tally  # as the flood sends its tally back
 
 
 def test_the_timed_client_sends_no_more_than_max_in_flight(answering_server: str) -> None:
