@@ -144,19 +144,31 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    # SIGTERM to the API server alone lets it stop its engine in order; then
-    # anything left in the group (engine core, workers, extra API servers) is killed.
-    if proc.poll() is None:
+def _ended(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _kill_groups(procs: list[subprocess.Popen[bytes]], grace: float = 20.0) -> None:
+    # SIGTERM to each API server alone lets it stop its engine in order, all of
+    # them at once (one after the other, a run's shutdown took each one's in
+    # turn); then anything left in a group (engine core, workers, extra API
+    # servers) is killed.
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + grace
+    for proc in running:
+        if not _ended(proc, max(0.0, deadline - time.monotonic())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class ServerFailed(RuntimeError):
@@ -199,7 +211,7 @@ def running_servers(
     model: Path,
     log_paths: Mapping[str, Path],
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
-    poll_s: float = 1.0,
+    poll_s: float = 0.25,
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """Every configuration's server, started together: the (URL, API server
     pid) of each by key once all are ready (`/health` asked every `poll_s`).
@@ -209,6 +221,8 @@ def running_servers(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_stopped_by_sigterm())
         started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+        procs: list[subprocess.Popen[bytes]] = []
+        stack.callback(_kill_groups, procs)
         for key, config in configs.items():
             port = free_port()
             log_paths[key].parent.mkdir(parents=True, exist_ok=True)
@@ -220,7 +234,7 @@ def running_servers(
                     env=config.environment(),
                     start_new_session=True,
                 )
-            stack.callback(_kill_group, proc)
+            procs.append(proc)
             started[key] = (f"http://{HOST}:{port}", proc)
         deadline = time.monotonic() + ready_timeout
         waiting = dict(started)
