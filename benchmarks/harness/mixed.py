@@ -141,11 +141,11 @@ def _session(connections: int) -> Any:
 
 async def closed_loop(
     url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally,
-    retry_fraction: float = 0.0, deadline: float = math.inf,
+    deadline: float = math.inf,
 ) -> None:
     """`clients` clients, each sending its next request when the last one is
     answered, while `keep_going()`; a client refused with 503 first waits its
-    `Retry-After` times `retry_fraction`, never past `deadline` (monotonic).
+    `Retry-After`, as a client that honours it does, never past `deadline` (monotonic).
     Returns once every request sent is answered or lost."""
     async with _session(clients) as session:
 
@@ -154,7 +154,7 @@ async def closed_loop(
             while keep_going():
                 body = bodies[n % len(bodies)]
                 n += clients
-                pause = retry_fraction * await _send(session, url, body, tally)
+                pause = await _send(session, url, body, tally)
                 if pause > 0:
                     await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
@@ -247,11 +247,11 @@ def open_loop_timed(
         sock.close()
 
 
-def run_for(url: str, bodies: list[bytes], clients: int, seconds: float, retry_fraction: float = 0.0) -> Tally:
+def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
     """`closed_loop` for `seconds` (the requests in flight then are still waited for)."""
     tally = Tally()
     deadline = time.monotonic() + seconds
-    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally, retry_fraction, deadline))
+    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally, deadline))
     return tally
 
 

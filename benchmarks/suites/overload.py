@@ -6,9 +6,8 @@ machine's drift falls on both rows alike. For each level: accepted-request
 latency (200s only), 503s, requests/s, and `/health` latency probed from
 another process (`benchmarks.harness.load.HealthProber`).
 
-A client refused with 503 waits the `Retry-After` it got, times
-`--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
-more pressure on), and sends its next request.
+A client refused with 503 waits the `Retry-After` it got, as one that honours
+the header does, then sends its next request.
 
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
@@ -42,12 +41,12 @@ WORKERS = 2
 MAX_QUEUE = 30
 
 
-def run_level(url: str, clients: int, bodies: list[bytes], seconds: float, retry_fraction: float = 1.0) -> dict[str, Any]:
+def run_level(url: str, clients: int, bodies: list[bytes], seconds: float) -> dict[str, Any]:
     """One level of `clients` closed-loop clients on the endpoint `url`, `/health`
     probed from another process; a request never answered counts as status 0."""
     with load.HealthProber(url) as prober:
         start = time.monotonic()
-        tally = mixed.run_for(url, bodies, clients, seconds, retry_fraction)
+        tally = mixed.run_for(url, bodies, clients, seconds)
         window = (start, time.monotonic())
     ok = tally.summary(window)
     return {
@@ -68,7 +67,7 @@ def markdown(result: dict[str, Any]) -> str:
         (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
         f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
-        f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
+        "a refused client waits its `Retry-After`."),
         _common.end("meta"),
         "",
         _common.start("tables"),
@@ -97,10 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = _common.parser(__doc__ or "", "overload", smoke="one pair of 1.5 s levels at 16 clients")
     p.add_argument("--pairs", type=int, default=5)
-    p.add_argument(
-        "--retry-fraction", type=float, default=1.0,
-        help="a refused client waits Retry-After times this before its next request",
-    )
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
     args = p.parse_args(argv)
@@ -136,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(pairs):
                 order = names if pair % 2 == 0 else names[::-1]
                 for name in order:
-                    level = run_level(urls[name], clients, bodies, seconds, args.retry_fraction)
+                    level = run_level(urls[name], clients, bodies, seconds)
                     rows[name].append(level)
                     bar.step(f"pair {pair + 1} {name}")
                     bar.note(f"pair {pair + 1} {name}: {json.dumps(level)}")
@@ -148,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "argv": argv, "machine": _common.machine_words(), "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
-        "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
+        "clients": clients, "rows": rows, "ratios": ratios,
     }
     _common.write(args.out, "overload", result, markdown(result))
     print(f"wrote the results into {args.out}")
