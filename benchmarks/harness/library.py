@@ -82,7 +82,7 @@ def clip_pixels(b64: str) -> Any:
     image = image.resize((CLIP_SIZE, long) if width <= height else (long, CLIP_SIZE), Image.Resampling.BICUBIC)
     left, top = (image.width - CLIP_SIZE) // 2, (image.height - CLIP_SIZE) // 2
     image = image.crop((left, top, left + CLIP_SIZE, top + CLIP_SIZE))
-    pixels = (np.asarray(image, dtype=np.float32) / 255 - np.float32(CLIP_MEAN)) / np.float32(CLIP_STD)
+    pixels = (np.asarray(image, dtype=np.float32) / 255 - np.array(CLIP_MEAN, np.float32)) / np.array(CLIP_STD, np.float32)
     return pixels.transpose(2, 0, 1)[None]
 
 
