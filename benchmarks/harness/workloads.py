@@ -54,6 +54,11 @@ def text_bodies(
     ]
 
 
+def one_text_bodies(model: str, *, count: int, words: int) -> list[bytes]:
+    """`count` distinct `/v1/embeddings` bodies of one text each, as a string (the single-prompt form)."""
+    return [_dump({"model": model, "input": text}) for text in long_texts(count, words)]
+
+
 def multilingual_bodies(
     model: str, *, count: int, inputs: int, words: int, truncate: int | None = None, seed: int = 0
 ) -> list[bytes]:

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ).items()
         }
-        bodies = workloads.text_bodies(str(model), count=256, inputs=1, words=160)
+        bodies = workloads.one_text_bodies(str(model), count=256, words=160)
         for url in urls.values():  # warm-up, not measured: first requests allocate
             mixed.run_for(url, bodies, 4, 0.5 if args.smoke else 2.0)
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}

@@ -85,7 +85,7 @@ class Workload:
 _TINY_BERT = "tiny BERT embedding (random weights), "
 WORKLOADS: dict[str, Workload] = {
     "tiny": Workload(_TINY_BERT + "160-word inputs, one per request",
-                     lambda m, _: workloads.text_bodies(m, count=256, inputs=1, words=160)),
+                     lambda m, _: workloads.one_text_bodies(m, count=256, words=160)),
     "batch": Workload(_TINY_BERT + "32 inputs of 24 words per request",
                       lambda m, _: workloads.text_bodies(m, count=4, inputs=32, words=24)),
     "truncated": Workload(_TINY_BERT + "16 inputs of 1500 words per request, kept to 32 tokens",

@@ -13,6 +13,7 @@ def test_bodies_are_distinct_json_of_what_they_say() -> None:
     assert len({json.dumps(b) for b in bodies}) == 3
     assert all(b["model"] == "m" and b["truncate_prompt_tokens"] == 8 for b in bodies)
     assert [len(t.split()) for b in bodies for t in b["input"]] == [20] * 12
+    assert [json.loads(b)["input"] for b in workloads.one_text_bodies("m", count=2, words=5)] == workloads.long_texts(2, 5)
     rerank = [json.loads(b) for b in workloads.rerank_bodies("m", count=2, documents=3, words=10, truncate=5)]
     assert [len(b["documents"]) for b in rerank] == [3, 3]
     assert rerank[0]["documents"] != rerank[1]["documents"]
