@@ -68,31 +68,23 @@ def _point(value: float) -> stats.Interval:
 
 
 def overhead_figures(latest: dict[str, Any], now: dict[str, dict[str, list[float]]]) -> list[Figure]:
-    """`overhead`'s seconds a call, latest against now: per round where the latest
-    result kept its rounds (`rounds_seconds_per_call`), else its medians as points."""
+    """`overhead`'s seconds a call and ratios to `run_in_executor`, latest against now: per
+    round where the latest result kept its rounds (`rounds_seconds_per_call`), else its medians as points."""
     figures = []
     for workload, contenders in now.items():
         rounds = latest.get("rounds_seconds_per_call", {}).get(workload)
         medians = latest.get("seconds_per_call", {}).get(workload, {})
-        known = rounds or medians
-
-        def before(name: str, scale: float = 1.0, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
-            return stats.median_interval([s * scale for s in rounds[name]]) if rounds else _point(medians[name] * scale)
-
-        def before_ratio(name: str, rounds: Any = rounds, medians: Any = medians) -> stats.Interval:
-            if rounds:
-                return stats.median_interval(stats.paired_ratios(rounds[name], rounds["run_in_executor"]))
-            return _point(medians[name] / medians["run_in_executor"])
-
-        figures += [
-            Figure(f"overhead, {workload}: {name} (µs/call)", before(name, 1e6), stats.median_interval([s * 1e6 for s in values]))
-            for name, values in contenders.items() if name in known
-        ]
-        figures += [
-            Figure(f"overhead, {workload}: {name} / run_in_executor (per round)", before_ratio(name),
-                   stats.median_interval(stats.paired_ratios(contenders[name], contenders["run_in_executor"])))
-            for name in OVERHEAD_RATIOS if name in contenders and name in known
-        ]
+        for name, values in contenders.items():
+            if name not in (rounds or medians):
+                continue
+            then = stats.median_interval([s * 1e6 for s in rounds[name]]) if rounds else _point(medians[name] * 1e6)
+            figures.append(Figure(f"overhead, {workload}: {name} (µs/call)", then,
+                                  stats.median_interval([s * 1e6 for s in values])))
+            if name in OVERHEAD_RATIOS:
+                then = (stats.median_interval(stats.paired_ratios(rounds[name], rounds["run_in_executor"])) if rounds
+                        else _point(medians[name] / medians["run_in_executor"]))
+                figures.append(Figure(f"overhead, {workload}: {name} / run_in_executor (per round)", then,
+                                      stats.median_interval(stats.paired_ratios(values, contenders["run_in_executor"]))))
     return figures
 
 

@@ -12,14 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from offload._lag import percentile
-
-__all__ = [
-    "RESULTS", "SNAPSHOT", "command", "commit_words", "dirty", "end", "header", "loadavg", "machine", "machine_words", "parser",
-    "percentile", "run_line", "start",
-    "table", "write",
-]
-
 ROOT = Path(__file__).resolve().parents[2]
 #: Where a run writes by default, `RESULTS / <suite>`: ignored by git, as
 #: pytest-benchmark's `.benchmarks/` is, so a run never rewrites tracked files.

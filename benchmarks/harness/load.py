@@ -1,4 +1,4 @@
-"""Closed-loop HTTP load (aiohttp) and a `/health` prober in its own process.
+"""A `/health` prober in its own process, and latency summaries.
 
 The prober runs in a separate process so that the load generator's own busy
 event loop (2 cores, up to 128 clients) does not inflate `/health` latencies,
@@ -12,7 +12,6 @@ kernel's receive timestamp), which that wait does not delay.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import multiprocessing
 import multiprocessing.connection
@@ -20,32 +19,18 @@ import os
 import socket
 import time
 import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.harness import raw_http
 from benchmarks.harness.side_process import SideProcess
 from offload._lag import percentile
 
-Payload = dict[str, Any]
 REQUEST_TIMEOUT_S = 120.0
 # 10 ms between probes: fine enough to catch a stall of a few tens of ms, cheap for the server.
 PROBE_INTERVAL_S = 0.01
 PROBER_START_TIMEOUT_S = 120.0
 #: The share of probes with a receive timestamp below which none is reported.
 ARRIVALS_NEEDED = 0.95
-
-
-@dataclass
-class LevelResult:
-    requests: int
-    errors: int
-    requests_per_s: float
-    p50_ms: float
-    p99_ms: float
-    health: dict[str, float]
-    first_error: str = ""
 
 
 def summarize_ms(latencies_s: list[float]) -> dict[str, float]:
@@ -143,12 +128,6 @@ class HealthProber(SideProcess):
         }
 
 
-def quantiles_ms(values_s: list[float], name: str) -> dict[str, float]:
-    """p50, p99 and max of `values_s` in ms, as `p50_<name>_ms`, `p99_<name>_ms`, `max_<name>_ms`."""
-    summary = summarize_ms(values_s)
-    return {f"{q}_{name}_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")}
-
-
 def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]:
     """p50, p99 and max (ms, keys `..._arrived_ms`) of the times until each answer
     arrived (`raw_http`), and how many `answers` had none (`without_arrival`);
@@ -156,74 +135,6 @@ def arrived_ms(arrivals_s: list[float | None], answers: int) -> dict[str, float]
     arrived = [a for a in arrivals_s if a is not None]
     if not arrived or len(arrived) < ARRIVALS_NEEDED * answers:
         return {}
-    return {**quantiles_ms(arrived, "arrived"), "without_arrival": float(answers - len(arrived))}
-
-
-#: The header of a body sent as JSON bytes already encoded.
-_JSON = {"Content-Type": "application/json"}
-
-
-async def post_json(session: Any, url: str, payload: Payload | bytes) -> None:
-    """POST one request, `payload` or JSON bytes already encoded
-    (`workloads.Rotation.body`: not encoded again per request)."""
-    sent = {"data": payload, "headers": _JSON} if isinstance(payload, bytes) else {"json": payload}
-    async with session.post(url, **sent) as resp:
-        body = await resp.json()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
-
-
-async def closed_loop(
-    url: str,
-    clients: int,
-    make_payload: Callable[[int], Payload | bytes],
-    duration_s: float,
-) -> tuple[list[float], int, float, str]:
-    """`clients` concurrent clients, each sending its next request when the last one
-    answers, for `duration_s`; `make_payload(n)` is request `n`'s payload, or its JSON
-    bytes (`post_json`). Returns the latencies (s), errors, the wall time and the first error."""
-    import aiohttp
-
-    latencies: list[float] = []
-    counters = {"errors": 0, "issued": 0}
-    first_error: list[str] = []
-    connector = aiohttp.TCPConnector(limit=clients)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        deadline = start + duration_s
-
-        async def client() -> None:
-            while time.perf_counter() < deadline:
-                n = counters["issued"]
-                counters["issued"] += 1
-                t0 = time.perf_counter()
-                try:
-                    await post_json(session, url, make_payload(n))
-                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
-                    counters["errors"] += 1
-                    if not first_error:
-                        first_error.append(f"{type(exc).__name__}: {exc}")
-                    continue
-                latencies.append(time.perf_counter() - t0)
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        wall = time.perf_counter() - start
-    return latencies, counters["errors"], wall, (first_error or [""])[0]
-
-
-def run_level(
-    base_url: str,
-    path: str,
-    clients: int,
-    make_payload: Callable[[int], Payload | bytes],
-    duration_s: float,
-) -> LevelResult:
-    """One concurrency level under load, with `/health` probed from another process."""
-    with HealthProber(base_url) as prober:
-        lat, errors, wall, first_error = asyncio.run(closed_loop(base_url + path, clients, make_payload, duration_s))
-    stats = summarize_ms(lat)
-    return LevelResult(
-        requests=len(lat), errors=errors, requests_per_s=len(lat) / wall if wall else 0.0,
-        p50_ms=stats["p50_ms"], p99_ms=stats["p99_ms"], health=prober.summary(), first_error=first_error,
-    )
+    summary = summarize_ms(arrived)
+    return {**{f"{q}_arrived_ms": summary[f"{q}_ms"] for q in ("p50", "p99", "max")},
+            "without_arrival": float(answers - len(arrived))}

@@ -17,19 +17,16 @@ or *lost* (sent, never answered: connection dropped or timed out). The clocks
 are `time.monotonic()`, which Linux shares between processes, so the flood's
 completions can be counted inside the window the small requests ran in.
 
-Request bodies are JSON bytes built once (the client's own JSON encoding is not
-part of the measurement); the flood builds its own in its process from a
-picklable factory, so multi-megabyte bodies never cross a pipe.
+Request bodies are JSON bytes built once (`workloads`: the client's own JSON
+encoding is not part of the measurement); the flood builds its own in its
+process from a picklable factory, so multi-megabyte bodies never cross a pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
-import functools
-import io
-import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import random
@@ -42,13 +39,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from benchmarks.harness import raw_http, workloads
+from benchmarks.harness import raw_http
 from benchmarks.harness.load import REQUEST_TIMEOUT_S, arrived_ms, summarize_ms
 from benchmarks.harness.side_process import SideProcess
-
-#: Builds a list of request bodies (JSON bytes); module-level functions and
-#: `functools.partial`s of them, so that the flood's can be sent to its process.
-Bodies = Callable[[], list[bytes]]
+from benchmarks.harness.workloads import Bodies
 
 FLOOD_START_TIMEOUT_S = 120.0
 #: Open-loop requests in flight at once, at most: far above what a few small
@@ -93,18 +87,6 @@ class Tally:
     def lost(self) -> int:
         return self.sent - self.answered
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "sent": self.sent, "unsent": self.unsent, "statuses": dict(self.statuses),
-            "latencies_s": self.latencies_s, "finished_at": self.finished_at, "first_error": self.first_error,
-            "arrivals_s": self.arrivals_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Tally:
-        return cls(data["sent"], data["unsent"], Counter(data["statuses"]), data["latencies_s"],
-                   data["finished_at"], data["first_error"], data.get("arrivals_s", []))
-
     def summary(self, window: tuple[float, float]) -> dict[str, Any]:
         """Counts, latency percentiles of the 200s, and the 200s a second that
         completed inside `window` (monotonic start, end)."""
@@ -126,8 +108,8 @@ class Tally:
         }
 
 
-async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
-    """POST one request and tally how it ended."""
+async def _send(session: Any, url: str, body: bytes, tally: Tally) -> float:
+    """POST one request and tally how it ended; the `Retry-After` (s) of a 503, else 0."""
     import aiohttp
 
     tally.sent += 1
@@ -135,11 +117,11 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
     try:
         async with session.post(url, data=body, headers=_JSON) as resp:
             await resp.read()
-            status = resp.status
+            status, retry_after = resp.status, float(resp.headers.get("Retry-After") or 0)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if not tally.first_error:
             tally.first_error = f"{type(exc).__name__}: {exc}"
-        return
+        return 0.0
     done = time.monotonic()
     tally.statuses[str(status)] += 1
     if status == 200:
@@ -147,6 +129,7 @@ async def _send(session: Any, url: str, body: bytes, tally: Tally) -> None:
         tally.finished_at.append(done)
     elif not tally.first_error:
         tally.first_error = f"HTTP {status}"
+    return retry_after if status == 503 else 0.0
 
 
 def _session(connections: int) -> Any:
@@ -157,10 +140,13 @@ def _session(connections: int) -> Any:
 
 
 async def closed_loop(
-    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally
+    url: str, bodies: list[bytes], clients: int, keep_going: Callable[[], bool], tally: Tally,
+    deadline: float = math.inf,
 ) -> None:
     """`clients` clients, each sending its next request when the last one is
-    answered, while `keep_going()`; returns once every request sent is answered or lost."""
+    answered, while `keep_going()`; a client refused with 503 first waits its
+    `Retry-After`, as a client that honours it does, never past `deadline` (monotonic).
+    Returns once every request sent is answered or lost."""
     async with _session(clients) as session:
 
         async def client(first: int) -> None:
@@ -168,7 +154,9 @@ async def closed_loop(
             while keep_going():
                 body = bodies[n % len(bodies)]
                 n += clients
-                await _send(session, url, body, tally)
+                pause = await _send(session, url, body, tally)
+                if pause > 0:
+                    await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
         await asyncio.gather(*(client(i) for i in range(clients)))
 
@@ -260,10 +248,10 @@ def open_loop_timed(
 
 
 def run_for(url: str, bodies: list[bytes], clients: int, seconds: float) -> Tally:
-    """A closed loop for `seconds` (the requests in flight then are still waited for)."""
+    """`closed_loop` for `seconds` (the requests in flight then are still waited for)."""
     tally = Tally()
     deadline = time.monotonic() + seconds
-    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally))
+    asyncio.run(closed_loop(url, bodies, clients, lambda: time.monotonic() < deadline, tally, deadline))
     return tally
 
 
@@ -287,7 +275,7 @@ def _flood(
         await closed_loop(url, bodies, clients, lambda: not stop.is_set(), tally)
 
     asyncio.run(go())
-    out.send(tally.as_dict())
+    out.send(tally)
     out.close()
 
 
@@ -303,7 +291,7 @@ class Flood(SideProcess):
 
     @property
     def tally(self) -> Tally:
-        return Tally.from_dict(self.result) if self.result is not None else Tally()
+        return self.result if isinstance(self.result, Tally) else Tally()
 
     def __exit__(
         self,
@@ -314,91 +302,3 @@ class Flood(SideProcess):
         super().__exit__(exc_type, exc_val, exc_tb)
         if self.result is None and exc_type is None:
             raise RuntimeError("the flood's requests were not all answered or lost in time")
-
-
-# ---- request bodies --------------------------------------------------------
-
-
-def _dump(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode()
-
-
-def text_bodies(
-    model: str, *, count: int, inputs: int, words: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `inputs` texts of `words` words each."""
-    bodies = []
-    for i in range(count):
-        body: dict[str, Any] = {"model": model, "input": workloads.long_texts(inputs, words, seed=seed + i)}
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def token_id_bodies(
-    model: str, *, count: int, inputs: int, ids: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `inputs` lists of `ids` token ids each
-    (ids of a BERT vocabulary, past its special tokens)."""
-    bodies = []
-    for i in range(count):
-        rng = random.Random(seed + i)
-        body: dict[str, Any] = {
-            "model": model, "input": [[rng.randrange(1000, 30_000) for _ in range(ids)] for _ in range(inputs)],
-        }
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def score_bodies(
-    model: str, *, count: int, documents: int, words: int, truncate: int | None = None, seed: int = 0
-) -> list[bytes]:
-    """`count` distinct `/score` bodies: one 8-word query against `documents` documents of `words` words."""
-    bodies = []
-    for i in range(count):
-        query = workloads.long_texts(1, 8, seed=seed + i)[0]
-        body: dict[str, Any] = {
-            "model": model, "queries": query, "documents": workloads.long_texts(documents, words, seed=seed + i + 1),
-        }
-        if truncate is not None:
-            body["truncate_prompt_tokens"] = truncate
-        bodies.append(_dump(body))
-    return bodies
-
-
-def photo_jpeg_base64(size: int, seed: int = 0) -> str:
-    """A `size`-pixel square JPEG that compresses like a photo (smooth noise, upscaled):
-    decoding costs what a photo of that size costs, without noise's megabytes of body."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    coarse = Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8), "RGB")
-    buf = io.BytesIO()
-    coarse.resize((size, size), Image.Resampling.BILINEAR).save(buf, format="JPEG", quality=90)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def image_bodies(model: str, *, count: int, images: int, size: int, seed: int = 0) -> list[bytes]:
-    """`count` distinct `/v1/embeddings` bodies of `images` conversations of one image each
-    (CLIP takes one image per prompt): vLLM's chat form for one, its batched chat form for more."""
-    rng = random.Random(seed)
-    bodies = []
-    for _ in range(count):
-        conversations = [
-            [{"role": "user", "content": [
-                {"type": "image_url",
-                 "image_url": {"url": f"data:image/jpeg;base64,{photo_jpeg_base64(size, rng.randrange(2**31))}"}},
-            ]}]
-            for _ in range(images)
-        ]
-        bodies.append(_dump({"model": model, "messages": conversations[0] if images == 1 else conversations}))
-    return bodies
-
-
-def bodies(build: Callable[..., list[bytes]], model: str, **kwargs: Any) -> Bodies:
-    """A picklable `Bodies` for `build(model, **kwargs)`."""
-    return functools.partial(build, model, **kwargs)

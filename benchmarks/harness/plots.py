@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,84 +63,20 @@ def mixed_value(variant: str, row: str, metric: str, results: Path = RESULTS) ->
     return value
 
 
-@dataclass(frozen=True)
-class Decision:
-    workload: str
-    use: str
-    #: What it buys against vLLM's default, figures read from the results.
-    buys: Callable[[Path], str]
-    #: Where the run is described: a section of the benchmarks page or a decision record.
-    link: str
+#: `{paired-batch process cpu:api}`: a paired run's per-round ratio to vLLM's default
+#: (`paired/paired-batch.json`, row, metric); `{mixed score thread lanes flooded_p50_ms}`: a
+#: mixed run's ratio of a row to vLLM's default (variant, row, metric).
+_FIGURE = re.compile(r"\{(paired\S*|mixed \S+) (.+?) (\S+)\}")
 
 
-def _short(r: Path) -> str:
-    return (
-        f"nothing measurable: API-server CPU per request {fmt(paired('paired/paired.json', 'thread', 'cpu:api', r))} "
-        f"(`thread`), {fmt(paired('paired/paired.json', 'process', 'cpu:api', r))} (`process`), both intervals "
-        f"containing 1; `inline` costs the loop thread {fmt(paired('paired/paired.json', 'inline', 'cpu:loop', r))}"
-    )
+def _figures(template: str, results: Path) -> str:
+    def figure(m: re.Match[str]) -> str:
+        run, row, metric = m.groups()
+        if run.startswith("mixed "):
+            return fmt(mixed_pair(run.split()[1], row, DEFAULT, metric, results))
+        return fmt(paired(f"paired/{run}.json", row, metric, results))
 
-
-def _batch(r: Path) -> str:
-    return (
-        f"API-server CPU per request {fmt(paired('paired/paired-batch.json', 'process', 'cpu:api', r))}, "
-        f"projected ceiling of one API server {fmt(paired('paired/paired-batch.json', 'process', 'ceiling', r))}"
-    )
-
-
-def _loop(r: Path) -> str:
-    return (
-        f"`/health` p99 {fmt(paired('paired/paired-batch-loop.json', 'process', 'health_p99_ms', r))} "
-        f"at requests/s {fmt(paired('paired/paired-batch-loop.json', 'process', 'requests_per_s', r))}; "
-        f"`thread` does not: {fmt(paired('paired/paired-batch-loop.json', 'thread', 'health_p99_ms', r))}"
-    )
-
-
-def _truncated_alone(r: Path) -> str:
-    return (
-        f"requests/s {fmt(paired('paired/paired-truncated.json', 'thread', 'requests_per_s', r))} (`thread`), "
-        f"{fmt(paired('paired/paired-truncated.json', 'async-renderer', 'requests_per_s', r))} (`async-renderer`); "
-        f"`thread` with prefix tokenization off: "
-        f"{fmt(paired('paired/paired-truncated.json', 'thread no prefix', 'requests_per_s', r))}; "
-        f"the price: `/health` p99 {fmt(paired('paired/paired-truncated.json', 'thread', 'health_p99_ms', r))} "
-        f"(`thread`) at five times the requests/s"
-    )
-
-
-def _truncated(r: Path) -> str:
-    return (
-        f"small request's p50 under a flood {fmt(mixed_pair('preprocess', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} "
-        f"(`process`), {fmt(mixed_pair('preprocess', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`); "
-        f"heavy requests/s {fmt(mixed_pair('preprocess', 'process lanes', DEFAULT, 'heavy_per_s', r))} "
-        f"(`process`), {fmt(mixed_pair('preprocess', 'thread lanes', DEFAULT, 'heavy_per_s', r))} (`thread`)"
-    )
-
-
-def _score(r: Path) -> str:
-    return (
-        f"small `/score` p50 under a flood {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))}, "
-        f"p99 {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'flooded_p99_ms', r))}; "
-        f"heavy requests/s {fmt(mixed_pair('score', 'thread lanes', DEFAULT, 'heavy_per_s', r))}"
-    )
-
-
-def _engine(r: Path) -> str:
-    return (
-        f"little: small p50 under a flood {fmt(mixed_pair('engine', 'process lanes', DEFAULT, 'flooded_p50_ms', r))}, "
-        f"heavy requests/s {fmt(mixed_pair('engine', 'process lanes', DEFAULT, 'heavy_per_s', r))} "
-        "(offload does not schedule the engine)"
-    )
-
-
-def _images(r: Path) -> str:
-    return (
-        f"small image request's p50 under a flood "
-        f"{fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'flooded_p50_ms', r))} (`thread`), "
-        f"{fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'flooded_p50_ms', r))} (`process`, at heavy "
-        f"requests/s {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'heavy_per_s', r))}); "
-        f"`/health` p99 under it {fmt(mixed_pair('multimodal', 'process lanes', DEFAULT, 'health_p99_ms', r))} "
-        f"(`process`), {fmt(mixed_pair('multimodal', 'thread lanes', DEFAULT, 'health_p99_ms', r))} (`thread`)"
-    )
+    return _FIGURE.sub(figure, template)
 
 
 def _ray(r: Path) -> str:
@@ -155,79 +91,60 @@ def _ray(r: Path) -> str:
     )
 
 
-def _batch_form(r: Path) -> str:
-    return (
-        f"on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
-        f"{fmt(paired('paired/paired.json', 'async-renderer', 'cpu:api', r))} (`async-renderer`), "
-        f"{fmt(paired('paired/paired.json', 'thread', 'cpu:api', r))} (`thread`)"
-    )
-
-
-#: One recommendation, the same as the README's, the index's and the vLLM guide's:
-#: `thread` for most workloads; `process` when preprocessing holds the GIL and
-#: `/health` must stay fast; `inline` only as the baseline when measuring;
+_MIXED_DETAILS = "#mixed-traffic-a-small-request-under-a-flood"
+#: workload, what to use, what it buys against vLLM's default (`_figures`; a function: the ray
+#: plugin's), where the run is described. One recommendation, the same as the README's, the
+#: index's and the vLLM guide's: `thread` for most workloads; `process` when preprocessing holds
+#: the GIL and `/health` must stay fast; `inline` only as the baseline when measuring;
 #: `async-renderer` only for a function with a cheaper batch form.
-DECISIONS = (
-    Decision(
-        "Short texts, one prompt a request",
-        "`thread` (the default); `inline` never in serving, only as the baseline when measuring",
-        _short,
-        "#paired-cpu-per-request",
-    ),
-    Decision(
-        "Many prompts a request",
-        "`process` (the adapter renders a request's prompts in one call per worker)",
-        _batch,
-        "decisions/0008-one-render-call-per-worker.md",
-    ),
-    Decision(
-        "Heavy preprocessing, `/health` must stay fast",
-        "`process` (workers at `nice` 10, the default)",
-        _loop,
-        "decisions/0001-workers-below-the-loop-nice-10.md",
-    ),
-    Decision(
-        "Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
-        "`thread` (the default; prefix tokenization is on by default)",
-        _truncated_alone,
-        "decisions/0006-prefix-tokenization-on-by-default.md",
-    ),
-    Decision(
-        "Long texts truncated, mixed small and heavy traffic",
-        "`thread` (the default; lanes need no setting); `process` when `/health` must stay fast",
-        _truncated,
-        "#mixed-traffic-a-small-request-under-a-flood",
-    ),
-    Decision(
-        "Small and large `/score` requests",
-        "`thread` (the default)",
-        _score,
-        "#mixed-traffic-a-small-request-under-a-flood",
-    ),
-    Decision(
-        "Heavy requests that the engine, not preprocessing, spends its time on",
-        "`thread` (the default); vLLM's own is as good: lanes help only the preprocessing part",
-        _engine,
-        "#mixed-traffic-a-small-request-under-a-flood",
-    ),
-    Decision(
-        "Images",
-        "`process`, with `--mm-processor-cache-gb 0`",
-        _images,
-        "decisions/0028-the-concurrency-sweep-answered-once.md",
-    ),
-    Decision(
-        "A function with a cheaper batch form",
-        "`async-renderer`, only there",
-        _batch_form,
-        "strategies/async-renderer.md",
-    ),
-    Decision(
-        "Beyond one machine",
-        "the `ray` plugin (`pip install offload-ray`, `--offload-strategy ray`)",
-        _ray,
-        "ray.md#cost",
-    ),
+DECISIONS: tuple[tuple[str, str, str | Callable[[Path], str], str], ...] = (
+    ("Short texts, one prompt a request",
+     "`thread` (the default); `inline` never in serving, only as the baseline when measuring",
+     ("nothing measurable: API-server CPU per request {paired thread cpu:api} (`thread`), {paired process cpu:api} "
+     "(`process`), both intervals containing 1; `inline` costs the loop thread {paired inline cpu:loop}"),
+     "#paired-cpu-per-request"),
+    ("Many prompts a request", "`process` (the adapter renders a request's prompts in one call per worker)",
+     ("API-server CPU per request {paired-batch process cpu:api}, projected ceiling of one API server "
+     "{paired-batch process ceiling}"),
+     "decisions/0008-one-render-call-per-worker.md"),
+    ("Heavy preprocessing, `/health` must stay fast", "`process` (workers at `nice` 10, the default)",
+     ("`/health` p99 {paired-batch-loop process health_p99_ms} at requests/s {paired-batch-loop process requests_per_s}; "
+     "`thread` does not: {paired-batch-loop thread health_p99_ms}"),
+     "decisions/0001-workers-below-the-loop-nice-10.md"),
+    ("Long texts truncated to a few tokens (`truncate_prompt_tokens`)",
+     "`thread` (the default; prefix tokenization is on by default)",
+     ("requests/s {paired-truncated thread requests_per_s} (`thread`), {paired-truncated async-renderer requests_per_s} "
+     "(`async-renderer`); `thread` with prefix tokenization off: {paired-truncated thread no prefix requests_per_s}; "
+     "the price: `/health` p99 {paired-truncated thread health_p99_ms} (`thread`) at five times the requests/s"),
+     "decisions/0006-prefix-tokenization-on-by-default.md"),
+    ("Long texts truncated, mixed small and heavy traffic",
+     "`thread` (the default; lanes need no setting); `process` when `/health` must stay fast",
+     ("small request's p50 under a flood {mixed preprocess process lanes flooded_p50_ms} (`process`), "
+     "{mixed preprocess thread lanes flooded_p50_ms} (`thread`); heavy requests/s "
+     "{mixed preprocess process lanes heavy_per_s} (`process`), {mixed preprocess thread lanes heavy_per_s} (`thread`)"),
+     _MIXED_DETAILS),
+    ("Small and large `/score` requests", "`thread` (the default)",
+     ("small `/score` p50 under a flood {mixed score thread lanes flooded_p50_ms}, p99 "
+     "{mixed score thread lanes flooded_p99_ms}; heavy requests/s {mixed score thread lanes heavy_per_s}"),
+     _MIXED_DETAILS),
+    ("Heavy requests that the engine, not preprocessing, spends its time on",
+     "`thread` (the default); vLLM's own is as good: lanes help only the preprocessing part",
+     ("little: small p50 under a flood {mixed engine process lanes flooded_p50_ms}, heavy requests/s "
+     "{mixed engine process lanes heavy_per_s} (offload does not schedule the engine)"),
+     _MIXED_DETAILS),
+    ("Images", "`process`, with `--mm-processor-cache-gb 0`",
+     ("small image request's p50 under a flood {mixed multimodal thread lanes flooded_p50_ms} (`thread`), "
+     "{mixed multimodal process lanes flooded_p50_ms} (`process`, at heavy requests/s "
+     "{mixed multimodal process lanes heavy_per_s}); `/health` p99 under it "
+     "{mixed multimodal process lanes health_p99_ms} (`process`), {mixed multimodal thread lanes health_p99_ms} "
+     "(`thread`)"),
+     "decisions/0028-the-concurrency-sweep-answered-once.md"),
+    ("A function with a cheaper batch form", "`async-renderer`, only there",
+     ("on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
+     "{paired async-renderer cpu:api} (`async-renderer`), {paired thread cpu:api} (`thread`)"),
+     "strategies/async-renderer.md"),
+    ("Beyond one machine", "the `ray` plugin (`pip install offload-ray`, `--offload-strategy ray`)", _ray,
+     "ray.md#cost"),
 )
 
 
@@ -237,7 +154,8 @@ def decision_table(results: Path = RESULTS) -> str:
         "| workload | use | what it buys against vLLM's default (median [interval], ratio per round) | run |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {d.workload} | {d.use} | {d.buys(results)} | [details]({d.link}) |" for d in DECISIONS]
+    lines += [f"| {workload} | {use} | {buys(results) if callable(buys) else _figures(buys, results)} | [details]({link}) |"
+              for workload, use, buys, link in DECISIONS]
     lines.append(common.end("table"))
     return "\n".join(lines) + "\n"
 

@@ -12,23 +12,12 @@ load, divided by the requests it completed, is CPU per request.
 server started in its own session: its API server, engine core and workers),
 for what servers that take no traffic burn meanwhile.
 
-For the event-loop thread it also keeps the kernel's share of its CPU
-(`stime`) and its context switches: voluntary ones (it went to sleep: the loop
-waited for I/O or for the GIL) and involuntary ones (the scheduler took the
-core away: more runnable threads than cores).
-
-`machine` and `cores_used` account for the whole machine over a block
-(`/proc/stat`): the measured server, the process generating the load, its
-children (the `/health` prober), the servers taking no traffic, every other
-process on the machine, the CPUs' idle time and the time the hypervisor
-gave them to someone else (steal), so that a row's requests/s can be read
-against the share of the cores its server had.
+For the event-loop thread it also keeps the kernel's share of its CPU (`stime`).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -78,26 +67,10 @@ def _stat_cpu(path: str) -> float:
     return sum(_stat_times(path))
 
 
-def _switches(path: str) -> tuple[int, int]:
-    """(voluntary, involuntary) context switches from a `/proc/.../status` file."""
-    counts = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in counts:
-                    counts[key] = int(value)
-    except OSError:
-        pass
-    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
-
-
 @dataclass(frozen=True)
 class Snapshot:
     loop: float
     loop_kernel: float
-    loop_sleeps: int
-    loop_preempted: int
     api: float
     workers: dict[int, float]
     engine: dict[int, float]
@@ -118,12 +91,9 @@ def snapshot(api_pid: int) -> Snapshot:
         cpu = _stat_cpu(f"/proc/{child.pid}/stat")
         (workers if title.startswith(WORKER_TITLE) else engine)[child.pid] = cpu
     loop_user, loop_kernel = _stat_times(f"/proc/{api_pid}/task/{api_pid}/stat")
-    sleeps, preempted = _switches(f"/proc/{api_pid}/task/{api_pid}/status")
     return Snapshot(
         loop=loop_user + loop_kernel,
         loop_kernel=loop_kernel,
-        loop_sleeps=sleeps,
-        loop_preempted=preempted,
         api=_stat_cpu(f"/proc/{api_pid}/stat"),
         workers=workers,
         engine=engine,
@@ -147,67 +117,6 @@ def cpu_used(before: Snapshot, after: Snapshot) -> dict[str, float]:
     used["total"] = used["api"] + used["workers"] + used["engine"]
     used["loop_kernel"] = after.loop_kernel - before.loop_kernel
     return used
-
-
-def loop_switches(before: Snapshot, after: Snapshot) -> dict[str, int]:
-    """The loop thread's context switches between the snapshots."""
-    return {
-        "sleeps": after.loop_sleeps - before.loop_sleeps,
-        "preempted": after.loop_preempted - before.loop_preempted,
-    }
-
-
-@dataclass(frozen=True)
-class Machine:
-    """CPU seconds so far (`/proc/stat`, and this process's own), at `at` (`time.monotonic()`)."""
-
-    at: float
-    #: Every CPU's time running anything (user, nice, system, irq, softirq).
-    busy: float
-    #: Every CPU's idle time (idle, iowait).
-    idle: float
-    #: Time the hypervisor ran something else on the CPUs.
-    steal: float
-    #: This process (the load generator), all its threads.
-    client: float
-    #: Its children that have ended and been waited for (the `/health` prober).
-    children: float
-    #: The process groups of `machine`'s `others` (servers taking no traffic).
-    others: float
-
-
-def machine(others: Collection[int] = ()) -> Machine:
-    """Where the machine's CPU time has gone so far; `others`: process groups counted apart."""
-    with open("/proc/stat") as f:
-        fields = [int(x) / _TICK for x in f.readline().split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
-    own = os.times()
-    return Machine(
-        at=time.monotonic(), busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal,
-        client=own.user + own.system, children=own.children_user + own.children_system,
-        others=group_cpu(others) if others else 0.0,
-    )
-
-
-def cores_used(before: Machine, after: Machine, server: float) -> dict[str, float]:
-    """How many of the machine's cores (CPU seconds per second) went to each
-    part between two readings, given the measured `server`'s CPU seconds
-    then: `server`, `client`, `prober` (ended children), `others` (the
-    groups counted apart), `rest` (every other process: what is left of the
-    busy time), `idle` and `steal`. They add up to the number of CPUs, less
-    the ticks the kernel's counters round away."""
-    wall = after.at - before.at
-    if wall <= 0:
-        return {}
-    client = after.client - before.client
-    prober = after.children - before.children
-    others = after.others - before.others
-    busy = after.busy - before.busy
-    return {
-        "server": server / wall, "client": client / wall, "prober": prober / wall, "others": others / wall,
-        "rest": max(0.0, busy - server - client - prober - others) / wall,
-        "idle": (after.idle - before.idle) / wall, "steal": (after.steal - before.steal) / wall,
-    }
 
 
 def new_workers(before: Snapshot, after: Snapshot) -> int:

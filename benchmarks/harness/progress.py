@@ -10,6 +10,7 @@ server start-up is a phase of its own, `phase`, not a step).
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from collections.abc import Iterator
@@ -93,3 +94,17 @@ def phase(what: str, expected_s: float | None = None, *, stream: IO[str] | None 
     began = time.monotonic()
     yield
     print(f"{what}: done in {tqdm.format_interval(time.monotonic() - began)}", file=out, flush=True)
+
+
+def interleaved(rows: list[str], rounds: int, seed: int, desc: str) -> Iterator[tuple[int, str, Progress]]:
+    """Every row once a round, in a fresh random order each round (drawn from
+    `seed`), so that a shared machine's drift falls on every row alike:
+    `(round, row, bar)`, the bar stepped once the caller is done with each."""
+    shuffle = random.Random(seed)
+    with Progress(rounds * len(rows), desc) as bar:
+        for number in range(rounds):
+            order = list(rows)
+            shuffle.shuffle(order)
+            for row in order:
+                yield number, row, bar
+                bar.step(f"round {number + 1} {row}")

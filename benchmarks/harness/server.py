@@ -33,19 +33,14 @@ ENGINE_IN_ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 class ServerConfig:
     """One row of the tables: how the server is started.
 
-    `strategy` None means unmodified vLLM (no plugin), unless `plugin`;
-    otherwise the server goes through the adapter's launcher,
-    `python -m offload_vllm serve`.
+    `strategy` None means unmodified vLLM (no plugin); every row goes through
+    the adapter's launcher, `python -m offload_vllm serve`.
     """
 
     name: str
     strategy: str | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    #: With no strategy: through the adapter's launcher all the same, its plugin
-    #: loaded, for the settings it takes without a strategy (the health port):
-    #: vLLM keeps its own behaviour. A row with a strategy always loads it.
-    plugin: bool = False
 
     def command(self, model: Path, port: int) -> list[str]:
         common = [
@@ -63,6 +58,10 @@ class ServerConfig:
         if self.strategy is not None:
             head += ["--offload-strategy", self.strategy]
         return [*head, *common, *self.extra_args]
+
+    def shown(self) -> str:
+        """The command line as a report quotes it (the model and port vary)."""
+        return " ".join(["python", *self.command(Path("MODEL"), 8000)[1:]])
 
     def for_smoke(self) -> ServerConfig:
         """This configuration as a smoke run starts it, which measures nothing:
@@ -85,9 +84,8 @@ class ServerConfig:
         if self.strategy is not None:
             env["OFFLOAD_VLLM_STRATEGY"] = self.strategy
         else:
-            if not self.plugin:
-                # A plugin installed in the venv must not change the "no plugin" rows.
-                env["VLLM_PLUGINS"] = ""
+            # A plugin installed in the venv must not change the "no plugin" rows.
+            env["VLLM_PLUGINS"] = ""
             for name in ("OFFLOAD_VLLM_STRATEGY", "VLLM_OFFLOAD_STRATEGY", "OFFLOAD_STRATEGY"):
                 env.pop(name, None)
         env.update(self.env)
@@ -146,19 +144,31 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    # SIGTERM to the API server alone lets it stop its engine in order; then
-    # anything left in the group (engine core, workers, extra API servers) is killed.
-    if proc.poll() is None:
+def _ended(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _kill_groups(procs: list[subprocess.Popen[bytes]], grace: float = 20.0) -> None:
+    # SIGTERM to each API server alone lets it stop its engine in order, all of
+    # them at once (one after the other, a run's shutdown took each one's in
+    # turn); then anything left in a group (engine core, workers, extra API
+    # servers) is killed.
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + grace
+    for proc in running:
+        if not _ended(proc, max(0.0, deadline - time.monotonic())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class ServerFailed(RuntimeError):
@@ -201,7 +211,7 @@ def running_servers(
     model: Path,
     log_paths: Mapping[str, Path],
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
-    poll_s: float = 1.0,
+    poll_s: float = 0.25,
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """Every configuration's server, started together: the (URL, API server
     pid) of each by key once all are ready (`/health` asked every `poll_s`).
@@ -211,6 +221,8 @@ def running_servers(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_stopped_by_sigterm())
         started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+        procs: list[subprocess.Popen[bytes]] = []
+        stack.callback(_kill_groups, procs)
         for key, config in configs.items():
             port = free_port()
             log_paths[key].parent.mkdir(parents=True, exist_ok=True)
@@ -222,7 +234,7 @@ def running_servers(
                     env=config.environment(),
                     start_new_session=True,
                 )
-            stack.callback(_kill_group, proc)
+            procs.append(proc)
             started[key] = (f"http://{HOST}:{port}", proc)
         deadline = time.monotonic() + ready_timeout
         waiting = dict(started)

@@ -33,8 +33,7 @@ import time
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import library, progress
-from benchmarks.harness.stats import median_interval, paired_ratios
+from benchmarks.harness import library, progress, stats
 from benchmarks.harness.workloads import long_texts
 
 
@@ -204,42 +203,31 @@ def measure(name: str, model: Any, device: str, args: argparse.Namespace) -> dic
         executor.shutdown()
 
 
-#: (key, title, format) per figure. `busy_fraction` keeps the name it had when
+#: (key, title, digits) per figure. `busy_fraction` keeps the name it had when
 #: it was reported as "device busy"; it is the engine thread's wall time in its
 #: forwards (GIL waits included), not the GPU's busy time (that is `gpu_util`).
-METRICS = (("items_per_s", "items/s", "{:.0f}"), ("gpu_util", "GPU utilization (NVML)", "{:.2f}"),
-           ("cpu_ms_per_item", "CPU ms per item", "{:.3f}"), ("busy_fraction", "engine in forward", "{:.2f}"),
-           ("lag_p99_ms", "loop lag p99 ms", "{:.2f}"), ("lag_max_ms", "loop lag max ms", "{:.2f}"))
-
-
+METRICS = (("items_per_s", "items/s", 0), ("gpu_util", "GPU utilization (NVML)", 2),
+           ("cpu_ms_per_item", "CPU ms per item", 3), ("busy_fraction", "engine in forward", 2),
+           ("lag_p99_ms", "loop lag p99 ms", 2), ("lag_max_ms", "loop lag max ms", 2))
 PAIRED = ("items_per_s", "gpu_util", "cpu_ms_per_item", "lag_p99_ms")
 
 
-def _fmt(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else fmt.format(value)
-
-
-def _cell(values: list[float | None], fmt: str) -> str:
-    if any(v is None for v in values):
+def _cell(values: list[Any], digits: int, base: list[Any] | None = None) -> str:
+    """Median [interval] of a row's rounds, or (`base`) of its per-round ratios to the
+    baseline's; "n/a" where a machine could not read the figure."""
+    if None in values or (base is not None and None in base):
         return "n/a"
-    iv = median_interval([v for v in values if v is not None])
-    return f"{fmt.format(iv.median)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
-
-
-def _ratio_cell(rows: list[float | None], baseline: list[float | None]) -> str:
-    if None in rows or None in baseline:
-        return "n/a"
-    ratios = paired_ratios([v for v in rows if v is not None], [v for v in baseline if v is not None])
-    return _cell(list(ratios), "{:.2f}") + "x" if ratios else "n/a"
+    shown = values if base is None else stats.paired_ratios(values, base)
+    return stats.fmt(stats.median_interval(shown), digits) + ("" if base is None else "x") if shown else "n/a"
 
 
 def report(names: list[str], rounds: list[dict[str, dict[str, Any]]]) -> str:
     """Medians [intervals] per row over `rounds`, and per-round ratios to the baseline row."""
-    body = [[n, *(_cell([r[n][key] for r in rounds], fmt) for key, _, fmt in METRICS)] for n in names]
+    body = [[n, *(_cell([r[n][key] for r in rounds], digits) for key, _, digits in METRICS)] for n in names]
     text = _common.table(["row", *(title for _, title, _ in METRICS)], body)
     base = library.BASELINE
     if base in names and len(names) > 1:
-        ratio_rows = [[n, *(_ratio_cell([r[n][key] for r in rounds], [r[base][key] for r in rounds]) for key in PAIRED)]
+        ratio_rows = [[n, *(_cell([r[n][key] for r in rounds], 2, [r[base][key] for r in rounds]) for key in PAIRED)]
                       for n in names if n != base]
         text += (f"\nPaired per round, row / `{base}` (median [interval]):\n\n"
                  + _common.table(["row", *(title for key, title, _ in METRICS if key in PAIRED)], ratio_rows))
@@ -284,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             this_round[name] = measure(name, model, device, args)
             bar.step(f"round {number + 1} {name}")
             bar.note(f"round {number + 1}/{rounds} {name}: "
-                     + ", ".join(f"{title} {_fmt(this_round[name][key], fmt)}" for key, title, fmt in METRICS))
+                     + ", ".join(f"{title} {'n/a' if this_round[name][key] is None else round(this_round[name][key], d)}"
+                       for key, title, d in METRICS))
         results["rounds"].append(this_round)
         text = report(names, results["rounds"])
         title = "Library-level: asyncio loop feeding an encoder"

@@ -25,11 +25,8 @@ and the same strategy under FIFO; a verdict per target.
     python -m benchmarks mixed --rows "vLLM default" "thread fifo" --rounds 3
     python -m benchmarks mixed --smoke --out DIR
 
-Variants (`--variant`): `preprocess` (heavy = long inputs truncated to 32
-tokens: tokenization is the work), `engine` (heavy = 16 inputs of 150 words:
-the engine shares the work), `score` (`/score` on a tiny cross-encoder),
-`token-ids` (vLLM's validation of the body is the loop's work), `multimodal`
-(image embeddings on a tiny CLIP; skipped with a message where it cannot run).
+Variants (`--variant`; `VARIANTS` says what each sends): `preprocess`, `engine`,
+`score`, `token-ids`, `multimodal` (skipped with a message where it cannot run).
 Writes mixed-<variant>.json and .md into --out (default
 .benchmarks/runs/mixed/); server logs under --out/logs/.
 """
@@ -50,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import idle_servers, load, mixed, models, procstat, progress, stats
+from benchmarks.harness import idle_servers, load, mixed, models, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, ServerFailed, running_servers
 
 #: Starting the smoke run's two servers is most of it (as the paired suite's).
@@ -102,8 +99,8 @@ class Variant:
     description: str
     path: str
     build_model: Callable[[Path], Path]
-    small: Callable[[str], mixed.Bodies]
-    heavy: Callable[[str], mixed.Bodies]
+    small: Callable[[str], workloads.Bodies]
+    heavy: Callable[[str], workloads.Bodies]
     rows: tuple[str, ...] = ROW_NAMES
     server_args: tuple[str, ...] = TEXT_MEMORY
 
@@ -122,8 +119,8 @@ def _clip(root: Path) -> Path:
     return build_tiny_clip(root / CLIP_NAME)
 
 
-def _small_texts(model: str) -> mixed.Bodies:
-    return mixed.bodies(mixed.text_bodies, model, count=SMALL_POOL, inputs=1, words=8)
+def _small_texts(model: str) -> workloads.Bodies:
+    return workloads.bodies(workloads.text_bodies, model, count=SMALL_POOL, inputs=1, words=8)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -131,20 +128,20 @@ VARIANTS: dict[str, Variant] = {
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 1500 words with "
         "`truncate_prompt_tokens: 32` (tokenization is the work, not the engine)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=1500, truncate=32,
+        lambda m: workloads.bodies(workloads.text_bodies, m, count=HEAVY_POOL, inputs=16, words=1500, truncate=32,
                                seed=HEAVY_SEED),
     ),
     "engine": Variant(
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 inputs of 150 words, untruncated "
         "(the engine shares the work)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
+        lambda m: workloads.bodies(workloads.text_bodies, m, count=HEAVY_POOL, inputs=16, words=150, seed=HEAVY_SEED),
     ),
     "token-ids": Variant(
         "tiny BERT embeddings; small: one 8-word input; heavy: 16 lists of 512 token ids with "
         "`truncate_prompt_tokens: 32` (vLLM's validation of the body is the loop's work)",
         "/v1/embeddings", _embed_model, _small_texts,
-        lambda m: mixed.bodies(mixed.token_id_bodies, m, count=HEAVY_POOL, inputs=16, ids=512, truncate=32,
+        lambda m: workloads.bodies(workloads.token_id_bodies, m, count=HEAVY_POOL, inputs=16, ids=512, truncate=32,
                                seed=HEAVY_SEED),
         rows=(DEFAULT, "thread lanes", "process lanes"),
     ),
@@ -153,16 +150,16 @@ VARIANTS: dict[str, Variant] = {
         "query, 32 documents of 750 words (as many words as the preprocess variant's heavy request), "
         "`truncate_prompt_tokens: 32`",
         "/score", _cross_encoder,
-        lambda m: mixed.bodies(mixed.score_bodies, m, count=SMALL_POOL, documents=2, words=8),
-        lambda m: mixed.bodies(mixed.score_bodies, m, count=HEAVY_POOL, documents=32, words=750, truncate=32,
+        lambda m: workloads.bodies(workloads.score_bodies, m, count=SMALL_POOL, documents=2, words=8),
+        lambda m: workloads.bodies(workloads.score_bodies, m, count=HEAVY_POOL, documents=32, words=750, truncate=32,
                                seed=HEAVY_SEED),
     ),
     "multimodal": Variant(
         "tiny CLIP image embeddings (base64 JPEGs); small: one 96-pixel image; heavy: 4 images of "
         "1024 pixels (photo-like JPEGs), one conversation each",
         "/v1/embeddings", _clip,
-        lambda m: mixed.bodies(mixed.image_bodies, m, count=SMALL_POOL, images=1, size=96),
-        lambda m: mixed.bodies(mixed.image_bodies, m, count=HEAVY_POOL, images=4, size=1024, seed=HEAVY_SEED),
+        lambda m: workloads.bodies(workloads.image_bodies, m, count=SMALL_POOL, images=1, size=96),
+        lambda m: workloads.bodies(workloads.image_bodies, m, count=HEAVY_POOL, images=4, size=1024, seed=HEAVY_SEED),
         # The multimodal processor cache cannot be shared by several renderer
         # workers: the adapter refuses thread/process with it (docs/benchmarks.md).
         server_args=(*CLIP_MEMORY, "--mm-processor-cache-gb", "0"),
@@ -211,7 +208,7 @@ class SmallTraffic:
 
 
 def measure(
-    url: str, small: list[bytes], heavy: mixed.Bodies, traffic: SmallTraffic, seconds: float, ramp_s: float,
+    url: str, small: list[bytes], heavy: workloads.Bodies, traffic: SmallTraffic, seconds: float, ramp_s: float,
     round_number: int = 0, idle_cpu: Callable[[], float] = lambda: 0.0, heavy_clients: int = HEAVY_CLIENTS,
 ) -> dict[str, Any]:
     """One row's two phases: small requests alone, then under the flood;
@@ -220,7 +217,7 @@ def measure(
     alone = traffic.run(url, small, seconds, round_number, "alone")
     alone_window = (start, time.monotonic())
     idle = {"alone": _per_s(idle_cpu() - cpu_before, alone_window)}
-    with load.HealthProber(_base(url)) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
+    with load.HealthProber(url) as prober, mixed.Flood(url, heavy, heavy_clients) as flood:
         time.sleep(ramp_s)
         cpu_before, begin = idle_cpu(), time.monotonic()
         flooded = traffic.run(url, small, seconds, round_number, "flooded")
@@ -238,12 +235,6 @@ def measure(
 def _per_s(amount: float, window: tuple[float, float]) -> float:
     begin, end = window
     return amount / (end - begin) if end > begin else 0.0
-
-
-def _base(url: str) -> str:
-    """`http://host:port` of an endpoint's URL."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def _ratio(top: float, bottom: float) -> float | None:
@@ -447,11 +438,6 @@ def _idle_line(result: dict[str, Any]) -> str:
             f"median over {len(values)} phases, {values[-1]:.3f} at most.")
 
 
-def _server_command(config: ServerConfig, server_args: tuple[str, ...]) -> str:
-    argv = dataclasses.replace(config, extra_args=(*server_args, *config.extra_args)).command(Path("MODEL"), 8000)
-    return " ".join(["python", *argv[1:]])
-
-
 def markdown(result: dict[str, Any]) -> str:
     if result.get("skipped"):
         return f"# Mixed traffic, `{result['variant']}`\n\nNot run: {result['skipped']}\n"
@@ -502,17 +488,6 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Small requests due and not sent (the in-flight bound was reached): "
                   + ", ".join(f"{row} {n}" for row, n in unsent.items())]
     lines += ["", _idle_line(result)]
-    if result.get("memory_mib"):
-        lines += [
-            "",
-            ("Memory after the warm-up, PSS in MiB (`procstat.memory_mib`): API server process, offload's "
-             "worker processes (together; how many), the rest (vLLM's engine):"),
-            "",
-            "| row | API server | worker processes | engine |",
-            "|---|---|---|---|",
-        ]
-        lines += [f"| {row} | {used['api']:.0f} | {used['workers']:.0f} ({used['worker_processes']:.0f}) "
-                  f"| {used['engine']:.0f} |" for row, used in result["memory_mib"].items() if used]
     if summary["pairs"]:
         lines += [
             "",
@@ -580,10 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": _common.loadavg(),
         "rounds": rounds, "seconds": seconds, "ramp_s": ramp_s, "heavy_clients": args.heavy_clients,
         "small": dataclasses.asdict(traffic),
-        "servers": {row: {"command": _server_command(ROWS[row].config, variant.server_args)} for row in rows},
+        "servers": {row: {"command": dataclasses.replace(ROWS[row].config, extra_args=(*variant.server_args, *ROWS[row].config.extra_args)).shown()} for row in rows},
     }
 
-    shuffle = random.Random(args.seed)
     blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         try:
@@ -613,30 +587,20 @@ def main(argv: list[str] | None = None) -> int:
         # Entered after the servers: every stopped one is resumed before they are stopped.
         idle = stack.enter_context(idle_servers.IdleServers(running))
         heavy_bodies = heavy()
-        memory: dict[str, dict[str, float]] = {}
         for row, url in servers.items():  # warm-up, not measured
             with idle.serving(row):
                 mixed.run_for(url, small, 2, warmup_s)
                 mixed.run_for(url, heavy_bodies, 2, warmup_s)
-                memory[row] = procstat.memory_mib(running[row][1])
-        result["memory_mib"] = memory
-        with progress.Progress(rounds * len(rows), f"mixed-{args.variant} blocks") as bar:
-            for round_number in range(rounds):
-                order = list(rows)
-                shuffle.shuffle(order)
-                for row in order:
-                    t0 = time.monotonic()
-                    with idle.serving(row):
-                        block = measure(servers[row], small, heavy, traffic, seconds, ramp_s, round_number,
-                                        functools.partial(idle.others_cpu, row), args.heavy_clients)
-                    block["wall_s"] = time.monotonic() - t0
-                    blocks[row].append(block)
-                    bar.step(f"round {round_number + 1} {row}")
-                    bar.note(
-                        f"round {round_number + 1} {row} ({block['wall_s']:.0f} s): p50 "
-                        f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms; heavy "
-                        f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms",
-                    )
+        for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, f"mixed-{args.variant} blocks"):
+            t0 = time.monotonic()
+            with idle.serving(row):
+                block = measure(servers[row], small, heavy, traffic, seconds, ramp_s, round_number,
+                                functools.partial(idle.others_cpu, row), args.heavy_clients)
+            block["wall_s"] = time.monotonic() - t0
+            blocks[row].append(block)
+            bar.note(f"round {round_number + 1} {row} ({block['wall_s']:.0f} s): p50 "
+                     f"{block['alone']['p50_ms']:.1f} -> {block['flooded']['p50_ms']:.1f} ms; heavy "
+                     f"{block['heavy']['requests_per_s']:.1f}/s; /health p99 {block['health']['p99_ms']:.1f} ms")
     result.update(
         loadavg_after=_common.loadavg(), wall_s=time.monotonic() - began, blocks=blocks, summary=summarize(blocks),
         targets=[evaluate(t, blocks) for t in targets(rows)],

@@ -109,16 +109,14 @@ def report(rounds_s: dict[str, dict[str, list[float]]], info: dict[str, Any]) ->
         base = by_name["run_in_executor"]
         rows = []
         for name, seconds in by_name.items():
-            t = stats.median_interval([s * 1e6 for s in seconds])
-            r = stats.median_interval(stats.paired_ratios(seconds, base))
-            rows.append([name, f"{t.median:.1f} [{t.low:.1f}, {t.high:.1f}]",
-                         f"{r.median:.2f} [{r.low:.2f}, {r.high:.2f}]×"])
+            rows.append([name, stats.fmt(stats.median_interval([s * 1e6 for s in seconds]), 1),
+                         stats.fmt(stats.median_interval(stats.paired_ratios(seconds, base))) + "×"])
         md += f"## {workload}\n\n" + _common.table(["contender", "µs / call", "vs run_in_executor"], rows) + "\n"
     noop = rounds_s["no-op"]
     thread = stats.median_interval(stats.paired_ratios(noop["offload thread"], noop["run_in_executor"]))
     md += (
         f"Target: `thread` ≤ 1.05× bare `run_in_executor` on the no-op (stretch ≤ 0.8×): "
-        f"measured {thread.median:.2f}× [{thread.low:.2f}, {thread.high:.2f}] — "
+        f"measured {stats.fmt(thread)}× — "
         f"{stats.target_verdict(thread.low, thread.median, thread.high, 1.05)}"
         f"{', stretch met' if thread.high <= 0.8 else ''}.\n"
         f"{_common.end('table')}\n"

@@ -6,9 +6,8 @@ machine's drift falls on both rows alike. For each level: accepted-request
 latency (200s only), 503s, requests/s, and `/health` latency probed from
 another process (`benchmarks.harness.load.HealthProber`).
 
-A client refused with 503 waits the `Retry-After` it got, times
-`--retry-fraction` (default 1: a client that honours the header; 0.1 keeps
-more pressure on), and sends its next request.
+A client refused with 503 waits the `Retry-After` it got, as one that honours
+the header does, then sends its next request.
 
     python -m benchmarks overload                 # 5 pairs x 15 s, tiny model
     python -m benchmarks overload --smoke --out DIR
@@ -19,9 +18,7 @@ Writes overload.json and overload.md into --out (default
 
 from __future__ import annotations
 
-import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, progress, workloads
+from benchmarks.harness import load, mixed, models, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
 # Starting two real servers is most of the smoke run; the smoke test allows this much.
@@ -44,76 +41,23 @@ WORKERS = 2
 MAX_QUEUE = 30
 
 
-async def _level(
-    url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-) -> dict[str, Any]:
-    import aiohttp
-
-    accepted: list[float] = []
-    statuses: dict[int, int] = {}
-    #: The `Retry-After` header's values on the 503s -> how many.
-    told: dict[str, int] = {}
-    connector = aiohttp.TCPConnector(limit=clients)
-    timeout = aiohttp.ClientTimeout(total=load.REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        stop = start + seconds
-        issued = 0
-
-        async def client() -> None:
-            nonlocal issued
-            while time.perf_counter() < stop:
-                payload = make_payload(issued)
-                issued += 1
-                t0 = time.perf_counter()
-                try:
-                    async with session.post(url, json=payload) as resp:
-                        await resp.read()
-                        status = resp.status
-                        header = resp.headers.get("Retry-After", "")
-                        retry_after = float(header or 0)
-                        if status == 503:
-                            told[header] = told.get(header, 0) + 1
-                except aiohttp.ClientConnectionError:
-                    # No answer: the connection dropped (a kept-alive one the server
-                    # closed as this request went out). Counted as status 0, not fatal.
-                    status, retry_after = 0, 0.0
-                statuses[status] = statuses.get(status, 0) + 1
-                if status == 200:
-                    accepted.append(time.perf_counter() - t0)
-                elif status == 503:
-                    # Not past the level's end: a wait there would only stretch
-                    # its wall time (and so lower its accepted/s) without a request.
-                    await asyncio.sleep(min(retry_after * retry_fraction, max(0.0, stop - time.perf_counter())))
-
-        await asyncio.gather(*(client() for _ in range(clients)))
-        wall = time.perf_counter() - start
-    stats = load.summarize_ms(accepted)
+def run_level(url: str, clients: int, bodies: list[bytes], seconds: float) -> dict[str, Any]:
+    """One level of `clients` closed-loop clients on the endpoint `url`, `/health`
+    probed from another process; a request never answered counts as status 0."""
+    with load.HealthProber(url) as prober:
+        start = time.monotonic()
+        tally = mixed.run_for(url, bodies, clients, seconds)
+        window = (start, time.monotonic())
+    ok = tally.summary(window)
     return {
-        "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "retry_after_told": told,
-        "accepted_per_s": len(accepted) / wall,
-        "accepted_p50_ms": stats["p50_ms"],
-        "accepted_p99_ms": stats["p99_ms"],
-        "duration_s": wall,
+        "statuses": {**ok["statuses"], **({"0": ok["lost"]} if ok["lost"] else {})},
+        "accepted_per_s": ok["requests_per_s"], "accepted_p50_ms": ok["p50_ms"], "accepted_p99_ms": ok["p99_ms"],
+        "duration_s": window[1] - window[0], "health": prober.summary(),
     }
 
 
-def run_level(
-    base_url: str, clients: int, make_payload: Any, seconds: float, retry_fraction: float = 1.0,
-) -> dict[str, Any]:
-    with load.HealthProber(base_url) as prober:
-        result = asyncio.run(_level(base_url + "/v1/embeddings", clients, make_payload, seconds, retry_fraction))
-    result["health"] = prober.summary()
-    return result
-
-
-def _interval(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.2f}" if values else "-"
-    # The median of the per-pair ratios, and their range: with 5 pairs the
-    # range covers the median with 94% (order statistics), no normality assumed.
-    return f"{statistics.median(values):.2f} (median of {len(values)} pairs; range {min(values):.2f}-{max(values):.2f})"
+def _median(values: list[float], digits: int = 2) -> str:
+    return stats.fmt(stats.median_interval(values), digits) if values else "–"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -123,7 +67,7 @@ def markdown(result: dict[str, Any]) -> str:
         (f"`python -m benchmarks overload {' '.join(result['argv'])}` on {result['machine']}, "
         f"{result['started']}: model {result['model']}, strategy `{STRATEGY}` with {WORKERS} workers, "
         f"{result['clients']} closed-loop clients, {result['pairs']} interleaved pairs of {result['seconds']:.0f} s levels; "
-        f"a refused client waits {result.get('retry_fraction', 0.1):g} x `Retry-After`."),
+        "a refused client waits its `Retry-After`."),
         _common.end("meta"),
         "",
         _common.start("tables"),
@@ -132,17 +76,17 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for name, levels in rows.items():
         lines.append(
-            f"| {name} | {statistics.mean(x['accepted_per_s'] for x in levels):.1f} "
-            f"| {statistics.mean(x['accepted_p50_ms'] for x in levels):.0f} "
-            f"| {statistics.mean(x['accepted_p99_ms'] for x in levels):.0f} "
+            f"| {name} | {_median([x['accepted_per_s'] for x in levels], 1)} "
+            f"| {_median([x['accepted_p50_ms'] for x in levels], 0)} "
+            f"| {_median([x['accepted_p99_ms'] for x in levels], 0)} "
             f"| {sum(x['statuses'].get('503', 0) for x in levels)} "
-            f"| {statistics.mean(x['health']['p99_ms'] for x in levels):.1f} |"
+            f"| {_median([x['health']['p99_ms'] for x in levels], 1)} |"
         )
     ratios = result["ratios"]
     lines += [
         "",
-        (f"Per pair, bounded / unbounded: accepted p99 {_interval(ratios['accepted_p99'])}; "
-        f"/health p99 {_interval(ratios['health_p99'])}."),
+        (f"Per pair, bounded / unbounded (median [interval] of {result['pairs']}): accepted p99 "
+         f"{_median(ratios['accepted_p99'])}; /health p99 {_median(ratios['health_p99'])}."),
     ]
     lines += [_common.end("tables"), ""]
     return "\n".join(lines)
@@ -150,17 +94,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = _common.parser(__doc__ or "", "overload", smoke="one pair of 3 s levels at 16 clients")
+    p = _common.parser(__doc__ or "", "overload", smoke="one pair of 1.5 s levels at 16 clients")
     p.add_argument("--pairs", type=int, default=5)
-    p.add_argument(
-        "--retry-fraction", type=float, default=1.0,
-        help="a refused client waits Retry-After times this before its next request",
-    )
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
     args = p.parse_args(argv)
     clients = 16 if args.smoke else args.clients
-    pairs, seconds = (1, 3.0) if args.smoke else (args.pairs, args.seconds)
+    pairs, seconds = (1, 1.5) if args.smoke else (args.pairs, args.seconds)
     bound_name = f"max_queue={MAX_QUEUE}"
     configs = {
         "unbounded": ServerConfig("unbounded", STRATEGY, env={"OFFLOAD_VLLM_WORKERS": str(WORKERS)}),
@@ -173,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         urls = {
-            name: url
+            name: url + "/v1/embeddings"
             for name, (url, _) in stack.enter_context(
                 running_servers(
                     {name: config.for_smoke() if args.smoke else config for name, config in configs.items()},
@@ -182,16 +122,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ).items()
         }
-        make_payload = workloads.long_text_factory(str(model))
+        bodies = workloads.one_text_bodies(str(model), count=256, words=160)
         for url in urls.values():  # warm-up, not measured: first requests allocate
-            asyncio.run(_level(url + "/v1/embeddings", 4, make_payload, 2.0))
+            mixed.run_for(url, bodies, 4, 0.5 if args.smoke else 2.0)
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
         names = list(configs)
         with progress.Progress(pairs * len(names), "overload levels") as bar:
             for pair in range(pairs):
                 order = names if pair % 2 == 0 else names[::-1]
                 for name in order:
-                    level = run_level(urls[name], clients, make_payload, seconds, args.retry_fraction)
+                    level = run_level(urls[name], clients, bodies, seconds)
                     rows[name].append(level)
                     bar.step(f"pair {pair + 1} {name}")
                     bar.note(f"pair {pair + 1} {name}: {json.dumps(level)}")
@@ -203,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "argv": argv, "machine": _common.machine_words(), "started": started,
         "model": "tiny BERT embedding (random weights, built locally)", "pairs": pairs, "seconds": seconds,
-        "clients": clients, "retry_fraction": args.retry_fraction, "rows": rows, "ratios": ratios,
+        "clients": clients, "rows": rows, "ratios": ratios,
     }
     _common.write(args.out, "overload", result, markdown(result))
     print(f"wrote the results into {args.out}")

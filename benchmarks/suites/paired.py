@@ -14,12 +14,7 @@ row being measured gets traffic. For every block and row:
   requests/s one API server could take before its loop is saturated; unlike
   throughput on this 2-core machine, it carries to a host with free cores;
 - the load generator's own CPU per request (this process: the closed-loop
-  clients; request bodies are JSON encoded once, `workloads.Rotation`);
-- where the machine's cores went meanwhile (`procstat.cores_used`): the
-  measured server, the load generator, the `/health` prober, the servers
-  taking no traffic, every other process on the machine, idle, steal; and
-  the load average at the block's end. A row's requests/s follows its CPU
-  per request only where its server had the same share of the cores.
+  clients; request bodies are JSON encoded once, `workloads`).
 
 Each strategy's figures are compared with vLLM's default *per round* (the
 blocks of one round ran minutes apart at most); the report gives the median
@@ -29,34 +24,31 @@ ratio with a distribution-free 95% interval (order statistics) and a verdict.
     python -m benchmarks paired --workload batch --rows process thread
     python -m benchmarks paired --smoke --out DIR
 
-Workloads: `tiny` (the CPU-per-request measurement's: one 160-word text per request), `batch` (32
-texts of 24 words per request: what a request's several prompts cost) and
-`truncated` (16 texts of 1500 words per request, `truncate_prompt_tokens` 32:
-what tokenizing only the kept part saves; rows `thread`, `thread no prefix`);
-on other tiny models (`MODEL_WORKLOADS`): `rerank` (`/rerank`, one query and
-32 documents of 5,000 words kept to 512 tokens, a BERT cross-encoder) and
-`multilingual` (`truncated` with multilingual texts on an XLM-R-style model
-whose SentencePiece tokenizer has a `Precompiled` map); these two also check
-that every row answers exactly as vLLM's default (scores or embeddings, `usage`).
+Workloads (`--workload`; `WORKLOADS` says what each sends to which model): `tiny`
+(the CPU-per-request measurement's), `batch` (a request's several prompts),
+`truncated` (what tokenizing only the kept part saves), and on models of their
+own `rerank` and `multilingual`, where every row must answer as vLLM's default does.
 Writes paired.json and paired.md (paired-<workload>.* for the others) into --out
 (default .benchmarks/runs/paired/).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-import random
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import load, models, procstat, progress, stats, workloads
+from benchmarks.harness import load, mixed, models, procstat, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
 #: Starting the smoke run's two servers is most of it.
@@ -73,37 +65,44 @@ ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
 MEMORY_FRACTION = "0.04"
-#: name -> (what the report says, payload factory of the model path)
-WORKLOADS: dict[str, tuple[str, Any]] = {
-    "tiny": ("160-word inputs, one per request", lambda model: workloads.long_text_factory(model)),
-    "batch": (
-        "32 inputs of 24 words per request",
-        lambda model: workloads.many_texts_factory(model, per_request=32, words=24),
-    ),
-    "truncated": (
-        "16 inputs of 1500 words per request, kept to 32 tokens",
-        lambda model: workloads.truncated_texts_factory(model, per_request=16, words=1500, keep=32),
-    ),
-}
-#: Workloads on a model other than the tiny BERT embedding model:
-#: name -> (what the report says, payload factory of the model path and
-#: whether it is a smoke run, model builder, model's directory name, route).
-MODEL_WORKLOADS: dict[str, tuple[str, Any, Any, str, str]] = {
-    "rerank": (
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a request sends, to which model and route (`--workload`)."""
+
+    #: What the report says it sends.
+    description: str
+    #: The request bodies for the model's path, and whether it is a smoke run.
+    bodies: Callable[[str, bool], list[bytes]]
+    model: Callable[[Path], Path] = models.build_tiny_embedding_model
+    model_dir: str = models.EMBED_NAME
+    route: str = "/v1/embeddings"
+    #: Whether every row must answer as vLLM's default does (`same_answers`).
+    checks_answers: bool = False
+
+
+_TINY_BERT = "tiny BERT embedding (random weights), "
+WORKLOADS: dict[str, Workload] = {
+    "tiny": Workload(_TINY_BERT + "160-word inputs, one per request",
+                     lambda m, _: workloads.one_text_bodies(m, count=256, words=160)),
+    "batch": Workload(_TINY_BERT + "32 inputs of 24 words per request",
+                      lambda m, _: workloads.text_bodies(m, count=4, inputs=32, words=24)),
+    "truncated": Workload(_TINY_BERT + "16 inputs of 1500 words per request, kept to 32 tokens",
+                          lambda m, _: workloads.text_bodies(m, count=4, inputs=16, words=1500, truncate=32)),
+    "rerank": Workload(
         ("`/rerank`, one query and 32 documents of 5,000 words per request, kept to 512 tokens "
-        "(tiny BERT cross-encoder, random weights, MiniLM's WordPiece tokenizer)"),
-        lambda model, smoke: workloads.rerank_factory(
-            model, documents=4 if smoke else 32, words=600 if smoke else 5000, keep=512
-        ),
-        models.build_tiny_cross_encoder, models.CROSS_ENCODER_NAME, "/rerank",
+         "(tiny BERT cross-encoder, random weights, MiniLM's WordPiece tokenizer)"),
+        lambda m, smoke: workloads.rerank_bodies(m, count=4, documents=4 if smoke else 32,
+                                                 words=600 if smoke else 5000, truncate=512),
+        models.build_tiny_cross_encoder, models.CROSS_ENCODER_NAME, "/rerank", checks_answers=True,
     ),
-    "multilingual": (
+    "multilingual": Workload(
         ("16 multilingual inputs of 1500 words per request, kept to 32 tokens (tiny XLM-R embedding model, "
-        "random weights, a SentencePiece Unigram tokenizer trained here with `nmt_nfkc`)"),
-        lambda model, smoke: workloads.multilingual_truncated_factory(
-            model, per_request=4 if smoke else 16, words=300 if smoke else 1500, keep=32
-        ),
-        models.build_tiny_xlmr, models.XLMR_NAME, "/v1/embeddings",
+         "random weights, a SentencePiece Unigram tokenizer trained here with `nmt_nfkc`)"),
+        lambda m, smoke: workloads.multilingual_bodies(m, count=4, inputs=4 if smoke else 16,
+                                                       words=300 if smoke else 1500, truncate=32),
+        models.build_tiny_xlmr, models.XLMR_NAME, checks_answers=True,
     ),
 }
 PART_NAMES = {
@@ -115,24 +114,12 @@ PART_NAMES = {
     "total": "total",
 }
 
-SWITCH_NAMES = {
-    "sleeps": "went to sleep (voluntary)",
-    "preempted": "preempted (involuntary)",
-}
 
-#: Where the machine's cores went during a block (`procstat.cores_used`).
-CORE_NAMES = {
-    "server": "server measured",
-    "client": "load generator",
-    "prober": "/health prober",
-    "others": "servers taking no traffic",
-    "rest": "other processes",
-    "idle": "idle",
-    "steal": "steal",
-}
-
-
-def config(row: str) -> ServerConfig:
+def config(row: str, smoke: bool = False) -> ServerConfig:
+    """A row's server; in a smoke run as `ServerConfig.for_smoke` starts it, with one worker."""
+    if smoke:
+        smoked = config(row).for_smoke()
+        return dataclasses.replace(smoked, env={**smoked.env, "OFFLOAD_VLLM_WORKERS": "1"}) if row in WORKERS else smoked
     args = ("--gpu-memory-utilization", MEMORY_FRACTION)
     if row == DEFAULT:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
@@ -144,34 +131,28 @@ def config(row: str) -> ServerConfig:
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 
 
-def measure_block(
-    url: str, pid: int, clients: int, make_payload: Any, seconds: float, path: str = "/v1/embeddings",
-    others: Collection[int] = (),
-) -> dict[str, Any]:
-    """One block of `clients` closed-loop clients on the server at `url`
-    (API server `pid`) for `seconds`; `others`: the process groups of the
-    servers taking no traffic meanwhile (counted apart in `cores`)."""
-    machine_before, before = procstat.machine(others), procstat.snapshot(pid)
-    level = load.run_level(url, path, clients, make_payload, seconds)
-    after, machine_after = procstat.snapshot(pid), procstat.machine(others)
+def measure_block(url: str, pid: int, clients: int, bodies: list[bytes], seconds: float,
+                  path: str = "/v1/embeddings") -> dict[str, Any]:
+    """One block of `clients` closed-loop clients on the server at `url` (API server `pid`) for `seconds`."""
+    before, client_before = procstat.snapshot(pid), sum(os.times()[:2])
+    with load.HealthProber(url) as prober:
+        start = time.monotonic()
+        tally = mixed.run_for(url + path, bodies, clients, seconds)
+        window = (start, time.monotonic())
+    after, client = procstat.snapshot(pid), sum(os.times()[:2]) - client_before
     used = procstat.cpu_used(before, after)
-    done = max(level.requests, 1)
-    client = machine_after.client - machine_before.client
+    level = tally.summary(window)
+    done = max(level["ok"], 1)
     return {
-        "requests": level.requests,
-        "errors": level.errors,
-        "first_error": level.first_error,
-        "requests_per_s": level.requests_per_s,
-        "p50_ms": level.p50_ms,
-        "p99_ms": level.p99_ms,
-        "health_p99_ms": level.health.get("p99_ms", 0.0),
+        "requests": level["ok"],
+        "errors": level["sent"] - level["ok"],
+        "first_error": level["first_error"],
+        "requests_per_s": level["requests_per_s"],
+        "p50_ms": level["p50_ms"],
+        "p99_ms": level["p99_ms"],
+        "health_p99_ms": prober.summary().get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
         "client_cpu_ms_per_request": 1e3 * client / done,
-        "cores": procstat.cores_used(machine_before, machine_after, used["total"]),
-        "load_average": os.getloadavg()[0],
-        "loop_switches_per_request": {
-            kind: count / done for kind, count in procstat.loop_switches(before, after).items()
-        },
         "new_workers": procstat.new_workers(before, after),
     }
 
@@ -179,11 +160,6 @@ def measure_block(
 def _metric(block: dict[str, Any], name: str) -> float:
     if name.startswith("cpu:"):
         return float(block["cpu_ms_per_request"][name[4:]])
-    if name.startswith("switches:"):
-        # Older results have no switch counts.
-        return float(block.get("loop_switches_per_request", {}).get(name[9:], 0.0))
-    if name.startswith("cores:"):
-        return float(block["cores"][name[6:]])
     if name == "client":
         return float(block["client_cpu_ms_per_request"])
     if name == "ceiling":
@@ -195,14 +171,12 @@ def _metric(block: dict[str, Any], name: str) -> float:
 def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     metrics = [
         "requests_per_s", "p99_ms", "health_p99_ms", "ceiling",
-        *(f"cpu:{p}" for p in PART_NAMES), *(f"switches:{k}" for k in SWITCH_NAMES),
+        *(f"cpu:{p}" for p in PART_NAMES),
     ]
-    # Results from before the load generator and the machine were measured have neither.
-    measured = [*metrics, "client", "load_average", *(f"cores:{k}" for k in CORE_NAMES)]
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
         summary[row] = {"values": {}, "ratio": {}}
-        for metric in measured if all("cores" in b for b in row_blocks) else metrics:
+        for metric in [*metrics, "client"]:
             values = [_metric(b, metric) for b in row_blocks]
             summary[row]["values"][metric] = stats.median_interval(values).__dict__
             if row != DEFAULT and DEFAULT in blocks:
@@ -225,15 +199,13 @@ def _ratio_cell(row: dict[str, Any], metric: str, *, higher: str, lower: str) ->
 
 
 def _check(summary: dict[str, Any], row: str, metric: str, bound: float, what: str, *,
-           at_least: bool = False, x_on_median: bool = True) -> list[str]:
+           at_least: bool = False) -> list[str]:
     """A target on `row`'s per-round ratio to vLLM's default, read from this run (none where not run)."""
     ratio = summary.get(row, {}).get("ratio", {}).get(metric)
     if ratio is None:
         return []
     sign = ">=" if at_least else "<="
-    figure = (f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if x_on_median
-              else f"{_fmt(ratio)}x")
-    return [f"- {what} {sign} {bound}x default: {figure} — {_verdict(ratio, bound, at_least=at_least)}"]
+    return [f"- {what} {sign} {bound}x default: {_fmt(ratio)}x — {_verdict(ratio, bound, at_least=at_least)}"]
 
 
 def _not_lower(ratio: dict[str, float], word: str) -> str:
@@ -288,7 +260,7 @@ def answers(url: str, path: str, payload: dict[str, Any]) -> tuple[list[Any], in
     return [values[k] for k in order], int(data["usage"]["prompt_tokens"])
 
 
-def same_answers(servers: dict[str, tuple[str, int]], path: str, make_payload: Any) -> dict[str, bool]:
+def same_answers(servers: dict[str, tuple[str, int]], path: str, bodies: list[bytes]) -> dict[str, bool]:
     """Whether each row answers two requests as vLLM's default does: the same
     prompt tokens, and scores or embeddings within 1e-5."""
     import numpy as np
@@ -296,8 +268,8 @@ def same_answers(servers: dict[str, tuple[str, int]], path: str, make_payload: A
     same = {}
     for row, (url, _) in servers.items():
         same[row] = True
-        for i in range(2):
-            payload = make_payload(i)
+        for body in bodies[:2]:
+            payload = json.loads(body)
             ours, our_tokens = answers(url, path, payload)
             theirs, their_tokens = answers(servers[DEFAULT][0], path, payload)
             same[row] &= our_tokens == their_tokens and bool(np.allclose(ours, theirs, atol=1e-5, rtol=0))
@@ -308,10 +280,9 @@ def _targets(result: dict[str, Any]) -> list[str]:
     workload = result.get("workload", "tiny")
     if workload == "tiny":
         return targets(result["summary"])
-    if workload in ("truncated", *MODEL_WORKLOADS):
+    if workload == "truncated" or WORKLOADS[workload].checks_answers:
         # `thread` (prefix tokenization on) serves at least 4x the requests/s of vLLM's default.
-        lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True,
-                       x_on_median=False)
+        lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True)
         same = result.get("same_answers")
         if same is not None:
             lines.append(
@@ -322,39 +293,13 @@ def _targets(result: dict[str, Any]) -> list[str]:
     return loop_targets(result["summary"])
 
 
-def build_workload(workload: str, directory: Path, *, smoke: bool = False) -> tuple[Path, Any, str]:
-    """A workload's model, built under `directory`, its payload factory
-    (a `workloads.Rotation`) and the route its requests go to."""
-    if workload in MODEL_WORKLOADS:
-        _, factory, build, name, path = MODEL_WORKLOADS[workload]
-        model = build(directory / name)
-        return model, factory(str(model), smoke), path
-    model = models.build_tiny_embedding_model(directory / models.EMBED_NAME)
-    return model, WORKLOADS[workload][1](str(model)), "/v1/embeddings"
-
-
-def describe_workload(workload: str) -> str:
-    """What a workload sends and to which model, in the reports' words."""
-    if workload in MODEL_WORKLOADS:
-        return MODEL_WORKLOADS[workload][0]
-    return f"tiny BERT embedding (random weights), {WORKLOADS[workload][0]}"
-
-
-def _commit_words(result: dict[str, Any]) -> str:
-    """", commit `abc1234`" (with " (dirty tree)" where it had changes), or
-    nothing for a result written before runs recorded their commit."""
-    if "commit" not in result:
-        return ""
-    return f", commit {_common.commit_words(result['commit'], result['dirty'])}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rows = list(summary)
     lines = [
         _common.start("meta"),
         (f"`python -m benchmarks paired {shlex.join(result['argv'])}` on {result['machine']}, "
-        f"{result['started']}{_commit_words(result)}: {describe_workload(result.get('workload', 'tiny'))}, "
+        f"{result['started']}, commit {_common.commit_words(result['commit'], result['dirty'])}: {WORKLOADS[result.get('workload', 'tiny')].description}, "
         f"{result['clients']} closed-loop clients, {result['rounds']} rounds of {result['seconds']:g} s blocks "
         "(rows in a fresh random order each round). Medians over rounds, [intervals] from order "
         f"statistics (coverage {100 * stats.median_interval([0.0] * result['rounds']).coverage:.1f}% "
@@ -381,32 +326,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(table(
         ["row", *PART_NAMES.values(), "projected ceiling"],
         [[row, *(_ratio_cell(summary[row], f"cpu:{p}", higher="more", lower="less") for p in PART_NAMES),
-          _ratio_cell(summary[row], "ceiling", higher="higher", lower="lower")] for row in rows if row != DEFAULT]))
-    lines += [
-        (
-            "The loop thread's context switches per completed request, from `/proc` (the loop "
-            "sleeps when it waits for I/O or for the GIL; it is preempted when more threads "
-            "want to run than there are cores):"
-        ),
-        "",
-    ]
-    lines.append(table(
-        ["row", *SWITCH_NAMES.values()],
-        [[row, *(_fmt(v[f"switches:{k}"], 1) if f"switches:{k}" in v else "–" for k in SWITCH_NAMES)]
-         for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"))
-    if all(f"cores:{k}" in summary[row]["values"] for row in rows for k in CORE_NAMES):
-        lines += [
-            "",
-            (
-                "Where the machine's cores went during each row's blocks (CPU seconds per second, "
-                f"from `/proc`; they add up to the {len(os.sched_getaffinity(0))} CPUs), and the load "
-                "average at the blocks' ends:"
-            ),
-            "",
-            table(["row", *CORE_NAMES.values(), "load average"],
-                  [[row, *(_fmt(v[f"cores:{k}"]) for k in CORE_NAMES), _fmt(v["load_average"], 1)]
-                   for row, v in ((row, summary[row]["values"]) for row in rows)]).rstrip("\n"),
-        ]
+          _ratio_cell(summary[row], "ceiling", higher="higher", lower="lower")] for row in rows if row != DEFAULT]
+    ).rstrip("\n"))
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
     lines += [
@@ -424,33 +345,32 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = _common.parser(__doc__ or "", "paired", smoke="2 rows, 2 rounds of 2 s blocks at 8 clients")
+    p = _common.parser(__doc__ or "", "paired", smoke="2 rows (one worker each), one round of 1 s blocks at 8 clients")
     p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--workload", choices=sorted([*WORKLOADS, *MODEL_WORKLOADS]), default="tiny")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    workload = WORKLOADS[args.workload]
     if args.smoke:
-        rows, rounds, seconds, clients = [DEFAULT, "thread" if args.workload in MODEL_WORKLOADS else "process"], 2, 2.0, 8
+        rows, rounds, seconds, clients = [DEFAULT, "thread" if workload.checks_answers else "process"], 1, 1.0, 8
     else:
         rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
         rows = [DEFAULT, *rows]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     commit, dirty = _common.machine()["commit"], _common.dirty()
-    shuffle = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        model, make_payload, path = build_workload(args.workload, Path(tmp), smoke=args.smoke)
-        send = make_payload.body  # the bodies as JSON bytes, encoded once (here, before any block)
-        send(0)
+        model = workload.model(Path(tmp) / workload.model_dir)
+        bodies, path = workload.bodies(str(model), args.smoke), workload.route
         began = time.perf_counter()
         # Started together; all stay up.
         with progress.phase(f"starting {len(rows)} vLLM servers", 60 + 15 * len(rows)):
             servers = stack.enter_context(
                 running_servers(
-                    {row: config(row).for_smoke() if args.smoke else config(row) for row in rows},
+                    {row: config(row, args.smoke) for row in rows},
                     model,
                     {row: args.out / "logs" / f"paired-{row.replace(' ', '-')}.log" for row in rows},
                 )
@@ -458,24 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         startup_s = time.perf_counter() - began
         with progress.phase("warming up every server"):
             for url, pid in servers.values():  # not measured
-                measure_block(url, pid, min(clients, 8), send, 2.0, path)
-        same = same_answers(servers, path, make_payload) if args.workload in MODEL_WORKLOADS else None
+                measure_block(url, pid, min(clients, 8), bodies, 0.5 if args.smoke else 2.0, path)
+        same = same_answers(servers, path, bodies) if workload.checks_answers else None
         blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
-        with progress.Progress(rounds * len(rows), "paired blocks") as bar:
-            for round_number in range(rounds):
-                order = list(rows)
-                shuffle.shuffle(order)
-                for row in order:
-                    url, pid = servers[row]
-                    # running_servers starts each in its own session: its group's id is its pid.
-                    others = [other_pid for other, (_, other_pid) in servers.items() if other != row]
-                    block = measure_block(url, pid, clients, send, seconds, path, others)
-                    blocks[row].append(block)
-                    bar.step(f"round {round_number + 1} {row}")
-                    bar.note(
-                        f"round {round_number + 1} {row}: {block['requests_per_s']:.1f} requests/s, loop thread "
-                        f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors"
-                    )
+        for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, "paired blocks"):
+            block = measure_block(*servers[row], clients, bodies, seconds, path)
+            blocks[row].append(block)
+            bar.note(f"round {round_number + 1} {row}: {block['requests_per_s']:.1f} requests/s, loop thread "
+                     f"{block['cpu_ms_per_request']['loop']:.2f} ms CPU a request, {block['errors']} errors")
     result = {
         "argv": argv, "machine": _common.machine_words(),
         "started": started, "commit": commit, "dirty": dirty, "workload": args.workload, "rounds": rounds, "seconds": seconds, "clients": clients,

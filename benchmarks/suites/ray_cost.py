@@ -152,7 +152,7 @@ def images(
 ) -> dict[str, dict[str, list[float]]]:
     pictures = [jpeg_base64(size, seed) for seed in range(8)]
     executors = {
-        name: offload.get_executor(name, max_workers=workers, initializer=library.load_clip_processor)
+        name: offload.get_executor(name, max_workers=workers)
         for name in ("process", "ray")
     }
     results: dict[str, dict[str, list[float]]] = {

@@ -31,7 +31,6 @@ Writes startup.{json,md} into --out (default .benchmarks/runs/startup).
 from __future__ import annotations
 
 import os
-import random
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common as _common
-from benchmarks.harness import mixed, models, procstat, progress, stats
+from benchmarks.harness import models, procstat, progress, stats, workloads
 from benchmarks.harness.server import ServerConfig, running_servers
 
 #: Starting the smoke run's one server is most of it.
@@ -192,30 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         "argv": argv, "command": _common.command("startup", argv),
         "machine": _common.machine(), "dirty": _common.dirty(), "loadavg_before": _common.loadavg(), "rounds": rounds,
     }
-    shuffle = random.Random(args.seed)
     blocks: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:
         model = models.build_tiny_embedding_model(Path(tmp) / models.EMBED_NAME)
         result["servers"] = {
-            row: " ".join(["python", *config.command(Path("MODEL"), 8000)[1:]]) for row, config in configs.items()
+            row: config.shown() for row, config in configs.items()
         }
-        small = mixed.text_bodies(str(model), count=1, inputs=1, words=8)[0]
-        heavy = mixed.text_bodies(str(model), count=1, inputs=16, words=1500, truncate=32, seed=1000)[0]
-        with progress.Progress(rounds * len(rows), "startup starts") as bar:
-            for round_number in range(rounds):
-                order = list(rows)
-                shuffle.shuffle(order)
-                for row in order:
-                    log = args.out / "logs" / f"startup-{row.replace(' ', '-')}-{round_number}.log"
-                    block = measure(configs[row], model, small, heavy, log)
-                    blocks[row].append(block)
-                    bar.step(f"round {round_number + 1} {row}")
-                    bar.note(
-                        f"round {round_number + 1} {row}: ready {block['ready_s']:.1f} s, first requests "
-                        f"{block['first_small_ms']:.0f} / {block['first_heavy_ms']:.0f} ms, PSS API "
-                        f"{block['pss_api']:.0f} + workers {block['pss_workers']:.0f} MiB "
-                        f"({block['worker_processes']:.0f})"
-                    )
+        small = workloads.text_bodies(str(model), count=1, inputs=1, words=8)[0]
+        heavy = workloads.text_bodies(str(model), count=1, inputs=16, words=1500, truncate=32, seed=1000)[0]
+        for round_number, row, bar in progress.interleaved(rows, rounds, args.seed, "startup starts"):
+            log = args.out / "logs" / f"startup-{row.replace(' ', '-')}-{round_number}.log"
+            block = measure(configs[row], model, small, heavy, log)
+            blocks[row].append(block)
+            bar.note(f"round {round_number + 1} {row}: ready {block['ready_s']:.1f} s, first requests "
+                     f"{block['first_small_ms']:.0f} / {block['first_heavy_ms']:.0f} ms, PSS API "
+                     f"{block['pss_api']:.0f} + workers {block['pss_workers']:.0f} MiB ({block['worker_processes']:.0f})")
     result.update(loadavg_after=_common.loadavg(), wall_s=time.monotonic() - began, blocks=blocks,
                   summary=summarize(blocks))
     _common.write(args.out, "startup", result, markdown(result))

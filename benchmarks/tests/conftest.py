@@ -16,7 +16,7 @@ from benchmarks.tests.loopback import loopback_server, read_head
 def answering_server() -> Iterator[str]:
     """A loopback HTTP server: /ok and /health answer 200, /slow 200 after 0.5 s,
     /close 200 with `Connection: close` and closes, /chunked a chunked 200,
-    /busy 503, /drop closes the connection unanswered, /hang never answers."""
+    /busy 503, /retry 503 with `Retry-After: 0.3`, /drop closes the connection unanswered, /hang never answers."""
 
     def serve(conn: socket.socket) -> None:
         with conn:
@@ -37,6 +37,9 @@ def answering_server() -> Iterator[str]:
                 if path == b"/hang":  # never answers; returns once the client gives up
                     conn.recv(1)
                     return
+                if path == b"/retry":
+                    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0.3\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
                 if path == b"/chunked":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
                     continue

@@ -1,7 +1,8 @@
 """pytest-benchmark view of image preprocessing under each strategy: the work
 vLLM's multimodal processor does on the event loop for an image embedding
 request (base64 JPEG decoded, resized, cropped and normalised to CLIP's 224 px
-pixel values), without vLLM: concurrent asyncio clients, each image processed
+pixel values, `library.clip_pixels`: the array transformers' CLIP processor
+gives, checked below), without vLLM: concurrent asyncio clients, each image processed
 through the strategy under test, against `loop.run_in_executor`. A round's
 loop lag (p50, p99, max, in ms) is in each row's `extra_info`.
 
@@ -38,16 +39,32 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-#: Worker processes that import transformers: 55 s for the process row on the
-#: shared 2-core machine, over the 120 s that stop a hung test at a higher load.
-@pytest.mark.timeout(300)
+def test_the_pixels_are_the_ones_transformers_clip_processor_gives() -> None:
+    """`library.clip_pixels` against transformers' own (the PIL one: vLLM's CPU
+    environment has no torchvision), on square and oblong images, smaller and larger than 224 px."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    transformers = pytest.importorskip("transformers")
+    processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)()
+    for width, height in ((512, 512), (160, 160), (500, 300), (240, 640)):
+        buf = io.BytesIO()
+        pixels = np.random.default_rng(width).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=90)
+        b64 = base64.b64encode(buf.getvalue()).decode("ascii")
+        theirs = processor(images=Image.open(io.BytesIO(buf.getvalue())).convert("RGB"), return_tensors="np")
+        np.testing.assert_allclose(library.clip_pixels(b64), theirs["pixel_values"], atol=1e-5)
+
+
 @pytest.mark.parametrize("strategy", library.rows())
 def test_preprocess_images_under_concurrent_clients(benchmark: Any, loop: asyncio.AbstractEventLoop,
                                                    strategy: str) -> None:
-    pytest.importorskip("transformers")
-    executor = library.make_executor(strategy, WORKERS, library.load_clip_processor)
+    executor = library.make_executor(strategy, WORKERS)
     try:
-        # Every worker holds its processor before the first timed round.
+        # Every worker has imported what it needs before the first timed round.
         async def warm() -> None:
             await asyncio.gather(*(executor.run(library.preprocess_image, IMAGES[0]) for _ in range(WORKERS)))
 

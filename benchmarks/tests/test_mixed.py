@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import pickle
 import random
 import signal
 import socket
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import idle_servers, load, mixed, raw_http
+from benchmarks.harness import idle_servers, load, mixed, raw_http, workloads
 from benchmarks.harness.server import ServerFailed
 from benchmarks.suites import mixed as bench_mixed
 from benchmarks.tests.loopback import loopback_server, read_head
@@ -34,9 +35,9 @@ PROBING_S = 1.5
 
 
 def test_the_report_names_each_rows_command() -> None:
-    plain = bench_mixed._server_command(bench_mixed.ROWS["thread lanes"].config, ())
+    plain = bench_mixed.ROWS["thread lanes"].config.shown()
     assert plain.startswith("python -m offload_vllm serve MODEL --offload-strategy thread")
-    assert "--offload-scheduling fifo" in bench_mixed._server_command(bench_mixed.ROWS["thread fifo"].config, ())
+    assert "--offload-scheduling fifo" in bench_mixed.ROWS["thread fifo"].config.shown()
 
 
 def test_vllm_default_is_vllms_serve_path_with_no_plugin_loaded() -> None:
@@ -165,7 +166,7 @@ def test_the_timed_client_counts_every_answer_and_when_it_arrived(
     assert all(0 <= arrived <= latency + 1e-3 for arrived, latency in timed)
     summary = tally.summary((0.0, float("inf")))
     assert 0 < summary["p99_arrived_ms"] <= summary["p99_ms"] + 1.0
-    assert mixed.Tally.from_dict(tally.as_dict()).arrivals_s == tally.arrivals_s
+    assert pickle.loads(pickle.dumps(tally)) == tally  # as the flood sends its tally back
 
 
 def test_the_timed_client_sends_no_more_than_max_in_flight(answering_server: str) -> None:
@@ -346,7 +347,7 @@ def test_the_prober_reads_when_each_answer_arrived(answering_server: str) -> Non
 def test_the_prober_probes_from_a_session_and_scheduling_group_of_its_own(answering_server: str) -> None:
     """As a kubelet probes from a process of its own: not in the scheduling
     group of the process driving the load (nor of its clients' processes)."""
-    build = mixed.bodies(mixed.text_bodies, "m", count=1, inputs=1, words=3)
+    build = workloads.bodies(workloads.text_bodies, "m", count=1, inputs=1, words=3)
     with load.HealthProber(answering_server) as prober, mixed.Flood(answering_server + "/ok", build, 1) as flood:
         assert prober.pid is not None
         assert flood.pid is not None

@@ -12,7 +12,8 @@ def _block(scale: float) -> dict[str, Any]:
         "requests": 100, "errors": 0, "first_error": None, "requests_per_s": 10 * scale, "p50_ms": 5.0,
         "p99_ms": 9 * scale, "health_p99_ms": 3 * scale,
         "cpu_ms_per_request": dict.fromkeys(paired.PART_NAMES, scale),
-        "loop_switches_per_request": dict.fromkeys(paired.SWITCH_NAMES, 1.0), "new_workers": 0,
+        "new_workers": 0,
+        "client_cpu_ms_per_request": 0.5 * scale,
     }
 
 
@@ -28,6 +29,7 @@ def test_rows_are_paired_per_round_with_vllms_default() -> None:
     result = {
         "argv": ["--workload", "truncated"], "machine": "2 CPUs", "started": "today", "clients": 64, "rounds": 3,
         "seconds": 8.0, "blocks": blocks, "startup_s": 60.0, "workload": "truncated", "summary": summary,
+        "commit": "abc1234", "dirty": False,
     }
     assert "| process |" in paired.markdown(result)
 
@@ -38,7 +40,6 @@ def test_the_report_names_the_commit_it_measured_and_a_dirty_tree() -> None:
         "argv": [], "machine": "2 CPUs", "started": "today", "clients": 8, "rounds": 1, "seconds": 8.0,
         "blocks": blocks, "startup_s": 60.0, "workload": "tiny", "summary": paired.summarize(blocks),
     }
-    assert "commit" not in paired.markdown(result)  # written before results recorded it
     result.update(commit="abc1234", dirty=False)
     assert "today, commit `abc1234`:" in paired.markdown(result)
     result.update(dirty=True)

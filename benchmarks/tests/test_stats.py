@@ -63,50 +63,12 @@ def test_procstat_sees_this_thread_burn_cpu() -> None:
     assert used["total"] >= used["api"]
 
 
-def test_procstat_sees_the_loop_thread_sleep_and_enter_the_kernel() -> None:
+def test_procstat_sees_the_loop_thread_enter_the_kernel() -> None:
     pid = os.getpid()
     before = procstat.snapshot(pid)
-    for _ in range(50):
-        time.sleep(0.001)  # each one a voluntary context switch of this (the main) thread
     end = time.process_time() + 0.3
     while time.process_time() < end:
         os.stat("/")  # a system call: time in the kernel
     after = procstat.snapshot(pid)
     used = procstat.cpu_used(before, after)
-    switches = procstat.loop_switches(before, after)
-    assert switches["sleeps"] >= 50
     assert 0 < used["loop_kernel"] <= used["loop"]
-
-
-def test_machine_accounting_splits_the_cores_among_who_used_them() -> None:
-    """`cores_used` puts this process's CPU under the load generator, an ended
-    child's under the prober, a process group's under `others`; every part
-    is a rate, and together they come to about the machine's CPUs."""
-    import subprocess
-    import sys
-
-    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
-    # A group of its own (the servers' are), still running at the second reading.
-    other = subprocess.Popen(
-        [sys.executable, "-c", burn + "\ntime.sleep(30)"], start_new_session=True
-    )
-    try:
-        before = procstat.machine([other.pid])
-        subprocess.run([sys.executable, "-c", burn], check=True)  # a child, ended and waited for
-        end = time.process_time() + 0.3
-        while time.process_time() < end:
-            pass
-        time.sleep(0.5)  # the other group's burn ends well before the second reading
-        after = procstat.machine([other.pid])
-    finally:
-        other.kill()
-        other.wait()
-    wall = after.at - before.at
-    cores = procstat.cores_used(before, after, server=0.0)
-    assert cores["client"] * wall >= 0.25
-    assert cores["prober"] * wall >= 0.25
-    assert cores["others"] * wall >= 0.25
-    assert cores["server"] == 0.0
-    assert all(value >= 0 for value in cores.values())
-    # /proc/stat counts in ticks, and other work may end between readings: roughly.
-    assert sum(cores.values()) == pytest.approx(len(os.sched_getaffinity(0)), rel=0.25)

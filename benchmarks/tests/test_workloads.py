@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
-
-import pytest
+import pickle
 
 from benchmarks.harness import workloads
 
 
-def test_a_rotation_encodes_each_body_once_and_sends_it_in_turn() -> None:
-    rotation = workloads.rerank_factory("m", documents=2, words=20, keep=8)
-    assert [rotation(i) is rotation(i + 4) for i in range(4)] == [True] * 4
-    assert [json.loads(rotation.body(i)) for i in range(8)] == [rotation(i) for i in range(8)]
-    assert all(rotation.body(i) is rotation.body(i + 4) for i in range(4))  # not encoded again
-    with pytest.raises(ValueError, match="at least one"):
-        workloads.Rotation([])
+def test_bodies_are_distinct_json_of_what_they_say() -> None:
+    bodies = [json.loads(b) for b in workloads.text_bodies("m", count=3, inputs=4, words=20, truncate=8)]
+    assert len({json.dumps(b) for b in bodies}) == 3
+    assert all(b["model"] == "m" and b["truncate_prompt_tokens"] == 8 for b in bodies)
+    assert [len(t.split()) for b in bodies for t in b["input"]] == [20] * 12
+    assert [json.loads(b)["input"] for b in workloads.one_text_bodies("m", count=2, words=5)] == workloads.long_texts(2, 5)
+    rerank = [json.loads(b) for b in workloads.rerank_bodies("m", count=2, documents=3, words=10, truncate=5)]
+    assert [len(b["documents"]) for b in rerank] == [3, 3]
+    assert rerank[0]["documents"] != rerank[1]["documents"]
+    assert "truncate_prompt_tokens" not in json.loads(workloads.score_bodies("m", count=1, documents=2, words=4)[0])
+
+
+def test_a_factory_of_bodies_crosses_to_another_process_and_builds_the_same_bodies() -> None:
+    build = workloads.bodies(workloads.token_id_bodies, "m", count=2, inputs=1, ids=5)
+    assert pickle.loads(pickle.dumps(build))() == build()
