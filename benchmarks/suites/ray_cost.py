@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     rounds, calls = (1, 5) if args.smoke else (args.rounds, 300)
-    # Smoke: one worker per row, as each worker imports Transformers (about 10 s of CPU).
+    # Smoke: one worker per row (each worker is a process or an actor to start; one runs the same code).
     clients, per_client, size, workers = (2, 1, 64, 1) if args.smoke else (32, 4, 512, 2)
     started_here = not ray.is_initialized()
     if started_here:
