@@ -13,6 +13,7 @@ read it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from threading import Lock
 from typing import Any, NamedTuple, Protocol, final
@@ -408,7 +409,13 @@ def enter(admission: Admission) -> contextvars.Token[Admission | None]:
 
 
 def leave(token: contextvars.Token[Admission | None]) -> None:
-    _current.reset(token)
+    """Undo `enter`. A block ended in another context than the one it was
+    entered in (a server that holds a request's admission until its answer
+    is sent, past the task that served it) leaves that context as it is: a
+    call made there later finds the block released, and is admitted as a
+    released block's calls are."""
+    with contextlib.suppress(ValueError):
+        _current.reset(token)
 
 
 def current_admission(owner: object) -> Admission | None:

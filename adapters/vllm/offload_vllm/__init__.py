@@ -137,7 +137,7 @@ def register() -> None:
     from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
-    from ._admission import EngineRequests, RequestPolicy, RequestsInFlight
+    from ._admission import EngineRequests, RequestPolicy, RequestsInFlight, report
     from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
     from ._runtime import Runtime
@@ -150,6 +150,7 @@ def register() -> None:
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
     engine = EngineRequests()
+    report(engine)
     policy = RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),

@@ -51,6 +51,7 @@ import offload
 
 from ._cost import TooDeep, body_floor
 from ._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
+from ._metric_family import once_per_process
 from ._routes import is_pooling_request, route_of
 
 #: The `function` label of refusals made at the request's entry.
@@ -69,6 +70,30 @@ class Priced:
     cost: float
     lane: str = DEFAULT_LANE
     engine_requests: int = 1
+
+
+#: The gauges of what admitted requests hold until they are answered (`report`).
+_held_families = once_per_process(
+    lambda prometheus_client: (
+        prometheus_client.Gauge(
+            "offload_vllm_admitted_requests",
+            "Pooling requests admitted and not yet answered (held until the answer's last byte is sent).",
+        ),
+        prometheus_client.Gauge(
+            "offload_vllm_admitted_engine_requests",
+            "Engine requests of the pooling requests admitted and not yet answered (what "
+            "vLLM's --max-num-queued-reqs bounds, counted from admission on).",
+        ),
+    )
+)
+
+
+def report(engine: EngineRequests) -> None:
+    """Export `engine`'s counts as gauges (read at each scrape), where metrics are on."""
+    if offload.metrics_enabled():
+        requests, engine_requests = _held_families()
+        requests.set_function(lambda: engine.requests)
+        engine_requests.set_function(lambda: engine.held)
 
 
 @final
