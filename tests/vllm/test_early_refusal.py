@@ -13,7 +13,13 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
-from offload_vllm._admission import REQUEST_LABEL, EngineRequests, HoldUntilAnswered, RefuseWhenFull, RequestPolicy
+from offload_vllm._admission import (
+    REQUEST_LABEL,
+    EngineRequests,
+    HoldUntilAnswered,
+    RefuseWhenFull,
+    RequestPolicy,
+)
 from offload_vllm._lanes import LaneRouter
 from offload_vllm._seams.errors import ANSWERS
 from prometheus_client import REGISTRY
