@@ -208,9 +208,11 @@ async def test_an_admitted_request_holds_its_cost_place_and_engine_requests_unti
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             r = await client.post("/v1/embeddings", content=b"{}")
-            assert r.status_code == 200 and r.content == b"ab"
+            assert r.status_code == 200
+            assert r.content == b"ab"
             assert seen == [(600.0, 1, 1, 16), (600.0, 1, 1, 16)]
-            assert refused[0].status_code == 503 and refused[0].headers["retry-after"] == "7"
+            assert refused[0].status_code == 503
+            assert refused[0].headers["retry-after"] == "7"
             assert (executor.queued_cost, executor.in_flight, engine.requests, engine.held) == (0.0, 0, 0, 0)
     finally:
         executor.shutdown()
@@ -223,7 +225,7 @@ async def test_past_max_num_queued_reqs_a_request_is_refused_at_the_door_before_
     executor = offload.get_executor("thread", max_workers=1)
     engine = EngineRequests(limit=16)
     policy = policy_of(executor, engine)
-    release = anyio.Event()
+    release, held = anyio.Event(), anyio.Event()
     read: list[int] = []
 
     async def handler(raw_request: Request) -> JSONResponse:
@@ -231,6 +233,7 @@ async def test_past_max_num_queued_reqs_a_request_is_refused_at_the_door_before_
         inputs = int((await raw_request.body()).decode() or "16")
 
         async def served() -> JSONResponse:
+            held.set()
             await release.wait()
             return JSONResponse({"ok": True})
 
@@ -246,10 +249,11 @@ async def test_past_max_num_queued_reqs_a_request_is_refused_at_the_door_before_
                 answers.append(await client.post("/v1/embeddings", content=b"16"))
 
             tg.start_soon(first)
-            while engine.held != 16:
-                await anyio.sleep(0.01)
+            await held.wait()
+            assert engine.held == 16
             refused = await client.post("/v1/embeddings", content=b"1")
-            assert refused.status_code == 503 and refused.headers["retry-after"] == "7"
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "7"
             assert read == [2]  # the refused request's body was never read
             release.set()
         assert answers[0].status_code == 200
