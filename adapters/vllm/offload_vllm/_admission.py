@@ -106,7 +106,10 @@ class EngineRequests:
     vllm/v1/engine/async_llm.py); counted here from admission on, at no fewer
     than the engine requests a request makes (`_seams/requests.engine_requests`),
     the request that would pass it is refused before it is rendered, and
-    vLLM's check never refuses an admitted one. Changed on the loop's thread."""
+    vLLM's check never refuses an admitted one. Counted per API server
+    process: with `--api-server-count` > 1 vLLM counts every process's
+    requests together (`SharedAdmissionStats`), and its check may still
+    refuse after rendering. Changed on the loop's thread."""
 
     __slots__ = ("held", "limit", "requests")
 
