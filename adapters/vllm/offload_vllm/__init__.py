@@ -140,7 +140,7 @@ def register() -> None:
     from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
     from ._runtime import Runtime
-    from ._seams import io_processor, offline, responses, serving
+    from ._seams import generate, io_processor, offline, responses, serving
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
@@ -180,6 +180,7 @@ def register() -> None:
         return runtime.render(io_processor_object, vllm_config)
 
     io_processor.install(make_render)
+    generate.install(runtime.render_generate)
     responses.install_response_encoder()
     serving.install(serving_built)
     serving.install_preprocessing(preprocessed)
