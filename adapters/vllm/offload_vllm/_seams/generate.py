@@ -11,12 +11,19 @@ and non-streaming requests share this render. Only text: a prompt or message
 with other content (images, audio, embeddings) is rendered by vLLM's own
 async methods, as without the adapter (its multimodal processor cache lives
 in the served renderer). Detokenization and output processing stay in vLLM.
+
+A message's content that vLLM's request validation could not read as a list
+of parts is a one-shot iterator (pydantic's `ValidatorIterator`), which vLLM
+alone reads, and so validates, in its render. We read it into a list first
+(`listed_contents`), raising the same validation error vLLM alone answers
+with, rather than one of pickling it for a worker process; and a list's parts
+are what `text_only_chat` can see.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from vllm.renderers.chat_utils import has_non_text_content
@@ -40,6 +47,7 @@ class StrategyRenderer:
         return getattr(self._served, name)
 
     async def render_chat_async(self, conversations: Any, chat_params: Any, tok_params: Any = None, **kwargs: Any) -> Any:
+        conversations = listed_contents(conversations)
         if not text_only_chat(conversations):
             return await self._served.render_chat_async(conversations, chat_params, tok_params, **kwargs)
         return await self._render("render_chat", (conversations, chat_params, tok_params), kwargs)
@@ -48,6 +56,19 @@ class StrategyRenderer:
         if not text_only_prompts(prompts):
             return await self._served.render_cmpl_async(prompts, tok_params, **kwargs)
         return await self._render("render_cmpl", (prompts, tok_params), kwargs)
+
+
+def listed_contents(conversations: Any) -> list[list[Any]]:
+    """`conversations`, each message whose content is an iterator copied with that content listed."""
+    return [
+        [
+            {**message, "content": list(message["content"])}
+            if isinstance(message, dict) and isinstance(message.get("content"), Iterator)
+            else message
+            for message in conversation
+        ]
+        for conversation in conversations
+    ]
 
 
 def text_only_chat(conversations: Any) -> bool:
