@@ -29,6 +29,7 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
       ▼
     seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
                                            and post-processing code, run by the placement
+                                           (generate.py: the generate routes' text render, unadmitted)
       ▼
     engine             vLLM's engine (untouched; the request's priority set at admission)
       ▼
