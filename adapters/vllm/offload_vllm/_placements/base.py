@@ -9,10 +9,12 @@ from typing import Any, ClassVar
 
 import offload
 
-from .._cost import split_by_cost
+from .._cost import characters, split_by_cost
 from .._kinds import PlacementKind, StrategyRow
 from .._loop_calls import LoopCall, loop_call_counters
+from .._seams import generate as generate_seam
 from .._seams import serving as serving_seam
+from .._seams.generate import RenderGenerate
 from .._seams.io_processor import RenderAll, RenderAsync
 from .._seams.requests import render_params_cost
 from .._seams.serving import PostprocessAsync
@@ -78,6 +80,11 @@ class Placement(abc.ABC):
         `io_processor`'s, as `io_processor.render(render_params)` does. The
         offline path maps it over a batch's prompts."""
 
+    def generate_call(self, renderer: Any) -> Call:
+        """`(fn, lead)`: `fn(*lead, method, args, kwargs)` is `renderer.<method>(*args, **kwargs)`,
+        a generate route's text render (`_seams/generate.py`), with `renderer` or the worker's own."""
+        return generate_seam.render, (renderer,)
+
     def postprocess_call(self, serving: Any) -> Callable[[Any, Any], Call]:
         """For `serving`: `(io_processor, ctx) -> (fn, args)`, where `fn(*args)`
         builds the response, as `serving._postprocessing(io_processor, ctx)` does."""
@@ -130,6 +137,20 @@ class Placement(abc.ABC):
             return rendered
 
         return render_all
+
+    def render_generate(self, renderer: Any) -> RenderGenerate:
+        """A generate route's text render (chat template and tokenization): one
+        call, priced by the characters of its messages or prompts."""
+        fn, lead = self.generate_call(renderer)
+
+        async def render_generate(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            cost = characters(args[0])
+            if self.runs_inline(cost):
+                self._count_on_loop("render")
+                return generate_seam.render(renderer, method, args, kwargs)
+            return await self.executor.options(cost=cost).run(fn, *lead, method, args, kwargs)
+
+        return render_generate
 
     def postprocess_async(self, serving: Any) -> PostprocessAsync:
         """`serving._postprocessing_async`: one call, whose cost is the outputs'."""

@@ -6,8 +6,10 @@ import asyncio
 from typing import Any
 
 from .._kinds import BATCHED
+from .._seams import generate as generate_seam
 from .._seams import renderer as renderer_seam
 from .._seams import requests as requests_seam
+from .._seams.generate import RenderGenerate
 from .._seams.io_processor import RenderAll, RenderAsync
 from .base import Call, Placement
 
@@ -48,6 +50,15 @@ class Batched(Placement):
             return list(await asyncio.gather(*(render_async(params) for params in render_params)))
 
         return render_all
+
+    def render_generate(self, renderer: Any) -> RenderGenerate:
+        """vLLM's own async render on the loop, its tokenization micro-batched (as `render_async`)."""
+        self._batch_tokenization(renderer)
+
+        async def render_generate(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return await generate_seam.render_async(renderer, method, args, kwargs)
+
+        return render_generate
 
     def _batch_tokenization(self, renderer: Any) -> None:
         def tokenize(prompt: Any, /, *, params: Any, group: int | None) -> Any:

@@ -23,3 +23,6 @@ class InThread(Placement):
 
     def render_call(self, io_processor: Any) -> Call:
         return _workers.render_in_thread, (io_processor,)
+
+    def generate_call(self, renderer: Any) -> Call:
+        return _workers.render_generate_in_thread, (renderer,)

@@ -5,6 +5,7 @@ The modules that patch vLLM, each function patched from exactly one of them:
 validation shortcut, in the order `register` gives), `serving.py` (pooling
 serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `io_processor.py` (`render_async`), `renderer.py` (tokenization),
+`generate.py` (`OnlineRenderer.__init__`: the generate routes' text render),
 `responses.py` (the JSON encoder of scoring answers),
 `validation.py` (FastAPI's body validation of the pooling routes) and
 `offline.py` (`LLM`'s executor). The others read vLLM's objects and answer
@@ -85,6 +86,7 @@ _S_CONFIG = "_seams/config.py"
 _S_SERVE = "_seams/serve_command.py"
 _S_REQUESTS = "_seams/requests.py"
 _S_VALIDATION = "_seams/validation.py"
+_S_GENERATE = "_seams/generate.py"
 _WORKERS = "_workers.py"
 _PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
 _EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
@@ -197,6 +199,14 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_RENDERER, "BaseRenderer", "render_cmpl_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
     Seam(_RENDERER, "BaseRenderer", "render_chat_async", params=("prompt_extras", "skip_mm_cache"), used_by=_S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "get_encode_kwargs", used_by=_S_RENDERER),
+    # The generate routes: their `OnlineRenderer`'s renderer is replaced after
+    # `__init__`; its text renders run vLLM's synchronous ones under the strategy
+    # (called with the async ones' keywords), the rest stays vLLM's own.
+    Seam("vllm.renderers.online_renderer", "OnlineRenderer", "__init__", used_by=_S_GENERATE),
+    Seam("vllm.renderers.online_renderer", "OnlineRenderer", "renderer", "instance", used_by=_S_GENERATE),
+    Seam(_RENDERER, "BaseRenderer", "render_chat", params=("prompt_extras", "skip_mm_cache"), used_by=_S_GENERATE),
+    Seam(_RENDERER, "BaseRenderer", "render_cmpl", params=("prompt_extras", "skip_mm_cache"), used_by=_S_GENERATE),
+    Seam("vllm.renderers.chat_utils", None, "has_non_text_content", used_by=_S_GENERATE),
     # Prefix tokenization reads what truncation keeps.
     *_fields("vllm.renderers.params", "TokenizeParams", ("truncate_prompt_tokens", "truncation_side"), _S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "max_truncation_tokens", used_by=_S_RENDERER),

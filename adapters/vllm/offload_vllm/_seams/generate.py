@@ -1,0 +1,116 @@
+"""Seam: `vllm/renderers/online_renderer.py`, `OnlineRenderer.__init__`.
+
+The generate routes (`/v1/chat/completions`, `/v1/completions`, and the
+Responses API, which shares `preprocess_chat`) render through the
+`OnlineRenderer`'s `renderer`: `preprocess_chat` awaits
+`renderer.render_chat_async(...)`, `preprocess_cmpl` awaits
+`renderer.render_cmpl_async(...)`. We let vLLM build the `OnlineRenderer`, then
+give it a `StrategyRenderer`: the served renderer, but for those two
+methods, which the strategy runs (`_placements`, `render_generate`). Streaming
+and non-streaming requests share this render. Only text: a prompt or message
+with other content (images, audio, embeddings) is rendered by vLLM's own
+async methods, as without the adapter (its multimodal processor cache lives
+in the served renderer). Detokenization and output processing stay in vLLM.
+
+A message's content that vLLM's request validation could not read as a list
+of parts is a one-shot iterator (pydantic's `ValidatorIterator`), which vLLM
+alone reads, and so validates, in its render. We read it into a list first
+(`listed_contents`), raising the same validation error vLLM alone answers
+with, rather than one of pickling it for a worker process; and a list's parts
+are what `text_only_chat` can see.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+from vllm.renderers.chat_utils import has_non_text_content
+from vllm.renderers.online_renderer import OnlineRenderer
+
+#: `render(method, args, kwargs)`: the strategy's run of `renderer.<method>(*args, **kwargs)`,
+#: where method is `render_chat` or `render_cmpl` (vLLM's synchronous ones).
+RenderGenerate = Callable[[str, tuple[Any, ...], dict[str, Any]], Coroutine[Any, Any, Any]]
+
+_ORIGINAL_INIT: Callable[..., None] = OnlineRenderer.__init__
+
+
+class StrategyRenderer:
+    """The served renderer, its text renders run by the strategy."""
+
+    def __init__(self, served: Any, render: RenderGenerate) -> None:
+        self._served = served
+        self._render = render
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._served, name)
+
+    async def render_chat_async(self, conversations: Any, chat_params: Any, tok_params: Any = None, **kwargs: Any) -> Any:
+        conversations = listed_contents(conversations)
+        if not text_only_chat(conversations):
+            return await self._served.render_chat_async(conversations, chat_params, tok_params, **kwargs)
+        return await self._render("render_chat", (conversations, chat_params, tok_params), kwargs)
+
+    async def render_cmpl_async(self, prompts: Any, tok_params: Any = None, **kwargs: Any) -> Any:
+        if not text_only_prompts(prompts):
+            return await self._served.render_cmpl_async(prompts, tok_params, **kwargs)
+        return await self._render("render_cmpl", (prompts, tok_params), kwargs)
+
+
+def listed_contents(conversations: Any) -> list[list[Any]]:
+    """`conversations`, each message whose content is an iterator copied with that content listed."""
+    return [
+        [
+            {**message, "content": list(message["content"])}
+            if isinstance(message, dict) and isinstance(message.get("content"), Iterator)
+            else message
+            for message in conversation
+        ]
+        for conversation in conversations
+    ]
+
+
+def text_only_chat(conversations: Any) -> bool:
+    return not any(has_non_text_content(list(conversation)) for conversation in conversations)
+
+
+def text_only_prompts(prompts: Any) -> bool:
+    """Parsed completion prompts that are text or token ids, nothing else."""
+    for prompt in prompts:
+        if not isinstance(prompt, dict):  # bytes: prompt embeddings
+            return False
+        if set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}:
+            return False
+    return True
+
+
+def served_renderer(renderer: Any) -> Any:
+    """The renderer vLLM built, behind a `StrategyRenderer` or not."""
+    return renderer._served if isinstance(renderer, StrategyRenderer) else renderer
+
+
+def render(renderer: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """vLLM's own synchronous render, `renderer.render_chat` or `render_cmpl`."""
+    return getattr(renderer, method)(*args, **kwargs)
+
+
+async def render_async(renderer: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """vLLM's own async render (`render_chat_async`, `render_cmpl_async`) of the served renderer."""
+    return await getattr(renderer, f"{method}_async")(*args, **kwargs)
+
+
+def install(make_render: Callable[[Any], RenderGenerate | None]) -> None:
+    """`make_render(served_renderer)` gives a new `OnlineRenderer` its text render (`None`: vLLM's own)."""
+    if getattr(OnlineRenderer.__init__, "__offload_vllm__", False):
+        return
+
+    @functools.wraps(_ORIGINAL_INIT)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _ORIGINAL_INIT(self, *args, **kwargs)
+        made = make_render(self.renderer)
+        if made is not None:
+            self.renderer = StrategyRenderer(self.renderer, made)
+
+    __init__.__offload_vllm__ = True  # type: ignore[attr-defined]
+    OnlineRenderer.__init__ = __init__  # type: ignore[method-assign]

@@ -1,0 +1,307 @@
+"""The generate routes (`/v1/chat/completions`, `/v1/completions`) answer under a
+strategy as vLLM alone does, their text render run by the strategy
+(`offload_vllm/_seams/generate.py`).
+
+One tiny random-weight Llama (the session's `model_dirs["generate"]`), greedy.
+Servers (`_module_servers`: started with other modules' own): vLLM alone
+(`VLLM_PLUGINS=`) and the two strategies whose render is furthest from
+vLLM's own call: `process` (the worker process's renderer, its answer pickled
+back) and `async-renderer` (vLLM's async render, its tokenization batched
+across requests). `inline` and
+`thread` run vLLM's synchronous render, on the loop or on a worker thread's
+copy of the renderer: that render is compared with vLLM's own in this process
+(`OnlineRenderer.render_chat`, `render_completion`), with no server.
+
+A streamed answer is compared folded into one (`_folded`): vLLM alone merges
+the outputs of engine steps its API server has not sent yet into one chunk
+(`RequestOutputCollector`), so where a stream's chunks break depends on the
+machine's load, not on the render.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ._module_servers import ModuleServers, register
+from ._server import Server, renderer_workers, scrape, start_server, total
+from .conftest import AVAILABLE, WORKERS
+
+pytestmark = pytest.mark.timeout(900)
+
+REFERENCE = "vllm"
+#: The strategies served here; inline and thread are checked without a server.
+SERVED = tuple(s for s in ("process", "async-renderer") if s in AVAILABLE)
+IN_PROCESS = tuple(s for s in ("inline", "thread") if s in AVAILABLE)
+NAME = "tiny-generate"
+#: Small: these servers share the test machine's memory with other modules' servers.
+ARGS = ("--runner", "generate", "--max-model-len", "128", "--max-num-seqs", "8")
+#: Pool strategies: every call on the executor, none on the loop (the placement test counts each).
+OWN_ENV = {s: {"OFFLOAD_VLLM_INLINE_COST": "0"} for s in ("thread", "process")}
+
+
+@register(__name__, needs=(), servers=1 + len(SERVED))
+def starts(model_dirs: Mapping[str, Path], logs: Path) -> dict[str, Callable[[], Server]]:
+    model = model_dirs["generate"]
+    return {
+        REFERENCE: functools.partial(
+            start_server, model, NAME, None, logs, extra_env={"VLLM_PLUGINS": ""}, extra_args=ARGS
+        ),
+        **{
+            s: functools.partial(
+                start_server, model, NAME, s, logs, workers=WORKERS.get(s), extra_args=ARGS, extra_env=OWN_ENV.get(s)
+            )
+            for s in SERVED
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def generate_servers(module_servers: ModuleServers) -> Iterator[dict[str, Server]]:
+    with module_servers.taken(__name__) as started:
+        yield started
+
+
+GREEDY = {"temperature": 0, "seed": 7, "max_tokens": 12}
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Say something about tokenizers."}]
+CHAT = {"messages": MESSAGES, **GREEDY, "return_token_ids": True}
+COMPLETION = {"prompt": "Tokenizers split text into", **GREEDY, "return_token_ids": True}
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+CASES = {
+    "chat": ("/v1/chat/completions", CHAT),
+    "chat-stream": ("/v1/chat/completions", {**CHAT, **STREAM}),
+    "chat-text-parts": (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": " more."}]}]},
+    ),
+    "completion": ("/v1/completions", COMPLETION),
+    "completion-two-prompts": ("/v1/completions", {**COMPLETION, "prompt": ["one two", "three four five"]}),
+    "completion-stream": ("/v1/completions", {**COMPLETION, **STREAM}),
+}
+BAD = {
+    "chat-over-context": ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "word " * 300}]}),
+    # vLLM validates this content when its render reads it (a one-shot iterator):
+    # under `process` that iterator once failed to pickle, a 400 of other words.
+    "chat-part-without-text": ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+    # The chat template's own error (jinja's), raised in the render.
+    "chat-template-kwargs-clash": ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"messages": 5}}),
+    "completion-over-context": ("/v1/completions", {**COMPLETION, "prompt": "word " * 300}),
+    "completion-token-out-of-vocab": ("/v1/completions", {**COMPLETION, "prompt": [1, 2, 10**7]}),
+}
+
+
+def _answer(server: Server, route: str, body: dict[str, Any]) -> tuple[int, Any]:
+    reply = httpx.post(f"{server.url}{route}", json={"model": NAME, **body}, timeout=120)
+    if body.get("stream") and reply.status_code == 200:
+        return reply.status_code, _folded(_events(reply.text))
+    return reply.status_code, _without_ids(reply.json())
+
+
+def _without_ids(answer: Any) -> Any:
+    """The answer but what differs between any two servers (its id, its time)."""
+    if isinstance(answer, dict):
+        return {k: _without_ids(v) for k, v in answer.items() if k not in ("id", "created")}
+    if isinstance(answer, list):
+        return [_without_ids(v) for v in answer]
+    return answer
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+#: A streamed choice's fields that a chunk continues: joined across chunks.
+_JOINED = ("content", "text", "token_ids")
+
+
+def _folded(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream as one answer: each choice's text and token ids joined over the
+    chunks, every other field (role, prompt token ids, finish reason, usage) its
+    value where it is set; ids and times left out (`_without_ids`)."""
+    top: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in _without_ids(chunks):
+        for key, value in chunk.items():
+            if key == "choices":
+                for choice in value:
+                    _fold(choices.setdefault(choice["index"], {}), choice)
+            elif value is not None:
+                assert top.setdefault(key, value) == value, (key, top[key], value)
+    return {**top, "choices": [choices[i] for i in sorted(choices)]}
+
+
+def _fold(into: dict[str, Any], part: dict[str, Any]) -> None:
+    for key, value in part.items():
+        if isinstance(value, dict):
+            _fold(into.setdefault(key, {}), value)
+        elif key in _JOINED and value is not None:
+            into[key] = into.get(key, value[:0]) + value
+        elif value is not None:
+            assert into.setdefault(key, value) == value, (key, into[key], value)
+
+
+def test_a_stream_folds_whatever_its_chunks() -> None:
+    """Two streams of one answer, one chunk per token and two tokens merged in
+    one chunk, fold alike; a different token does not."""
+    first = {"id": "a", "created": 1, "model": NAME, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    tokens = [({"content": "to"}, [5]), ({"content": "ken"}, [6]), ({"content": "s"}, [7])]
+    one_each = [first] + [
+        {"id": "a", "created": 1, "model": NAME, "choices": [{"index": 0, "delta": delta, "token_ids": ids}]}
+        for delta, ids in tokens
+    ]
+    merged = [
+        {**first, "id": "b"},
+        {"id": "b", "created": 2, "model": NAME, "choices": [{"index": 0, "delta": {"content": "to"}, "token_ids": [5]}]},
+        {"id": "b", "created": 2, "model": NAME, "choices": [{"index": 0, "delta": {"content": "kens"}, "token_ids": [6, 7]}]},
+    ]
+    assert _folded(one_each) == _folded(merged)
+    assert _folded(one_each)["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "tokens"}, "token_ids": [5, 6, 7]}]
+    other = [*merged[:2], {**merged[2], "choices": [{"index": 0, "delta": {"content": "kens"}, "token_ids": [6, 8]}]}]
+    assert _folded(other) != _folded(merged)
+
+
+def served() -> list[Any]:
+    return [pytest.param(s, id=s) for s in SERVED]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("strategy", served())
+def test_greedy_answers_are_vllms(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
+    route, body = CASES[case]
+    expected = _answer(generate_servers[REFERENCE], route, body)
+    assert expected[0] == 200, expected
+    assert _answer(generate_servers[strategy], route, body) == expected
+
+
+@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("strategy", served())
+def test_bad_input_is_answered_as_vllm_does(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
+    route, body = BAD[case]
+    expected = _answer(generate_servers[REFERENCE], route, body)
+    assert expected[0] >= 400, expected
+    assert _answer(generate_servers[strategy], route, body) == expected
+
+
+@pytest.mark.parametrize("strategy", served())
+@pytest.mark.parametrize("case", ["chat", "completion", "chat-stream"])
+def test_the_render_runs_on_the_strategy(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
+    """Each text request is one call on the strategy's executor (under `process`, in
+    one of the server's worker processes; under async-renderer, its micro-batched tokenization)."""
+    server = generate_servers[strategy]
+    route, body = CASES[case]
+    before = total(scrape(server), "offload_run_seconds_count", strategy=strategy)
+    assert _answer(server, route, body)[0] == 200
+    after = total(scrape(server), "offload_run_seconds_count", strategy=strategy)
+    assert after - before == 1
+    if strategy == "process":
+        assert renderer_workers(server)
+
+
+def test_vllm_alone_runs_no_strategy(generate_servers: dict[str, Server]) -> None:
+    """The reference loads no adapter: no offload metric moves there."""
+    server = generate_servers[REFERENCE]
+    assert _answer(server, *CASES["chat"])[0] == 200
+    assert total(scrape(server), "offload_run_seconds_count") == 0
+
+
+# ---- inline and thread: the render in this process ---------------------------
+
+
+@pytest.fixture(scope="module")
+def generate_renderer(model_dirs: dict[str, Path]) -> tuple[Any, Any]:
+    """The tiny Llama's `VllmConfig` and the renderer vLLM builds from it."""
+    from offload_vllm._seams.renderer import renderer_from_config
+    from vllm.engine.arg_utils import EngineArgs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's own deprecation/user warnings at config time
+        config = EngineArgs(
+            model=str(model_dirs["generate"]), runner="generate", dtype="float32", max_model_len=128
+        ).create_engine_config()
+    return config, renderer_from_config(config)
+
+
+def _rendered(online: Any, route: str, body: dict[str, Any]) -> Any:
+    """`OnlineRenderer`'s render of a request, as a route has it (arrival times
+    left out), or the error it raised."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    with warnings.catch_warnings():
+        # vLLM's own: its chat render warns that `max_tokens` is deprecated.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            if route == "/v1/chat/completions":
+                request = ChatCompletionRequest.model_validate({"model": NAME, **body})
+                result = asyncio.run(online.render_chat(request))
+            else:
+                request = CompletionRequest.model_validate({"model": NAME, **body})
+                result = asyncio.run(online.render_completion(request))
+        except Exception as error:  # compared, type and words, with vLLM's own
+            return {"error": type(error), "message": str(error)}
+    conversation, inputs = result if isinstance(result, tuple) else (None, result)
+    engine_inputs = [{k: v for k, v in engine_input.items() if k != "arrival_time"} for engine_input in inputs]
+    return {"conversation": conversation, "engine_inputs": engine_inputs}
+
+
+def _renders(strategy: str) -> tuple[float, float]:
+    """Renders run so far in this process: on the loop (a cheap call), on `strategy`'s executor."""
+    import prometheus_client
+    from offload_vllm._loop_calls import LOOP_CALLS
+
+    on_loop = prometheus_client.REGISTRY.get_sample_value(f"{LOOP_CALLS}_total", {"call": "render"}) or 0.0
+    return on_loop, sum(
+        sample.value
+        for family in prometheus_client.REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == "offload_run_seconds_count" and sample.labels.get("strategy") == strategy
+    )
+
+
+@pytest.mark.parametrize("strategy", IN_PROCESS)
+def test_the_render_on_the_loop_or_a_thread_is_vllms(generate_renderer: tuple[Any, Any], strategy: str) -> None:
+    """Every case, good and bad, renders under the strategy's placement as vLLM's
+    own async render does: the same conversation and engine inputs, or the same error."""
+    from offload_vllm import read_settings
+    from offload_vllm._runtime import Runtime
+    from offload_vllm._seams.generate import StrategyRenderer
+    from vllm.renderers.online_renderer import OnlineRenderer
+
+    config, renderer = generate_renderer
+    env = {"OFFLOAD_VLLM_STRATEGY": strategy}
+    if strategy == "thread":
+        env |= {"OFFLOAD_VLLM_WORKERS": str(WORKERS["thread"]), **OWN_ENV["thread"]}
+    placement = Runtime(read_settings(env)).placement(config)
+
+    def online(served: Any) -> Any:
+        return OnlineRenderer(
+            config.model_config, served, request_logger=None, chat_template=None, chat_template_content_format="auto"
+        )
+
+    alone, offloaded = online(renderer), online(StrategyRenderer(renderer, placement.render_generate(renderer)))
+    cases = {**CASES, **BAD}
+    try:
+        loop_before, executor_before = _renders(strategy)
+        for name, (route, body) in cases.items():
+            expected = _rendered(alone, route, body)
+            # The token out of vocabulary renders; the engine's input check refuses it.
+            assert ("error" in expected) is (name in BAD and name != "completion-token-out-of-vocab"), expected
+            assert _rendered(offloaded, route, body) == expected, name
+        on_loop, on_executor = _renders(strategy)
+        # chat-part-without-text's content fails its validation as it is read, before the render.
+        rendered = len(cases) - 1
+        assert (on_loop - loop_before) + (on_executor - executor_before) == rendered
+        if strategy == "thread":  # every call on a worker thread (OFFLOAD_VLLM_INLINE_COST=0)
+            assert on_executor - executor_before == rendered
+    finally:
+        placement.executor.shutdown()
