@@ -305,3 +305,40 @@ def test_the_render_on_the_loop_or_a_thread_is_vllms(generate_renderer: tuple[An
             assert on_executor - executor_before == rendered
     finally:
         placement.executor.shutdown()
+
+
+def test_a_chats_template_arguments_are_priced_with_its_messages(generate_renderer: tuple[Any, Any]) -> None:
+    """A short chat renders on the loop under a cheap-call threshold; the same
+    chat with a long tool description (rendered by the template) is priced
+    past it and runs on a worker thread."""
+    from offload_vllm import read_settings
+    from offload_vllm._runtime import Runtime
+    from offload_vllm._seams.generate import StrategyRenderer
+    from vllm.renderers.online_renderer import OnlineRenderer
+
+    config, renderer = generate_renderer
+    env = {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1", "OFFLOAD_VLLM_INLINE_COST": "2000"}
+    placement = Runtime(read_settings(env)).placement(config)
+    online = OnlineRenderer(
+        config.model_config, StrategyRenderer(renderer, placement.render_generate(renderer)),
+        request_logger=None, chat_template=None, chat_template_content_format="auto",
+    )
+    def render_chat(online: Any, body: dict[str, Any]) -> None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.run(online.render_chat(ChatCompletionRequest.model_validate({"model": NAME, **body})))
+
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 20_000, "parameters": {}}}
+    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        before = _renders("thread")
+        render_chat(online, short)
+        after_short = _renders("thread")
+        render_chat(online, {**short, "tools": [tool], "tool_choice": "none"})  # "auto" needs a tool parser
+        after_tools = _renders("thread")
+    finally:
+        placement.executor.shutdown()
+    assert (after_short[0] - before[0], after_short[1] - before[1]) == (1, 0)  # on the loop
+    assert (after_tools[0] - after_short[0], after_tools[1] - after_short[1]) == (0, 1)  # on a worker

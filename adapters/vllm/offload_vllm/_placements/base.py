@@ -140,11 +140,12 @@ class Placement(abc.ABC):
 
     def render_generate(self, renderer: Any) -> RenderGenerate:
         """A generate route's text render (chat template and tokenization): one
-        call, priced by the characters of its messages or prompts."""
+        call, priced by the characters of its messages (with its template arguments) or prompts."""
         fn, lead = self.generate_call(renderer)
 
         async def render_generate(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            cost = characters(args[0])
+            # A chat's template arguments (tools, documents) are rendered too: priced with its messages.
+            cost = characters(args[0]) + (characters(vars(args[1])) if method == "render_chat" else 0)
             if self.runs_inline(cost):
                 self._count_on_loop("render")
                 return generate_seam.render(renderer, method, args, kwargs)

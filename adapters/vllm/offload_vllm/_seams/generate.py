@@ -85,11 +85,6 @@ def text_only_prompts(prompts: Any) -> bool:
     return True
 
 
-def served_renderer(renderer: Any) -> Any:
-    """The renderer vLLM built, behind a `StrategyRenderer` or not."""
-    return renderer._served if isinstance(renderer, StrategyRenderer) else renderer
-
-
 def render(renderer: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """vLLM's own synchronous render, `renderer.render_chat` or `render_cmpl`."""
     return getattr(renderer, method)(*args, **kwargs)
