@@ -13,6 +13,7 @@ read it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from threading import Lock
 from typing import Any, NamedTuple, Protocol, final
@@ -78,14 +79,16 @@ class Hold:
     """What an admitted unit of work holds: one place in flight, and the cost
     it was admitted with (at most its lane's share of `max_queued_cost`),
     which its calls take over as they are queued, so the same cost is never
-    counted twice."""
+    counted twice; with `keep`, the cost stays held until the unit ends, and
+    pays for each of its calls (up to its whole cost) instead."""
 
-    __slots__ = ("lane", "place", "units")
+    __slots__ = ("keep", "lane", "place", "units")
 
-    def __init__(self, units: int, lane: Lane, place: bool) -> None:
+    def __init__(self, units: int, lane: Lane, place: bool, keep: bool = False) -> None:
         self.units = units
         self.lane = lane
         self.place = place
+        self.keep = keep
 
 
 class _LaneCount:
@@ -248,12 +251,12 @@ class Limiter:
             if self._listener is not None:
                 self._listener.lane_cost(named, _cost(lane.units))
 
-    def _out(self, lane: Lane, cost: float, *, queued: bool) -> None:
+    def _out(self, call: Call[Any], *, queued: bool) -> None:
         with self._lock:
             self._inflight -= 1
-            self._lanes[lane].inflight -= 1
+            self._lanes[call.lane].inflight -= 1
             if queued:
-                self._add(lane, -_units(cost))
+                self._add(call.lane, -call.queued_units)
 
     def refused(self, function: str, reason: str, lane: Lane) -> None:
         """A call or unit of work was refused for `reason` (`overloaded`, `closed`)."""
@@ -266,7 +269,8 @@ class Limiter:
         """Count `call` in and become its tracker, or raise `Overloaded` before
         anything is done for it, counting the refusal. A call of an admitted
         unit of work (`hold`) is never refused (the unit was admitted as a
-        whole), and its held cost pays for the call's as far as it goes."""
+        whole), and its held cost pays for the call's as far as it goes
+        (taken over from the hold, or, where the hold keeps its cost, left in it)."""
         lane = call.lane
         count = self._lanes[lane]
         units = _units(call.cost)
@@ -277,9 +281,13 @@ class Limiter:
                 count.inflight += 1
                 if hold is not None and hold.units:
                     paid = min(hold.units, units)
-                    hold.units -= paid
-                    self._add(hold.lane, -paid)
+                    if hold.keep:
+                        units -= paid
+                    else:
+                        hold.units -= paid
+                        self._add(hold.lane, -paid)
                 self._add(lane, units)
+                call.queued_units = units
         if why is not None:
             raise self._refuse(why, lane, function_label(call.fn))
         call.tracker = self
@@ -289,24 +297,24 @@ class Limiter:
     def unadmit(self, call: Call[Any]) -> None:
         """`call` was admitted but the strategy refused it (shutdown began)."""
         call.tracker = None
-        self._out(call.lane, call.cost, queued=True)
+        self._out(call, queued=True)
         if self._listener is not None:
             self._listener.unqueued(call)
 
     def started(self, call: Call[Any]) -> None:
         with self._lock:
-            self._add(call.lane, -_units(call.cost))
+            self._add(call.lane, -call.queued_units)
         if self._listener is not None:
             self._listener.started(call)
 
     def finished(self, call: Call[Any]) -> None:
         # Not started: it failed before it could (no worker); its cost was still queued.
-        self._out(call.lane, call.cost, queued=not call.started_at)
+        self._out(call, queued=not call.started_at)
         if self._listener is not None:
             self._listener.finished(call)
 
     def withdrawn(self, call: Call[Any], reason: str) -> None:
-        self._out(call.lane, call.cost, queued=True)
+        self._out(call, queued=True)
         if self._listener is not None:
             self._listener.withdrawn(call, reason)
 
@@ -317,11 +325,11 @@ class Limiter:
 
     # ---- units of work ----------------------------------------------------------------
 
-    def hold(self, cost: float, lane: Lane, function: str, *, refuse: bool = True) -> Hold:
+    def hold(self, cost: float, lane: Lane, function: str, *, refuse: bool = True, keep: bool = False) -> Hold:
         """Admit a unit of work of `cost` in `lane` (one place in flight, its
-        cost queued, at most the lane's share of `max_queued_cost`), or raise
-        `Overloaded`, counting the refusal under `function` (never with
-        `refuse=False`)."""
+        cost queued, at most the lane's share of `max_queued_cost`; with
+        `keep`, until it ends), or raise `Overloaded`, counting the refusal
+        under `function` (never with `refuse=False`)."""
         count = self._lanes[lane]
         units = self._held_units(count, cost)
         with self._lock:
@@ -332,7 +340,7 @@ class Limiter:
                 self._add(lane, units)
         if why is not None:
             raise self._refuse(why, lane, function)
-        return Hold(units, lane, place=True)
+        return Hold(units, lane, place=True, keep=keep)
 
     def unhold(self, hold: Hold, *, place: bool = True) -> None:
         """Give back the cost `hold` still holds and, with `place`, its place
@@ -401,7 +409,13 @@ def enter(admission: Admission) -> contextvars.Token[Admission | None]:
 
 
 def leave(token: contextvars.Token[Admission | None]) -> None:
-    _current.reset(token)
+    """Undo `enter`. A block ended in another context than the one it was
+    entered in (a server that holds a request's admission until its answer
+    is sent, past the task that served it) leaves that context as it is: a
+    call made there later finds the block released, and is admitted as a
+    released block's calls are."""
+    with contextlib.suppress(ValueError):
+        _current.reset(token)
 
 
 def current_admission(owner: object) -> Admission | None:

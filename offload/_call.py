@@ -120,6 +120,7 @@ class Call(Generic[T]):
         "on_claim",
         "on_done",
         "queued_at",
+        "queued_units",
         "started_at",
         "stopped_by",
         "times",
@@ -167,6 +168,10 @@ class Call(Generic[T]):
         #: What the call costs to run, in the unit its executor's callers chose
         #: (1 unless given): queues serve flows fairly by cost, admission bounds it.
         self.cost: float = 1.0
+        #: What its admission added to the executor's queued cost, in the
+        #: limiter's units (`_admission.Limiter.admit`): its cost, less what an
+        #: admission that keeps its cost paid for (`Executor.admission(keep_cost=True)`).
+        self.queued_units = 0
         #: The flow it shares a fair share with (`None`: a flow of its own).
         self.flow: Flow | None = None
         #: Set when offload itself stopped the worker running this call (its

@@ -226,8 +226,9 @@ class Executor(concurrent.futures.Executor):
     @property
     def queued_cost(self) -> float:
         """The cost admitted and not started now, in all lanes (what
-        `max_queued_cost` bounds): held by `admission()` units, of calls
-        queued. Counted only where the executor counts (as `in_flight`); else 0."""
+        `max_queued_cost` bounds): held by `admission()` units (to their
+        end, with `keep_cost=True`), of calls queued. Counted only where the
+        executor counts (as `in_flight`); else 0."""
         limiter = self._limiter
         return 0.0 if limiter is None else limiter.queued_cost
 
@@ -260,7 +261,13 @@ class Executor(concurrent.futures.Executor):
 
     @contextlib.contextmanager
     def admission(
-        self, function: str, *, cost: float = 1.0, lane: str | None = None, refuse: bool = True
+        self,
+        function: str,
+        *,
+        cost: float = 1.0,
+        lane: str | None = None,
+        refuse: bool = True,
+        keep_cost: bool = False,
     ) -> Iterator[Admission]:
         """Admission for a unit of work made of several calls (a server request).
 
@@ -297,6 +304,14 @@ class Executor(concurrent.futures.Executor):
         other flows. A nested `admission()` is a unit of its own (its own
         place, cost and flow).
 
+        `keep_cost=True`: the unit keeps its whole cost counted until the
+        block ends (or `release_cost()`), whatever its calls do: each call of
+        the block is paid out of it, up to that cost, and adds to the queued
+        cost only what it costs beyond. `max_queued_cost` then bounds the
+        cost of units admitted and not over (a server request held until
+        it is answered, its wait for an engine included), not only of work
+        not started.
+
         `refuse=False`: admit whatever the bounds (work that must not be
         refused, such as an offline batch); it still holds its place and cost.
         Raises `ConfigError` for an unknown lane or a bad cost.
@@ -304,7 +319,7 @@ class Executor(concurrent.futures.Executor):
         cost = check_cost(cost)
         chosen = self._lanes.lane(lane)
         limiter = self._limiter
-        hold = None if limiter is None else limiter.hold(cost, chosen, function, refuse=refuse)
+        hold = None if limiter is None else limiter.hold(cost, chosen, function, refuse=refuse, keep=keep_cost)
         admission = Admission(self, limiter, hold, Flow(chosen))
         token = enter(admission)
         try:

@@ -143,6 +143,28 @@ class AdmissionContract(_ContractBase):
         finally:
             ex.shutdown()
 
+    async def test_admission_keeping_its_cost_holds_it_until_it_ends(self, strategy: str) -> None:
+        if not self._queues(strategy):
+            pytest.skip(f"{strategy} has no queue (capacity() is None): max_queued_cost does not apply")
+        ex = self.new_executor(strategy, max_queued_cost=100)
+        try:
+            with ex.admission("kept", cost=60, keep_cost=True):
+                assert ex.queued_cost == 60
+                # A call paid out of the kept cost leaves it counted once it ran.
+                assert await ex.options(cost=40).run(f.add, 1, b=2) == 3
+                assert ex.queued_cost == 60
+                # Beyond the kept cost, a call adds its excess while it waits, and takes it away once it ran.
+                assert await ex.options(cost=90).run(f.add, 2, b=2) == 4
+                assert ex.queued_cost == 60
+                with pytest.raises(offload.Overloaded), ex.admission("second", cost=50):
+                    pass
+            assert ex.queued_cost == 0
+            with ex.admission("second", cost=50):
+                pass
+            assert _inflight(ex) == 0
+        finally:
+            await ex.aclose()
+
     # ---- deadlines -------------------------------------------------------------------
 
     async def test_deadline_drops_a_queued_call_before_it_runs(self, strategy: str, tmp_path: Path) -> None:

@@ -216,4 +216,6 @@ def test_a_truncated_text_tokenized_whole_is_charged_whole(bounded: dict[str, Se
     print(f"\n[charged whole] {dict(statuses)}, queued cost seen up to {seen_queued:.0f}")  # noqa: T201
     assert set(statuses) <= {200, 503}, statuses
     assert statuses[503] > 0, statuses
-    assert seen_queued > PRICED_BOUND
+    # Held at its lane's whole share (a cost past the share is held as the share,
+    # until it is answered), not at the capped price, which is below the bound.
+    assert seen_queued >= PRICED_BOUND

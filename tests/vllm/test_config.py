@@ -402,11 +402,12 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 #: Settings, and the hooks the plugin then runs where vLLM builds its app, in order.
 APP_HOOKS: list[tuple[dict[str, str], str]] = [
-    ({}, "shortcut_validation,time_phases"),
-    ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "time_phases"),
+    # The door is there with no offload bound: vLLM's --max-num-queued-reqs is one.
+    ({}, "hold_until_answered,refuse_when_full,shortcut_validation,time_phases"),
+    ({"OFFLOAD_VLLM_VALIDATION_SHORTCUT": "0"}, "hold_until_answered,refuse_when_full,time_phases"),
     (
         {"OFFLOAD_VLLM_STRATEGY": "async-renderer", "OFFLOAD_VLLM_MAX_QUEUE": "4"},
-        "count_requests,refuse_when_full,shortcut_validation,time_phases",
+        "count_requests,hold_until_answered,refuse_when_full,shortcut_validation,time_phases",
     ),
 ]
 _LOAD = "from vllm.plugins import load_general_plugins; load_general_plugins()\n"

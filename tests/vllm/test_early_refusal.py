@@ -1,23 +1,33 @@
-"""The early-refusal middleware (`OFFLOAD_VLLM_MAX_QUEUE`): a pooling POST that
-finds the queue full gets vLLM's 503 before its body is read, on a real
-Starlette app in front of a real executor whose one worker is held busy."""
+"""The door's middlewares: the early refusal (`RefuseWhenFull`): a pooling
+POST that finds a bound full gets vLLM's 503 before its body is read; and
+`HoldUntilAnswered`: what an admitted request holds is given back once its
+answer is sent or its client has gone. On a real Starlette (or FastAPI, with
+vLLM's own cancellation on disconnect) app in front of a real executor."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import httpx
 import pytest
-from offload_vllm._admission import REQUEST_LABEL, RefuseWhenFull, RequestPolicy
+from fastapi import FastAPI
+from offload_vllm._admission import (
+    REQUEST_LABEL,
+    EngineRequests,
+    HoldUntilAnswered,
+    RefuseWhenFull,
+    RequestPolicy,
+)
 from offload_vllm._lanes import LaneRouter
 from offload_vllm._seams.errors import ANSWERS
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 
 import offload
 
@@ -141,5 +151,169 @@ async def test_a_body_too_large_for_the_request_cost_cap_is_a_413_before_it_is_r
                 "code": 413,
             }
             assert (await client.post("/v1/embeddings", content=b" " * 1200)).json() == {"read": 1200}
+    finally:
+        executor.shutdown()
+
+
+# ---- held until answered (`HoldUntilAnswered`) -------------------------------------------
+
+
+def served_app(policy: RequestPolicy, handler: object) -> FastAPI:
+    """vLLM's shape of a pooling app, in small: a FastAPI route cancelled on a
+    client's disconnect by vLLM's own `with_cancellation`, behind the door
+    (`RefuseWhenFull` outside `HoldUntilAnswered`, as `register` adds them)."""
+    app = FastAPI()
+    app.add_api_route("/v1/embeddings", with_cancellation(handler), methods=["POST"])
+    app.add_middleware(HoldUntilAnswered)
+    app.add_middleware(RefuseWhenFull, policy=policy)
+    return app
+
+
+def policy_of(executor: offload.Executor, engine: EngineRequests | None = None) -> RequestPolicy:
+    return RequestPolicy(
+        executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False,
+        retry_after=lambda executor, lane, cost: 7, answers=ANSWERS, engine=engine,
+    )
+
+
+async def test_an_admitted_request_holds_its_cost_place_and_engine_requests_until_its_last_chunk_is_sent() -> None:
+    """Its render call ran and finished, its handler returned a streamed body:
+    what it was admitted with is still held while the body is sent, and a
+    request that does not fit is refused at the door (503, the computed
+    `Retry-After`) meanwhile; all of it is given back once the last chunk is."""
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
+    engine = EngineRequests(limit=20)
+    policy = policy_of(executor, engine)
+    seen: list[tuple[float, int, int, int]] = []
+    refused: list[httpx.Response] = []
+    client: httpx.AsyncClient
+
+    async def handler(raw_request: Request) -> StreamingResponse:
+        async def rendered() -> StreamingResponse:
+            assert await executor.options(cost=600).run(sum, [1, 2]) == 3  # its "render", run and over
+
+            async def body() -> AsyncIterator[bytes]:
+                for chunk in (b"a", b"b"):
+                    seen.append((executor.queued_cost, executor.in_flight, engine.requests, engine.held))
+                    if len(seen) == 1:
+                        refused.append(await client.post("/v1/embeddings", content=b"x" * 12))
+                    yield chunk
+
+            return StreamingResponse(body())
+
+        answer: StreamingResponse = await policy.admit(raw_request.scope, lambda: 600.0, None, rendered, lambda: 16)
+        return answer
+
+    transport = httpx.ASGITransport(app=served_app(policy, handler))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            r = await client.post("/v1/embeddings", content=b"{}")
+            assert r.status_code == 200
+            assert r.content == b"ab"
+            assert seen == [(600.0, 1, 1, 16), (600.0, 1, 1, 16)]
+            assert refused[0].status_code == 503
+            assert refused[0].headers["retry-after"] == "7"
+            assert (executor.queued_cost, executor.in_flight, engine.requests, engine.held) == (0.0, 0, 0, 0)
+    finally:
+        executor.shutdown()
+
+
+async def test_past_max_num_queued_reqs_a_request_is_refused_at_the_door_before_its_body_is_read() -> None:
+    """vLLM's `--max-num-queued-reqs` of 16, a request of 16 engine requests
+    held: the next one is refused by the door, its body never read; a request
+    of 17 is refused at the seam (before rendering) even alone."""
+    executor = offload.get_executor("thread", max_workers=1)
+    engine = EngineRequests(limit=16)
+    policy = policy_of(executor, engine)
+    release, held = anyio.Event(), anyio.Event()
+    read: list[int] = []
+
+    async def handler(raw_request: Request) -> JSONResponse:
+        read.append(len(await raw_request.body()))
+        inputs = int((await raw_request.body()).decode() or "16")
+
+        async def served() -> JSONResponse:
+            held.set()
+            await release.wait()
+            return JSONResponse({"ok": True})
+
+        answer: JSONResponse = await policy.admit(raw_request.scope, lambda: 1.0, None, served, lambda: inputs)
+        return answer
+
+    transport = httpx.ASGITransport(app=served_app(policy, handler))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client, anyio.create_task_group() as tg:
+            answers: list[httpx.Response] = []
+
+            async def first() -> None:
+                answers.append(await client.post("/v1/embeddings", content=b"16"))
+
+            tg.start_soon(first)
+            await held.wait()
+            assert engine.held == 16
+            refused = await client.post("/v1/embeddings", content=b"1")
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "7"
+            assert read == [2]  # the refused request's body was never read
+            release.set()
+        assert answers[0].status_code == 200
+        assert engine.held == 0
+        alone = await httpx.AsyncClient(transport=transport, base_url="http://test").post("/v1/embeddings", content=b"17")
+        assert alone.status_code == 503
+        assert engine.held == 0
+    finally:
+        executor.shutdown()
+
+
+async def test_a_client_that_goes_away_mid_request_gives_back_what_it_held() -> None:
+    """vLLM cancels the handler of a client that disconnected
+    (`with_cancellation`) and returns before the cancelled handler has
+    unwound: what the request held is given back all the same, once it has."""
+    executor = offload.get_executor("thread", max_workers=1, max_queued_cost=1000)
+    engine = EngineRequests(limit=20)
+    policy = policy_of(executor, engine)
+    admitted = anyio.Event()
+
+    async def handler(raw_request: Request) -> JSONResponse:
+        async def forever() -> JSONResponse:
+            admitted.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                await anyio.sleep(0.05)  # an engine's abort, after the door has returned
+            raise AssertionError("unreachable")
+
+        answer: JSONResponse = await policy.admit(raw_request.scope, lambda: 600.0, None, forever, lambda: 4)
+        return answer
+
+    app = served_app(policy, handler)
+    gone = anyio.Event()
+    messages = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
+
+    async def receive() -> dict[str, object]:
+        message = next(messages, None)
+        if message is not None:
+            return message
+        await admitted.wait()
+        gone.set()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        pass
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "root_path": "", "query_string": b"",
+        "headers": [(b"content-length", b"2"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }
+    try:
+        await app(scope, receive, send)
+        assert gone.is_set()
+        for _ in range(200):
+            if (executor.queued_cost, executor.in_flight, engine.requests, engine.held) == (0.0, 0, 0, 0):
+                break
+            await anyio.sleep(0.01)
+        assert (executor.queued_cost, executor.in_flight, engine.requests, engine.held) == (0.0, 0, 0, 0)
     finally:
         executor.shutdown()

@@ -14,12 +14,13 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
       │  vLLM's middleware (CORS, --api-key, --middleware): offload is inside it
       ▼
     door middleware    _admission.py       RefuseWhenFull: 503 / 413 / 400 before the body
-                                           is read; CountRequests (added by _seams/app.py)
+                                           is read; HoldUntilAnswered, CountRequests (added
+                                           by _seams/app.py)
       ▼                                    FastAPI validates the body (_seams/validation.py)
     admission          _admission.py       the same rule at the serving object's __call__
                                            (_seams/serving.py): cost (_cost.py via
                                            _seams/requests.py), lane (_lanes.py), engine
-                                           priority, held until the response is built;
+                                           priority, held until the answer is sent;
                                            answers in vLLM's words (_seams/errors.py)
       ▼
     placement          _placements/        one per strategy kind (_kinds.py): on the loop,
@@ -66,7 +67,7 @@ from ._seams import TESTED_VLLM_VERSIONS as TESTED_VLLM_VERSIONS
 from ._seams import UnsupportedVLLMVersion as UnsupportedVLLMVersion
 
 if TYPE_CHECKING:
-    from ._admission import RequestPolicy, RequestsInFlight
+    from ._admission import EngineRequests, RequestPolicy, RequestsInFlight
     from ._health import Health
     from ._retry_after import DrainRates
     from ._seams.app import AppHook
@@ -137,10 +138,11 @@ def register() -> None:
     from ._seamcheck import require_supported_vllm
 
     version = require_supported_vllm()
-    from ._admission import RequestPolicy, RequestsInFlight, preprocessed
+    from ._admission import EngineRequests, RequestPolicy, RequestsInFlight, report
     from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
     from ._runtime import Runtime
+    from ._seams import engine as engine_seam
     from ._seams import generate, io_processor, offline, responses, serving
     from ._seams.errors import ANSWERS
 
@@ -148,6 +150,8 @@ def register() -> None:
     in_flight = RequestsInFlight() if settings.batch_window > 0 else None
     runtime = Runtime(settings, in_flight)
     rates = DrainRates()
+    engine = EngineRequests()
+    report(engine)
     policy = RequestPolicy(
         executor_of=runtime.current_executor,
         router=settings.lane_router(),
@@ -155,8 +159,9 @@ def register() -> None:
         retry_after=rates.retry_after,
         answers=ANSWERS,
         max_request_cost=settings.max_request_cost,
+        engine=engine,
     )
-    health = _health_of(settings, rates)
+    health = _health_of(settings, rates, engine)
     for listener in (rates, PHASES_LISTENER, health):
         if listener is not None:
             policy.subscribe(listener)
@@ -165,6 +170,7 @@ def register() -> None:
 
     def serving_built(serving_object: Any) -> Any:
         serving.cover(type(serving_object))
+        engine.limit = engine_seam.max_num_queued_reqs(serving_object.engine_client)
         if health is not None:
             health.watch(runtime.current_executor, serving_object.engine_client)
         return runtime.postprocess(serving_object)
@@ -184,7 +190,7 @@ def register() -> None:
     generate.install(runtime.render_generate)
     responses.install_response_encoder()
     serving.install(serving_built)
-    serving.install_preprocessing(preprocessed)
+    serving.install_preprocessing()
     offline.install(runtime.offline_executor)
     _active = settings
     # Every process vLLM starts loads the plugin: the API server's start-up
@@ -197,15 +203,16 @@ def register() -> None:
     )
 
 
-def _health_of(settings: Settings, rates: DrainRates) -> Health | None:
+def _health_of(settings: Settings, rates: DrainRates, engine: EngineRequests) -> Health | None:
     """The health port's endpoints (`None` without `OFFLOAD_VLLM_HEALTH_PORT`),
-    readiness judged at the typical cost `rates` measure."""
+    readiness judged at the typical cost and engine requests `rates` measure."""
     if settings.health_port is None:
         return None
     from ._admission import Readiness
     from ._health import Health
 
-    return Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, Readiness(rates.typical_cost))
+    readiness = Readiness(rates.typical_cost, engine, rates.typical_engine_requests)
+    return Health(settings.health_port, settings.health_max_stall, HEALTH_PORT_ENV, readiness)
 
 
 def _install_app_hooks(
@@ -215,8 +222,9 @@ def _install_app_hooks(
     middleware (CORS, `--api-key`, `--middleware`): so each middleware added
     here sits inside vLLM's and the operator's (a request they refuse gets
     nothing from offload), and, the last added being the outermost, inside
-    the ones added after it: TimePhases, RefuseWhenFull, CountRequests."""
-    from ._admission import CountRequests, RefuseWhenFull
+    the ones added after it: TimePhases, RefuseWhenFull, HoldUntilAnswered,
+    CountRequests."""
+    from ._admission import CountRequests, HoldUntilAnswered, RefuseWhenFull
     from ._phases import TimePhases
     from ._seams import app as app_seam
     from ._seams import validation
@@ -228,12 +236,17 @@ def _install_app_hooks(
             app.add_middleware(CountRequests, count=in_flight)
 
         hooks.append(count_requests)
-    if settings.max_queue is not None or settings.max_queued_cost is not None or settings.max_request_cost is not None:
 
-        def refuse_when_full(args: Any, app: Any) -> None:
-            app.add_middleware(RefuseWhenFull, policy=policy)
+    def hold_until_answered(args: Any, app: Any) -> None:
+        app.add_middleware(HoldUntilAnswered)
 
-        hooks.append(refuse_when_full)
+    hooks.append(hold_until_answered)
+
+    # Always: vLLM's --max-num-queued-reqs (`EngineRequests`) is read only once the engine is built.
+    def refuse_when_full(args: Any, app: Any) -> None:
+        app.add_middleware(RefuseWhenFull, policy=policy)
+
+    hooks.append(refuse_when_full)
     if settings.validation_shortcut:
         hooks.append(validation.shortcut_validation)
     if health is not None:

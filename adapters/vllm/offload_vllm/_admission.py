@@ -10,7 +10,9 @@
 - **The counts** are the executor's (`offload.Executor.admission`), read by
   `Readiness` here (`would_refuse`) and by `Retry-After` (`cost_to_admit`,
   in `_retry_after.DrainRates`): if the core's admission changes shape,
-  these two are what to re-point.
+  these two are what to re-point. Beside them, `EngineRequests` counts the
+  engine requests of the requests admitted and not answered, against vLLM's
+  `--max-num-queued-reqs`.
 - **The listeners** (`AdmissionListener`, subscribed in `register`):
   readiness (`_health.Health`), `Retry-After`'s served rates
   (`_retry_after.DrainRates`) and the request's phases (`_phases.LISTENER`).
@@ -19,13 +21,16 @@ Admission happens before any work, with the request's cost (`_cost.py`,
 read from its fields) in its lane (`_lanes.py`). Once admitted, its render
 and post-processing calls are one flow of its lane, never refused, so no
 request is dropped halfway through its work. It holds one place in the
-executor's count until its response is built (rendering, engine and
-post-processing), so requests in flight are bounded end to end (as TEI's
-permits are) and a burst arriving together cannot all pass the check at
-once. Measured: releasing the place after rendering let accepted requests
-pile up in the engine instead (docs/benchmarks.md#overload). Its cost,
-though, is what rendering it costs: it leaves the cost bound once its
-preprocessing is over (`preprocessed`), wherever that ran.
+executor's count, its whole cost (`Executor.admission(keep_cost=True)`) and
+its engine requests until its answer's last byte is sent or its client has
+gone (`HoldUntilAnswered`): rendering, the engine's queue and forward pass,
+post-processing and the response. So the bounds bound the server's whole
+backlog end to end (as TEI's permits are), a burst arriving together cannot
+all pass the check at once, and an admitted request waits behind at most a
+bound's worth of work. Measured: releasing the place after rendering let
+accepted requests pile up in the engine instead (docs/benchmarks.md#overload),
+and releasing the cost there did the same under a cost bound (a flood of
+admitted requests waited past their clients' 30 s).
 
 Imports no vLLM. Everything here runs on the event loop's thread.
 """
@@ -36,7 +41,7 @@ import contextlib
 import contextvars
 import math
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, final
 
@@ -46,6 +51,7 @@ import offload
 
 from ._cost import TooDeep, body_floor
 from ._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
+from ._metric_family import once_per_process
 from ._routes import is_pooling_request, route_of
 
 #: The `function` label of refusals made at the request's entry.
@@ -57,11 +63,77 @@ MAX_REQUEST_COST_SETTING = "OFFLOAD_VLLM_MAX_REQUEST_COST"
 
 @dataclass(frozen=True)
 class Priced:
-    """A request as admission sees it: its cost and its lane (a name the
-    executor has; `DEFAULT_LANE` when the request names none)."""
+    """A request as admission sees it: its cost, its lane (a name the
+    executor has; `DEFAULT_LANE` when the request names none) and the engine
+    requests it will make (at least; 1 at the door, before its body is read)."""
 
     cost: float
     lane: str = DEFAULT_LANE
+    engine_requests: int = 1
+
+
+#: The gauges of what admitted requests hold until they are answered (`report`).
+_held_families = once_per_process(
+    lambda prometheus_client: (
+        prometheus_client.Gauge(
+            "offload_vllm_admitted_requests",
+            "Pooling requests admitted and not yet answered (held until the answer's last byte is sent).",
+        ),
+        prometheus_client.Gauge(
+            "offload_vllm_admitted_engine_requests",
+            "Engine requests of the pooling requests admitted and not yet answered (what "
+            "vLLM's --max-num-queued-reqs bounds, counted from admission on).",
+        ),
+    )
+)
+
+
+def report(engine: EngineRequests) -> None:
+    """Export `engine`'s counts as gauges (read at each scrape), where metrics are on."""
+    if offload.metrics_enabled():
+        requests, engine_requests = _held_families()
+        requests.set_function(lambda: engine.requests)
+        engine_requests.set_function(lambda: engine.held)
+
+
+@final
+class EngineRequests:
+    """The engine requests of the pooling requests admitted and not yet
+    answered (`held`), against vLLM's `--max-num-queued-reqs` (`limit`;
+    `None`: not set, nothing refused). vLLM counts a request's engine
+    requests only as rendering hands them to the engine, and refuses the one
+    past its limit there, after its rendering was paid (`check_admission`,
+    vllm/v1/engine/async_llm.py); counted here from admission on, at no fewer
+    than the engine requests a request makes (`_seams/requests.engine_requests`),
+    the request that would pass it is refused before it is rendered, and
+    vLLM's check never refuses an admitted one. Counted per API server
+    process: with `--api-server-count` > 1 vLLM counts every process's
+    requests together (`SharedAdmissionStats`), and its check may still
+    refuse after rendering. Changed on the loop's thread."""
+
+    __slots__ = ("held", "limit", "requests")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        #: Engine requests of the requests admitted and not answered.
+        self.held = 0
+        #: Pooling requests admitted and not answered.
+        self.requests = 0
+
+    def refuses(self, engine_requests: int) -> bool:
+        """Whether a request of `engine_requests` would pass the limit now
+        (vLLM's rule: the count plus this request's over the limit)."""
+        return self.limit is not None and self.held + engine_requests > self.limit
+
+    @contextlib.contextmanager
+    def hold(self, engine_requests: int) -> Iterator[None]:
+        self.held += engine_requests
+        self.requests += 1
+        try:
+            yield
+        finally:
+            self.held -= engine_requests
+            self.requests -= 1
 
 
 class AdmissionListener:
@@ -106,10 +178,9 @@ class Answers(Protocol):
 
 
 # The admission a request runs inside: a `__call__` it enters from there (a
-# subclass's calling the base one) must not admit it again, and its
-# preprocessing's end gives its held cost back (`preprocessed`).
-_admitted: contextvars.ContextVar[tuple[offload.Admission, RequestPolicy, offload.Executor] | None] = (
-    contextvars.ContextVar("offload_vllm_admitted", default=None)
+# subclass's calling the base one) must not admit it again.
+_admitted: contextvars.ContextVar[offload.Admission | None] = contextvars.ContextVar(
+    "offload_vllm_admitted", default=None
 )
 
 
@@ -127,19 +198,22 @@ class RequestPolicy:
         retry_after: Callable[[offload.Executor, str, float], int],
         answers: Answers,
         max_request_cost: float | None = None,
+        engine: EngineRequests | None = None,
     ) -> None:
         """`executor_of`: the strategy's executor once built (`None` before:
         vLLM's own behaviour). `engine_priority`: set each request's engine
         priority from its cost and lane (`engine_priority`). `retry_after`:
         the `Retry-After` of a 503, in seconds, for `(executor, lane, cost)`
         of the request refused (`_retry_after.DrainRates.retry_after`).
-        `max_request_cost`: a request costlier is answered 413."""
+        `max_request_cost`: a request costlier is answered 413. `engine`:
+        the engine requests held, against vLLM's `--max-num-queued-reqs`."""
         self.executor_of = executor_of
         self.router = router
         self.engine_priority = engine_priority
         self.retry_after = retry_after
         self.answers = answers
         self.max_request_cost = max_request_cost
+        self.engine = EngineRequests() if engine is None else engine
         self._listeners: tuple[AdmissionListener, ...] = ()
 
     def subscribe(self, listener: AdmissionListener) -> None:
@@ -166,16 +240,19 @@ class RequestPolicy:
         cost_of: Callable[[], float],
         set_priority: Callable[[int], None] | None = None,
         body_bytes: int | None = None,
+        engine_requests_of: Callable[[], int] = lambda: 1,
     ) -> tuple[Priced, offload.Admission | None] | Any:
         """The admission rule of a request, at the door and at the seam: its
         `Priced` (400 for an unknown lane or inputs nested too deep), 413 past
         the cap, its engine priority (`set_priority`, unless `None`), then
-        `Executor.admission`, held on `held` (`None`, the door: entered and
+        its engine requests (`engine_requests_of()`, against vLLM's
+        `--max-num-queued-reqs`: `EngineRequests`) and `Executor.admission`
+        (keeping its cost), held on `held` (`None`, the door: entered and
         left at once, reserving nothing); the answer that refuses it (503
         with `Retry-After`), or what it was admitted as."""
         try:
             lane = self.lane_of(scope)
-            request = Priced(cost_of(), lane)
+            request = Priced(cost_of(), lane, max(1, engine_requests_of()))
         except (UnknownLane, TooDeep) as exc:
             return self.answers.bad_request(exc)
         cap = self.max_request_cost
@@ -187,15 +264,18 @@ class RequestPolicy:
             for listener in self._listeners:
                 listener.priced(request)
         self.changed(executor)  # readiness as it stands at this decision
-        admission = executor.admission(REQUEST_LABEL, cost=request.cost, lane=request.lane)
         admitted: offload.Admission | None = None
         try:
+            if self.engine.refuses(request.engine_requests):
+                raise offload.Overloaded("the engine requests admitted fill --max-num-queued-reqs")
+            admission = executor.admission(REQUEST_LABEL, cost=request.cost, lane=request.lane, keep_cost=True)
             if held is None:
                 with admission:
                     pass
             else:
                 held.callback(self.changed, executor)  # last, once the admission has ended
                 admitted = held.enter_context(admission)
+                held.enter_context(self.engine.hold(request.engine_requests))
         except offload.Overloaded:
             for listener in self._listeners:
                 listener.decided(request, False)
@@ -211,21 +291,25 @@ class RequestPolicy:
         cost_of: Callable[[], float],
         set_priority: Callable[[int], None] | None,
         call: Callable[[], Awaitable[Any]],
+        engine_requests_of: Callable[[], int] = lambda: 1,
     ) -> Any:
         """`await call()` inside the request's admission (the serving seam),
         or the answer that refuses it.
 
         `scope` is the request's ASGI scope (`None` offline), `cost_of()` its
         cost (may raise `TooDeep`), `set_priority` sets its engine priority
-        (`None`: the client set one). A request already admitted (a serving
+        (`None`: the client set one), `engine_requests_of()` the engine
+        requests it makes, at least. A request already admitted (a serving
         `__call__` entered from another) and any request before the executor
-        is built just `call()`.
+        is built just `call()`. What the request was admitted with is held
+        until its answer is sent (`HoldUntilAnswered`, where the request
+        passed it), else until `call()` returns.
         """
         executor = self.executor_of()
         if executor is None or _admitted.get() is not None:
             return await call()
         with contextlib.ExitStack() as held:
-            decided = self._decide(held, executor, scope, cost_of, set_priority)
+            decided = self._decide(held, executor, scope, cost_of, set_priority, engine_requests_of=engine_requests_of)
             if not isinstance(decided, tuple):
                 return decided
             request, admitted = decided
@@ -236,21 +320,44 @@ class RequestPolicy:
             for listener in self._listeners:
                 listener.admitted(request)
                 held.callback(listener.answered, request)
-            held.callback(_admitted.reset, _admitted.set((admitted, self, executor)))
-            return await call()
+            token = _admitted.set(admitted)
+            try:
+                return await call()
+            finally:
+                _admitted.reset(token)
+                answering = _answering.get()
+                if answering is not None:
+                    answering.keep(held)
 
 
-def preprocessed() -> None:
-    """The current request's preprocessing (rendering) is over: the cost it
-    was admitted with leaves `OFFLOAD_VLLM_MAX_QUEUED_COST` now, whether its
-    rendering ran on the executor or on the event loop (where no executor
-    call took the cost over), so a request that waits for the engine holds
-    its place but no queued cost. Nothing outside an admitted request."""
-    current = _admitted.get()
-    if current is not None:
-        admitted, policy, executor = current
-        admitted.release_cost()
-        policy.changed(executor)
+@final
+class _Answering:
+    """What a request admitted at the serving seam holds until the door sees
+    its answer sent (`HoldUntilAnswered`)."""
+
+    __slots__ = ("held", "over")
+
+    def __init__(self) -> None:
+        self.held = contextlib.ExitStack()
+        self.over = False
+
+    def keep(self, held: contextlib.ExitStack) -> None:
+        """Hold what `held` holds until `close`; left now if that was already
+        (the handler's task outlived the door: cancelled by a disconnect)."""
+        if self.over:
+            held.close()
+        else:
+            self.held.push(held.pop_all())
+
+    def close(self) -> None:
+        self.over = True
+        self.held.close()
+
+
+# The request the handler serves, as the door saw it come in (`HoldUntilAnswered`).
+_answering: contextvars.ContextVar[_Answering | None] = contextvars.ContextVar(
+    "offload_vllm_answering", default=None
+)
 
 
 # ---- the door: ASGI middlewares a pooling request passes before its body is read ----
@@ -258,6 +365,30 @@ def preprocessed() -> None:
 # Added inside vLLM's own middleware and the operator's (`--middleware`), after
 # authentication, where vLLM builds its app (`_seams/app.py`, in the order
 # `register` gives): a request they refuse never reaches them.
+
+
+class HoldUntilAnswered:
+    """ASGI middleware: what a POST to a pooling route was admitted with at
+    the serving seam (its place, cost and engine requests, its listeners'
+    `answered`) is held until the app returns here: its answer's last byte
+    was handed to the server, or its client went away (vLLM cancels the
+    handler on a disconnect), or it failed. Not only until the handler
+    returned: the bounds then count a response being encoded and sent too."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not is_pooling_request(scope):
+            await self.app(scope, receive, send)
+            return
+        answering = _Answering()
+        token = _answering.set(answering)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _answering.reset(token)
+            answering.close()
 
 
 class RefuseWhenFull:
@@ -348,13 +479,22 @@ READY_AGAIN_FACTOR = 2.0
 class Readiness:
     """Whether readiness answers 503 for admission's sake (`refuses`)."""
 
-    __slots__ = ("_typical_cost", "refusing")
+    __slots__ = ("_engine", "_typical_cost", "_typical_engine_requests", "refusing")
 
-    def __init__(self, typical_cost: Callable[[], float] = lambda: 1.0) -> None:
+    def __init__(
+        self,
+        typical_cost: Callable[[], float] = lambda: 1.0,
+        engine: EngineRequests | None = None,
+        typical_engine_requests: Callable[[], float] = lambda: 1.0,
+    ) -> None:
         #: The cost of a typical request of the default lane now: the mean of
         #: the requests priced of late, admitted or refused, this one included
         #: (`DrainRates.typical_cost`), so known from the first decision on.
         self._typical_cost = typical_cost
+        #: The engine requests held (`RequestPolicy.engine`), and a typical
+        #: request's (`DrainRates.typical_engine_requests`).
+        self._engine = EngineRequests() if engine is None else engine
+        self._typical_engine_requests = typical_engine_requests
         #: What `refuses` last said.
         self.refusing = False
 
@@ -365,9 +505,13 @@ class Readiness:
         `OFFLOAD_VLLM_MAX_QUEUED_COST` below that cost), until one of
         `READY_AGAIN_FACTOR` times that cost would be admitted. A unit of cost
         1, the rule before, fits in a bound that refuses every real request
-        (thousands of characters each)."""
-        typical = self._typical_cost()
-        self.refusing = executor.would_refuse(cost=READY_AGAIN_FACTOR * typical if self.refusing else typical)
+        (thousands of characters each). The same, in engine requests, under
+        vLLM's `--max-num-queued-reqs` (`EngineRequests`)."""
+        factor = READY_AGAIN_FACTOR if self.refusing else 1.0
+        engine_requests = math.ceil(factor * self._typical_engine_requests())
+        self.refusing = self._engine.refuses(engine_requests) or executor.would_refuse(
+            cost=factor * self._typical_cost()
+        )
         return self.refusing
 
 

@@ -176,7 +176,7 @@ OPTIONS = (
     ),
     Option(
         "max_queued_cost", parse.positive("the cost that may be queued, in characters"),
-        "Cost (characters) that may be admitted and not started; past it, HTTP 503 + Retry-After.",
+        "Cost (characters) of requests admitted and not yet answered; past it, HTTP 503 + Retry-After.",
         "number > 0, in characters ([costs](#costs-flows-and-lanes))", "unset (unbounded)",
         metavar="C", always_shown=True, unset="unbounded", applies=_has_queue, lacking=_NO_QUEUE,
     ),

@@ -202,8 +202,8 @@ class _LaneRates:
     requests still due back."""
 
     __slots__ = (
-        "busy_before", "busy_since", "due_back", "in_flight", "priced", "priced_cost", "refused_again",
-        "served_cost", "served_requests",
+        "busy_before", "busy_since", "due_back", "in_flight", "priced", "priced_cost", "priced_engine_requests",
+        "refused_again", "served_cost", "served_requests",
     )
 
     def __init__(self) -> None:
@@ -213,6 +213,7 @@ class _LaneRates:
         self.refused_again = _RefusedAgain()
         self.priced = 0  # requests priced (up to TYPICAL_COST_SPAN: the weight of the latest)
         self.priced_cost = 0.0  # their mean cost, weighted to the latest
+        self.priced_engine_requests = 0.0  # their mean engine requests, weighted alike
         self.in_flight = 0  # admitted, not yet answered
         self.busy_since: float | None = None  # when `in_flight` last left 0
         self.busy_before = 0.0  # busy seconds before `busy_since`
@@ -244,6 +245,7 @@ class DrainRates(AdmissionListener):
         rates = self._lane(request.lane)
         rates.priced = min(rates.priced + 1, TYPICAL_COST_SPAN)
         rates.priced_cost += (request.cost - rates.priced_cost) / rates.priced
+        rates.priced_engine_requests += (request.engine_requests - rates.priced_engine_requests) / rates.priced
 
     def admitted(self, request: Priced) -> None:
         """`request` was admitted: its lane is busy until every request
@@ -272,6 +274,11 @@ class DrainRates(AdmissionListener):
         seconds into a flood, and readiness said 200 while admission refused."""
         rates = self._lane(lane)
         return rates.priced_cost if rates.priced else 1.0
+
+    def typical_engine_requests(self, lane: str = DEFAULT_LANE) -> float:
+        """The mean engine requests of the same requests as `typical_cost`; 1 before any."""
+        rates = self._lane(lane)
+        return rates.priced_engine_requests if rates.priced else 1.0
 
     def retry_after(self, executor: offload.Executor, lane: str, cost: float) -> int:
         """`Retry-After` for a request of `cost` in `lane` just refused: the

@@ -36,6 +36,7 @@ from .._cost import (
     inputs_cost,
     pair_cost,
     pairs_cost,
+    prompts,
     truncated_cap,
 )
 from .renderer import pair_prefix_installed, prefix_installed
@@ -101,6 +102,25 @@ def request_cost(request: Any, content_length: int = 0, *, multimodal: bool = Fa
         characters(getattr(request, name, None)) for name in TEMPLATE_FIELDS
     )
     return max(cost, body_floor(content_length))
+
+
+def engine_requests(request: Any) -> int:
+    """The engine requests `request` makes, at least (what vLLM's
+    `--max-num-queued-reqs` counts: one per prompt it hands the engine), read
+    from its fields as `request_cost` reads them: one per input, per
+    conversation, and for a scoring request one per text of either side (a
+    cross-encoder makes one per pair, a bi-encoder one per text: never more
+    than the texts). A long input that vLLM's chunked processing
+    (`--pooler-config '{"enable_chunked_processing": true}'`) cuts into
+    several engine requests is counted once."""
+    if isinstance(request, ScoringRequestMixin):
+        if isinstance(request, RerankRequest):
+            return 1 + prompts(request.documents)
+        return prompts(request.data_1) + prompts(request.data_2)  # type: ignore[attr-defined]
+    messages = getattr(request, "messages", None)
+    if messages is not None:
+        return len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1
+    return max(1, sum(prompts(getattr(request, name, None)) for name in INPUT_FIELDS))
 
 
 def _inputs_cost(request: Any, multimodal: bool) -> float:

@@ -86,26 +86,22 @@ def install(on_built: Callable[[Any], PostprocessAsync | None]) -> None:
     PoolingBaseServing.__init__ = __init__  # type: ignore[method-assign]
 
 
-def install_preprocessing(done: Callable[[], None]) -> None:
+def install_preprocessing() -> None:
     """Render a request's prompts with its processor's `render_all` (where it
-    has one); `done()` is called once the request's preprocessing ends, ended
-    well or not."""
+    has one)."""
     if getattr(PoolingBaseServing._preprocessing, "__offload_vllm__", False):
         return
 
     @functools.wraps(_ORIGINAL_PREPROCESSING)
     async def _preprocessing(self: Any, io_processor: Any, ctx: Any) -> None:
-        try:
-            render_all = io_processor_seam.render_all(io_processor)
-            if render_all is None:
-                return await _ORIGINAL_PREPROCESSING(self, io_processor, ctx)
-            requests = io_processor.get_request_factory_online(ctx)
-            if len(requests) == 0:
-                return await _ORIGINAL_PREPROCESSING(self, io_processor, ctx)
-            ctx.engine_inputs = await render_all(list(requests))
-            return None
-        finally:
-            done()
+        render_all = io_processor_seam.render_all(io_processor)
+        if render_all is None:
+            return await _ORIGINAL_PREPROCESSING(self, io_processor, ctx)
+        requests = io_processor.get_request_factory_online(ctx)
+        if len(requests) == 0:
+            return await _ORIGINAL_PREPROCESSING(self, io_processor, ctx)
+        ctx.engine_inputs = await render_all(list(requests))
+        return None
 
     timed = phases.timing_render(_preprocessing)
     timed.__offload_vllm__ = True  # type: ignore[attr-defined]
@@ -201,7 +197,13 @@ def _admitting(
         )
         # A request's truncated texts and pairs are read at admission, and not again to cut its rendering into pieces.
         with requests_seam.pricing_texts():
-            return await policy.admit(scope, cost_of, set_priority, lambda: original(self, *args, **kwargs))
+            return await policy.admit(
+                scope,
+                cost_of,
+                set_priority,
+                lambda: original(self, *args, **kwargs),
+                engine_requests_of=lambda: requests_seam.engine_requests(request),
+            )
 
     __call__.__offload_vllm__ = True  # type: ignore[attr-defined]
     return __call__
