@@ -698,9 +698,9 @@ def _served_through_admission(serve: Any, request: Any) -> tuple[Any, list[float
     admitted: list[float] = []
     original_admit = RequestPolicy.admit
 
-    async def admit(self: RequestPolicy, scope: Any, cost_of: Any, set_priority: Any, call: Any) -> Any:
+    async def admit(self: RequestPolicy, scope: Any, cost_of: Any, set_priority: Any, call: Any, **kwargs: Any) -> Any:
         admitted.append(cost_of())
-        return await original_admit(self, scope, lambda: admitted[-1], set_priority, call)
+        return await original_admit(self, scope, lambda: admitted[-1], set_priority, call, **kwargs)
 
     serving = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False))
     try:
