@@ -20,6 +20,7 @@ from ._phases import timing_response
 from ._placements import Placement, placement_class
 from ._seams import config as config_seam
 from ._seams.io_processor import RenderAll, RenderAsync
+from ._seams.multimodal import ProcessMultimodal
 from ._seams.serving import PostprocessAsync
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -177,6 +178,13 @@ class Runtime:
         placement = self.placement(vllm_config)
         self._announce(f"{type(io_processor).__name__}.render_async")
         return placement.render_async(io_processor), placement.render_all(io_processor)
+
+    def process_multimodal(self, renderer: Any) -> ProcessMultimodal | None:
+        """A new renderer's `_process_multimodal_async` (`_seams/multimodal.py`), or `None`: vLLM's own."""
+        made = self.placement(renderer.config).process_multimodal_async(renderer)
+        if made is not None:
+            self._announce("multimodal processing (BaseRenderer._process_multimodal_async)")
+        return made
 
     def postprocess(self, serving: Any) -> PostprocessAsync:
         """A new serving object's `_postprocessing_async` (`_seams/serving.py`)."""

@@ -9,6 +9,7 @@ from .._kinds import BATCHED
 from .._seams import renderer as renderer_seam
 from .._seams import requests as requests_seam
 from .._seams.io_processor import RenderAll, RenderAsync
+from .._seams.multimodal import ProcessMultimodal
 from .base import Call, Placement
 
 
@@ -48,6 +49,10 @@ class Batched(Placement):
             return list(await asyncio.gather(*(render_async(params) for params in render_params)))
 
         return render_all
+
+    def process_multimodal_async(self, renderer: Any) -> ProcessMultimodal | None:
+        """vLLM's own: its one-thread multimodal executor (no batch form to join)."""
+        return None
 
     def _batch_tokenization(self, renderer: Any) -> None:
         def tokenize(prompt: Any, /, *, params: Any, group: int | None) -> Any:

@@ -33,6 +33,9 @@ class Remote(Placement):
     def render_call(self, io_processor: Any) -> Call:
         return _workers.render_in_process, (_spec_of(io_processor),)
 
+    def multimodal_call(self, renderer: Any) -> Call:
+        return _workers.process_multimodal_in_process, ()
+
     def postprocess_call(self, serving: Any) -> Callable[[Any, Any], Call]:
         # Taken at the first request, not here: subclasses (ServingEmbedding) set
         # attributes after the base __init__ this is called from.
