@@ -67,7 +67,7 @@ def render_in_thread(io_processor: Any, render_params: Any) -> Any:
 
 def process_multimodal_in_thread(renderer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     worker: ThreadWorker = offload.worker_state()
-    return multimodal_seam.process(worker.multimodal_renderer(renderer), args, kwargs)
+    return multimodal_seam.process_in_thread(renderer, worker.multimodal_renderer(renderer), args, kwargs)
 
 
 # ---- remote ------------------------------------------------------------------

@@ -205,13 +205,15 @@ REQUIRED: tuple[Seam, ...] = (
     Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
     # Multimodal processing: `_process_multimodal_async` replaced after `__init__`
     # by the strategy's run of `_process_multimodal` (its images read by name);
-    # thread workers build a processor of their own, process workers count apart.
+    # thread workers build a processor of their own (and take turns where the
+    # cache is on), process workers count apart.
     Seam(_RENDERER, "BaseRenderer", "__init__", used_by=_S_MULTIMODAL),
     *_instance_attributes(
         _RENDERER, "BaseRenderer",
         ("_process_multimodal_async", "mm_processor", "_mm_req_counter", "model_config", "config"), _S_MULTIMODAL,
     ),
     Seam(_RENDERER, "BaseRenderer", "_process_multimodal", params=("mm_data",), used_by=_S_MULTIMODAL),
+    Seam(_RENDERER, "BaseRenderer", "mm_processor_cache", used_by=_S_MULTIMODAL),
     Seam("vllm.multimodal", None, "MULTIMODAL_REGISTRY", used_by=_S_MULTIMODAL),
     Seam("vllm.multimodal.registry", "MultiModalRegistry", "create_processor", params=("tokenizer",), used_by=_S_MULTIMODAL),
     Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),

@@ -8,7 +8,8 @@ renderer's one-thread `_mm_executor`. We let vLLM build the renderer, then
 replace that instance attribute with the strategy's run of the same
 `_process_multimodal` (`_placements`, `process_multimodal_async`): on the
 loop (`inline`), on a worker thread's copy of the renderer with a processor
-of its own (`thread`), on the worker process's renderer (`process`: the
+of its own (`thread`; where they share the served renderer's processor
+cache, one at a time), on the worker process's renderer (`process`: the
 decoded images go there, the processed inputs with their tensors come back).
 `async-renderer` keeps vLLM's own executor. Loading the images (decoding a
 data URL, fetching a URL) happens before, in vLLM's chat parsing, on vLLM's
@@ -42,6 +43,22 @@ _ORIGINAL_INIT: Callable[..., None] = BaseRenderer.__init__
 def process(renderer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """vLLM's own synchronous multimodal processing, `renderer._process_multimodal`."""
     return renderer._process_multimodal(*args, **kwargs)
+
+
+#: Set on a served renderer: held by a worker thread while it processes with
+#: that renderer's processor cache (`process_in_thread`).
+_CACHE_LOCK = "_offload_vllm_mm_cache_lock"
+
+
+def process_in_thread(served: Any, own: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`process` with a worker thread's copy `own` of `served`. Where the two
+    share a processor cache (on: the strategy has one regular worker, and the
+    express worker beside it), one thread at a time uses it, as in vLLM's one
+    thread: the cache is not thread-safe."""
+    if served.mm_processor_cache is None:
+        return process(own, args, kwargs)
+    with getattr(served, _CACHE_LOCK):
+        return process(own, args, kwargs)
 
 
 def with_own_processor(renderer: Any) -> Any:
@@ -111,6 +128,7 @@ def install(make_process: Callable[[Any], ProcessMultimodal | None]) -> None:
             asyncio.get_running_loop()
         except RuntimeError:  # offline `LLM`: its render is synchronous
             return
+        setattr(self, _CACHE_LOCK, threading.Lock())
         made = make_process(self)
         if made is not None:
             self._process_multimodal_async = made
