@@ -29,8 +29,9 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
     executor           offload.Executor    the strategy's workers (_workers.py in a remote one)
       ▼
     seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
-                                           and post-processing code, run by the placement
-                                           (generate.py: the generate routes' text render, unadmitted)
+                                           and post-processing code, run by the placement;
+                                           generate.py: the generate routes' text render (unadmitted);
+                                           multimodal.py: images' processing, any route
       ▼
     engine             vLLM's engine (untouched; the request's priority set at admission)
       ▼
@@ -43,6 +44,8 @@ seam), the reads of the executor's counts, and the listeners readiness
 (`_health.py`), `Retry-After` (`_retry_after.py`) and phases subscribe. Every touch
 of vLLM's internals is in `_seams/`, each vLLM function patched from one
 module there; nothing outside `_seams/` imports vLLM. Beside the path:
+`_seams/multimodal.py`, the multimodal processing of a request's images on
+every route (chat and completions included), placed as rendering is;
 `_prefix/`, prefix tokenization of truncated texts and pairs (run by
 `_seams/renderer.py` and `_seams/scoring.py`, priced by `_cost.py`);
 `_seamcheck.py`, the seams looked for in vLLM's source (`_vllm_source.py`
@@ -143,7 +146,7 @@ def register() -> None:
     from ._retry_after import DrainRates
     from ._runtime import Runtime
     from ._seams import engine as engine_seam
-    from ._seams import generate, io_processor, offline, responses, serving
+    from ._seams import generate, io_processor, multimodal, offline, responses, serving
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
@@ -188,6 +191,7 @@ def register() -> None:
 
     io_processor.install(make_render)
     generate.install(runtime.render_generate)
+    multimodal.install(runtime.process_multimodal)
     responses.install_response_encoder()
     serving.install(serving_built)
     serving.install_preprocessing()

@@ -21,6 +21,7 @@ from ._placements import Placement, placement_class
 from ._seams import config as config_seam
 from ._seams.generate import RenderGenerate
 from ._seams.io_processor import RenderAll, RenderAsync
+from ._seams.multimodal import ProcessMultimodal
 from ._seams.serving import PostprocessAsync
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -184,6 +185,13 @@ class Runtime:
         placement = self.placement(renderer.config)
         self._announce("generate routes' render (render_chat, render_cmpl)")
         return placement.render_generate(renderer)
+
+    def process_multimodal(self, renderer: Any) -> ProcessMultimodal | None:
+        """A new renderer's `_process_multimodal_async` (`_seams/multimodal.py`), or `None`: vLLM's own."""
+        made = self.placement(renderer.config).process_multimodal_async(renderer)
+        if made is not None:
+            self._announce("multimodal processing (BaseRenderer._process_multimodal_async)")
+        return made
 
     def postprocess(self, serving: Any) -> PostprocessAsync:
         """A new serving object's `_postprocessing_async` (`_seams/serving.py`)."""

@@ -20,6 +20,7 @@ import offload
 from ._process_role import mark_worker_process
 from ._seams import config as config_seam
 from ._seams import generate as generate_seam
+from ._seams import multimodal as multimodal_seam
 from ._seams import renderer as renderer_seam
 from ._seams import responses as responses_seam
 from ._seams import serving as serving_seam
@@ -47,6 +48,15 @@ class ThreadWorker:
             entry = self.renderers[id(shared)] = (shared, renderer_seam.with_own_tokenizer(shared))
         return entry[1]
 
+    #: Per served renderer, a copy with this thread's own multimodal processor.
+    multimodal: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def multimodal_renderer(self, shared: Any) -> Any:
+        entry = self.multimodal.get(id(shared))
+        if entry is None or entry[0] is not shared:
+            entry = self.multimodal[id(shared)] = (shared, multimodal_seam.with_own_processor(shared))
+        return entry[1]
+
     def io_processor(self, shared: Any) -> Any:
         entry = self.clones.get(id(shared))
         if entry is None or entry[0] is not shared:
@@ -67,6 +77,11 @@ def render_in_thread(io_processor: Any, render_params: Any) -> Any:
 def render_generate_in_thread(renderer: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     worker: ThreadWorker = offload.worker_state()
     return generate_seam.render(worker.renderer(renderer), method, args, kwargs)
+
+
+def process_multimodal_in_thread(renderer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    worker: ThreadWorker = offload.worker_state()
+    return multimodal_seam.process_in_thread(renderer, worker.multimodal_renderer(renderer), args, kwargs)
 
 
 # ---- remote ------------------------------------------------------------------
@@ -141,7 +156,9 @@ def init_remote_worker(vllm_config: Any, retitle: bool, prefix_tokenize: bool = 
         import setproctitle  # a vLLM dependency
 
         setproctitle.setproctitle(f"{PROCESS_TITLE} {config_seam.served_model_name(vllm_config)}")
-    return RemoteWorker(vllm_config, renderer_seam.renderer_from_config(vllm_config))
+    renderer = renderer_seam.renderer_from_config(vllm_config)
+    multimodal_seam.count_requests_apart(renderer)
+    return RemoteWorker(vllm_config, renderer)
 
 
 def render_in_process(spec: IOProcessorSpec, render_params: Any) -> Any:
@@ -154,6 +171,13 @@ def render_generate_in_process(method: str, args: tuple[Any, ...], kwargs: dict[
     chat, the conversations) go back."""
     worker: RemoteWorker = offload.worker_state()
     return generate_seam.render(worker.renderer, method, args, kwargs)
+
+
+def process_multimodal_in_process(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A request's multimodal processing with the worker's renderer: the decoded
+    images come in `args`, the processed inputs (their tensors) go back."""
+    worker: RemoteWorker = offload.worker_state()
+    return multimodal_seam.process(worker.renderer, args, kwargs)
 
 
 def serving_spec(serving: Any) -> ServingSpec:

@@ -13,9 +13,11 @@ from .._cost import characters, split_by_cost
 from .._kinds import PlacementKind, StrategyRow
 from .._loop_calls import LoopCall, loop_call_counters
 from .._seams import generate as generate_seam
+from .._seams import multimodal as multimodal_seam
 from .._seams import serving as serving_seam
 from .._seams.generate import RenderGenerate
 from .._seams.io_processor import RenderAll, RenderAsync
+from .._seams.multimodal import ProcessMultimodal
 from .._seams.requests import render_params_cost
 from .._seams.serving import PostprocessAsync
 from .._workers import render_each
@@ -85,6 +87,11 @@ class Placement(abc.ABC):
         a generate route's text render (`_seams/generate.py`), with `renderer` or the worker's own."""
         return generate_seam.render, (renderer,)
 
+    def multimodal_call(self, renderer: Any) -> Call:
+        """`(fn, lead)`: `fn(*lead, args, kwargs)` is `renderer._process_multimodal(*args,
+        **kwargs)` (`_seams/multimodal.py`), with `renderer` or the worker's own."""
+        return multimodal_seam.process, (renderer,)
+
     def postprocess_call(self, serving: Any) -> Callable[[Any, Any], Call]:
         """For `serving`: `(io_processor, ctx) -> (fn, args)`, where `fn(*args)`
         builds the response, as `serving._postprocessing(io_processor, ctx)` does."""
@@ -152,6 +159,21 @@ class Placement(abc.ABC):
             return await self.executor.options(cost=cost).run(fn, *lead, method, args, kwargs)
 
         return render_generate
+
+    def process_multimodal_async(self, renderer: Any) -> ProcessMultimodal | None:
+        """`renderer._process_multimodal_async`: one call per prompt with images,
+        priced by its images (`multimodal_cost`); `None` keeps vLLM's own."""
+        fn, lead = self.multimodal_call(renderer)
+
+        async def process_multimodal_async(*args: Any, **kwargs: Any) -> Any:
+            mm_data = args[1] if len(args) > 1 else kwargs["mm_data"]
+            cost = multimodal_seam.multimodal_cost(mm_data)
+            if self.runs_inline(cost):
+                self._count_on_loop("render")
+                return multimodal_seam.process(renderer, args, kwargs)
+            return await self.executor.options(cost=cost).run(fn, *lead, args, kwargs)
+
+        return process_multimodal_async
 
     def postprocess_async(self, serving: Any) -> PostprocessAsync:
         """`serving._postprocessing_async`: one call, whose cost is the outputs'."""

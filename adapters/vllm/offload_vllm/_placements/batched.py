@@ -11,6 +11,7 @@ from .._seams import renderer as renderer_seam
 from .._seams import requests as requests_seam
 from .._seams.generate import RenderGenerate
 from .._seams.io_processor import RenderAll, RenderAsync
+from .._seams.multimodal import ProcessMultimodal
 from .base import Call, Placement
 
 
@@ -59,6 +60,10 @@ class Batched(Placement):
             return await generate_seam.render_async(renderer, method, args, kwargs)
 
         return render_generate
+
+    def process_multimodal_async(self, renderer: Any) -> ProcessMultimodal | None:
+        """vLLM's own: its one-thread multimodal executor (no batch form to join)."""
+        return None
 
     def _batch_tokenization(self, renderer: Any) -> None:
         def tokenize(prompt: Any, /, *, params: Any, group: int | None) -> Any:

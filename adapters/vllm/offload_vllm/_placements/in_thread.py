@@ -13,7 +13,8 @@ class InThread(Placement):
     """Each worker thread renders with its own copy of each IO processor, bound to
     a renderer whose tokenizer is its own (`_workers.ThreadWorker`): a Hugging
     Face fast tokenizer is never used by two threads at once ("Already
-    borrowed"). Post-processing runs vLLM's own code on the served objects."""
+    borrowed"), and a multimodal processor of its own for requests with images.
+    Post-processing runs vLLM's own code on the served objects."""
 
     kind = IN_THREAD
 
@@ -26,3 +27,6 @@ class InThread(Placement):
 
     def generate_call(self, renderer: Any) -> Call:
         return _workers.render_generate_in_thread, (renderer,)
+
+    def multimodal_call(self, renderer: Any) -> Call:
+        return _workers.process_multimodal_in_thread, (renderer,)

@@ -36,6 +36,9 @@ class Remote(Placement):
     def generate_call(self, renderer: Any) -> Call:
         return _workers.render_generate_in_process, ()
 
+    def multimodal_call(self, renderer: Any) -> Call:
+        return _workers.process_multimodal_in_process, ()
+
     def postprocess_call(self, serving: Any) -> Callable[[Any, Any], Call]:
         # Taken at the first request, not here: subclasses (ServingEmbedding) set
         # attributes after the base __init__ this is called from.

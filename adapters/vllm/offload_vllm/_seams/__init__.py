@@ -6,6 +6,7 @@ validation shortcut, in the order `register` gives), `serving.py` (pooling
 serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `io_processor.py` (`render_async`), `renderer.py` (tokenization),
 `generate.py` (`OnlineRenderer.__init__`: the generate routes' text render),
+`multimodal.py` (`BaseRenderer.__init__`: its multimodal processing),
 `responses.py` (the JSON encoder of scoring answers),
 `validation.py` (FastAPI's body validation of the pooling routes) and
 `offline.py` (`LLM`'s executor). The others read vLLM's objects and answer
@@ -82,6 +83,7 @@ _S_SERVING = "_seams/serving.py"
 _S_ERRORS = "_seams/errors.py"
 _S_OFFLINE = "_seams/offline.py"
 _S_RENDERER = "_seams/renderer.py"
+_S_MULTIMODAL = "_seams/multimodal.py"
 _S_CONFIG = "_seams/config.py"
 _S_SERVE = "_seams/serve_command.py"
 _S_REQUESTS = "_seams/requests.py"
@@ -211,6 +213,19 @@ REQUIRED: tuple[Seam, ...] = (
     *_fields("vllm.renderers.params", "TokenizeParams", ("truncate_prompt_tokens", "truncation_side"), _S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "max_truncation_tokens", used_by=_S_RENDERER),
     Seam("vllm.renderers.registry", None, "renderer_from_config", used_by=_S_RENDERER),
+    # Multimodal processing: `_process_multimodal_async` replaced after `__init__`
+    # by the strategy's run of `_process_multimodal` (its images read by name);
+    # thread workers build a processor of their own (and take turns where the
+    # cache is on), process workers count apart.
+    Seam(_RENDERER, "BaseRenderer", "__init__", used_by=_S_MULTIMODAL),
+    *_instance_attributes(
+        _RENDERER, "BaseRenderer",
+        ("_process_multimodal_async", "mm_processor", "_mm_req_counter", "model_config", "config"), _S_MULTIMODAL,
+    ),
+    Seam(_RENDERER, "BaseRenderer", "_process_multimodal", params=("mm_data",), used_by=_S_MULTIMODAL),
+    Seam(_RENDERER, "BaseRenderer", "mm_processor_cache", used_by=_S_MULTIMODAL),
+    Seam("vllm.multimodal", None, "MULTIMODAL_REGISTRY", used_by=_S_MULTIMODAL),
+    Seam("vllm.multimodal.registry", "MultiModalRegistry", "create_processor", params=("tokenizer",), used_by=_S_MULTIMODAL),
     Seam("vllm.inputs.llm", "TextPrompt", "prompt", "field", used_by=_S_RENDERER),
     # The render parameters and engine input the async-renderer path reads and builds.
     *_fields(
