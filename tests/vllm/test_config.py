@@ -602,7 +602,7 @@ def test_lanes_routes_scheduling_cost_bound_and_engine_priority_are_read() -> No
         ({"OFFLOAD_VLLM_LANES": "query=fast"}, "the weight of lane 'query' (> 0)"),
         ({"OFFLOAD_VLLM_LANES": "query=-1"}, "the weight of lane 'query' must be a finite number > 0"),
         ({"OFFLOAD_VLLM_LANES": "query=1,query=2"}, "query is given twice"),
-        ({"OFFLOAD_VLLM_LANE_ROUTES": "/v1/chat/completions=default"}, "/v1/chat/completions is not a pooling route"),
+        ({"OFFLOAD_VLLM_LANE_ROUTES": "/v1/models=default"}, "/v1/models is not a pooling or generate route"),
         ({"OFFLOAD_VLLM_LANE_ROUTES": "/score=bulk"}, "route /score names lane 'bulk', which is not a lane"),
         (
             {"OFFLOAD_VLLM_LANES": "query=4", "OFFLOAD_VLLM_LANE_ROUTES": "/score=ingest"},

@@ -38,6 +38,7 @@ from offload_vllm._cost import (
 )
 from offload_vllm._lanes import LaneRouter, RepeatedLaneHeader, UnknownLane
 from offload_vllm._seams.requests import (
+    engine_requests,
     render_params_cost,
     request_cost,
     set_engine_priority,
@@ -250,6 +251,32 @@ def test_a_cohere_embed_answer_costs_at_least_the_texts_it_echoes() -> None:
     assert echoed == sum(map(len, texts))
     assert cost >= ECHO_COST_PER_CHARACTER * echoed + 16 * (POSTPROCESS_COST_PER_OUTPUT + 8 * POSTPROCESS_COST_PER_VALUE)
     assert cost > DEFAULT_INLINE_COST
+
+
+def test_a_chat_is_priced_by_its_messages_tools_and_images_and_counts_its_choices() -> None:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    messages = [{"role": "user", "content": "hi there"}]
+    plain = ChatCompletionRequest(model="m", messages=messages)
+    assert request_cost(plain) == len("user") + 8 + PROMPT_COST
+    assert engine_requests(plain) == 1
+    assert engine_requests(ChatCompletionRequest(model="m", messages=messages, n=3)) == 3
+    tool = {"type": "function", "function": {"name": "lookup", "description": "d" * 5_000}}
+    assert request_cost(ChatCompletionRequest(model="m", messages=messages, tools=[tool])) > 5_000 + request_cost(plain)
+    # An image by its header's pixels, as on the pooling routes (`test_an_image_costs_its_pixels_read_from_its_header`).
+    big = _png_data_url(4000, 4000)
+    with_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}]}]
+    assert request_cost(ChatCompletionRequest(model="m", messages=with_image)) == request_cost(_chat_image(big))
+
+
+def test_a_completion_is_priced_by_its_prompts_and_counts_prompts_times_choices() -> None:
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    assert request_cost(CompletionRequest(model="m", prompt="hello")) == 5 + PROMPT_COST
+    assert request_cost(CompletionRequest(model="m", prompt=[[1, 2, 3], [4]])) == 4 + 2 * PROMPT_COST
+    assert engine_requests(CompletionRequest(model="m", prompt=["a", "b"], n=2)) == 4
+    # Never under the floor of its body's bytes.
+    assert request_cost(CompletionRequest(model="m", prompt="x"), 100_000) >= body_floor(100_000)
 
 
 def test_engine_priority_is_set_unless_the_client_set_one() -> None:
@@ -680,7 +707,7 @@ def test_truncated_pairs_are_priced_by_what_prefix_tokenization_reads() -> None:
 
 def _served_through_admission(serve: Any, request: Any) -> tuple[Any, list[float]]:
     """`serve(self, request, raw_request)` run as the serving seam runs a
-    request (`serving._admitting`, a real `RequestPolicy` on a one-worker
+    request (`serving.admitting`, a real `RequestPolicy` on a one-worker
     `thread` executor): its result, and the cost admission charged."""
     import asyncio
 
@@ -705,7 +732,7 @@ def _served_through_admission(serve: Any, request: Any) -> tuple[Any, list[float
     serving = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=False))
     try:
         with mock.patch.object(RequestPolicy, "admit", admit):
-            result = asyncio.run(serving_seam._admitting(serve, policy)(serving, request, None))
+            result = asyncio.run(serving_seam.admitting(serve, policy)(serving, request, None))
     finally:
         executor.shutdown()
     return result, admitted

@@ -12,6 +12,10 @@ across requests). `inline` and
 copy of the renderer: that render is compared with vLLM's own in this process
 (`OnlineRenderer.render_chat`, `render_completion`), with no server.
 
+The process server admits by a small cost bound (`GENERATE_BOUND`): a flood
+of streamed chats is held to it (`test_a_flood_of_streamed_chats_is_held_to_the_bound`),
+and the answers compared one at a time are each admitted into an idle bound.
+
 A streamed answer is compared folded into one (`_folded`): vLLM alone merges
 the outputs of engine steps its API server has not sent yet into one chunk
 (`RequestOutputCollector`), so where a stream's chunks break depends on the
@@ -32,7 +36,15 @@ import httpx
 import pytest
 
 from ._module_servers import ModuleServers, register
-from ._server import Server, renderer_workers, scrape, start_server, total
+from ._server import (
+    Server,
+    good_retry_after,
+    load_client,
+    renderer_workers,
+    scrape,
+    start_server,
+    total,
+)
 from .conftest import AVAILABLE, WORKERS
 
 pytestmark = pytest.mark.timeout(900)
@@ -46,6 +58,9 @@ NAME = "tiny-generate"
 ARGS = ("--runner", "generate", "--max-model-len", "128", "--max-num-seqs", "8")
 #: Pool strategies: every call on the executor, none on the loop (the placement test counts each).
 OWN_ENV = {s: {"OFFLOAD_VLLM_INLINE_COST": "0"} for s in ("thread", "process")}
+#: The process server's cost bound, in characters: two of the flood's chats at once, not three.
+GENERATE_BOUND = 600
+OWN_ENV["process"]["OFFLOAD_VLLM_MAX_QUEUED_COST"] = str(GENERATE_BOUND)
 
 
 @register(__name__, needs=(), servers=1 + len(SERVED))
@@ -212,6 +227,76 @@ def test_vllm_alone_runs_no_strategy(generate_servers: dict[str, Server]) -> Non
     server = generate_servers[REFERENCE]
     assert _answer(server, *CASES["chat"])[0] == 200
     assert total(scrape(server), "offload_run_seconds_count") == 0
+
+
+#: A chat that streams for about a hundred engine steps (`ignore_eos`).
+FLOODING_CHAT = {
+    "messages": [{"role": "user", "content": "Tell a long story about tokenizers and their vocabularies. " * 2}],
+    "max_tokens": 96, "ignore_eos": True, "temperature": 0, **STREAM,
+}
+
+
+def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[str, Server]) -> None:
+    """Chats are admitted as pooling requests are: priced, and holding what
+    they cost until their stream's last chunk is sent. 16 streamed chats sent
+    at once to a bound that holds two: each is answered 200 whole or refused
+    503 with a computed `Retry-After`, some of each; the admitted-requests
+    gauge, read meanwhile, never passes two and is 0 once they are over; each
+    answered one's phases are observed once."""
+    from offload_vllm._seams.requests import request_cost
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    server = generate_servers["process"] if "process" in SERVED else pytest.skip("process is not available")
+    body = {"model": server.model, **FLOODING_CHAT}
+    cost = request_cost(ChatCompletionRequest(**body), len(json.dumps(body)))
+    assert 2 * cost <= GENERATE_BOUND < 3 * cost, cost
+    readings: list[float] = []
+
+    async def flood() -> list[tuple[int, str | None, str]]:
+        done = False
+        async with load_client(18, timeout=120) as client:
+
+            async def one() -> tuple[int, str | None, str]:
+                r = await client.post(f"{server.url}/v1/chat/completions", json=body)
+                return r.status_code, r.headers.get("retry-after"), r.text
+
+            async def watch() -> None:
+                while not done:
+                    values = await asyncio.to_thread(scrape, server)
+                    readings.append(total(values, "offload_vllm_admitted_requests"))
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            try:
+                return await asyncio.gather(*(one() for _ in range(16)))
+            finally:
+                done = True
+                await watcher
+
+    def phase_counts() -> dict[str, float]:
+        values = scrape(server)
+        return {
+            phase: total(values, "offload_vllm_request_phase_seconds_count", endpoint="/v1/chat/completions", phase=phase)
+            for phase in ("door", "render", "engine", "response")
+        }
+
+    before = phase_counts()
+    answers = asyncio.run(flood())
+    after = phase_counts()
+    statuses = sorted(status for status, _, _ in answers)
+    print(f"\n[chats, bound {GENERATE_BOUND}, cost {cost:g}] {statuses}, admitted gauge max {max(readings)}")  # noqa: T201
+    assert set(statuses) == {200, 503}, statuses
+    for status, retry_after, text in answers:
+        if status == 503:
+            assert good_retry_after(retry_after), retry_after
+        else:
+            folded = _folded(_events(text))
+            assert folded["choices"][0]["finish_reason"] == "length", folded
+    assert 1 <= max(readings) <= 2, readings  # held while they stream, never past the bound
+    assert total(scrape(server), "offload_vllm_admitted_requests") == 0
+    # Each answered chat's phases observed once: its render, until its first chunk, its stream.
+    assert {phase: after[phase] - before[phase] for phase in after} == dict.fromkeys(after, statuses.count(200))
+    assert total(scrape(server), "offload_lane_queued_cost") == 0
 
 
 # ---- inline and thread: the render in this process ---------------------------

@@ -30,7 +30,7 @@ diagram is in docs/vllm.md#the-path-of-a-request)::
       ▼
     seam               _seams/io_processor.py, renderer.py, serving.py: vLLM's own render
                                            and post-processing code, run by the placement;
-                                           generate.py: the generate routes' text render (unadmitted);
+                                           generate.py: the generate routes' admission and text render;
                                            multimodal.py: images' processing, any route
       ▼
     engine             vLLM's engine (untouched; the request's priority set at admission)
@@ -169,6 +169,7 @@ def register() -> None:
         if listener is not None:
             policy.subscribe(listener)
     serving.install_admission(policy)
+    generate.install_admission(policy)
     _install_app_hooks(settings, policy, in_flight, health)
 
     def serving_built(serving_object: Any) -> Any:

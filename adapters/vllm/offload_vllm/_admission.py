@@ -1,9 +1,9 @@
-"""Admission of a pooling request: the rule, the counts it reads, its listeners.
+"""Admission of a pooling or generate request: the rule, the counts it reads, its listeners.
 
 - **The rule**, once: `RequestPolicy._decide`, the one sequence the door
   (`RefuseWhenFull`, before the body is read) and the serving seam
   (`RequestPolicy.admit`, at every pooling serving object's `__call__`,
-  `_seams/serving.py`) both run: the request's lane and cost (one
+  `_seams/serving.py`, and the generate routes' handlers, `_seams/generate.py`) both run: the request's lane and cost (one
   `Priced`), the cap on one request's cost (413), `Executor.admission` in
   its lane, and the answer that refuses it (503 with `Retry-After`, in
   vLLM's words: `Answers`, made by `_seams/errors.py`).
@@ -52,10 +52,10 @@ import offload
 from ._cost import TooDeep, body_floor
 from ._lanes import DEFAULT_LANE, LANE_HEADER, LaneRouter, UnknownLane
 from ._metric_family import once_per_process
-from ._routes import is_pooling_request, route_of
+from ._routes import is_admitted_request, is_pooling_request, route_of
 
 #: The `function` label of refusals made at the request's entry.
-REQUEST_LABEL = "vllm.pooling_request"
+REQUEST_LABEL = "vllm.request"
 
 #: The setting named in a 413's message (`_options`' `max_request_cost` row).
 MAX_REQUEST_COST_SETTING = "OFFLOAD_VLLM_MAX_REQUEST_COST"
@@ -77,11 +77,11 @@ _held_families = once_per_process(
     lambda prometheus_client: (
         prometheus_client.Gauge(
             "offload_vllm_admitted_requests",
-            "Pooling requests admitted and not yet answered (held until the answer's last byte is sent).",
+            "Requests admitted and not yet answered (held until the answer's last byte is sent).",
         ),
         prometheus_client.Gauge(
             "offload_vllm_admitted_engine_requests",
-            "Engine requests of the pooling requests admitted and not yet answered (what "
+            "Engine requests of the requests admitted and not yet answered (what "
             "vLLM's --max-num-queued-reqs bounds, counted from admission on).",
         ),
     )
@@ -98,7 +98,7 @@ def report(engine: EngineRequests) -> None:
 
 @final
 class EngineRequests:
-    """The engine requests of the pooling requests admitted and not yet
+    """The engine requests of the requests admitted and not yet
     answered (`held`), against vLLM's `--max-num-queued-reqs` (`limit`;
     `None`: not set, nothing refused). vLLM counts a request's engine
     requests only as rendering hands them to the engine, and refuses the one
@@ -360,39 +360,55 @@ _answering: contextvars.ContextVar[_Answering | None] = contextvars.ContextVar(
 )
 
 
-# ---- the door: ASGI middlewares a pooling request passes before its body is read ----
+# ---- the door: ASGI middlewares an admitted route's request passes before its body is read ----
 #
 # Added inside vLLM's own middleware and the operator's (`--middleware`), after
 # authentication, where vLLM builds its app (`_seams/app.py`, in the order
 # `register` gives): a request they refuse never reaches them.
 
 
+class Refusal(Exception):
+    """Admission's answer (`answer`, an ASGI app: the 503, 413 or 400) for a
+    handler whose route cannot return one: vLLM's generate routers take any
+    object but their own error and answer types for a stream. Raised there
+    (`_seams/generate.py`), it passes vLLM's exception handlers (none is
+    registered for it but the catch-all's, outside the middleware) up to
+    `HoldUntilAnswered`, which sends it."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__("refused at admission")
+        self.answer = answer
+
+
 class HoldUntilAnswered:
-    """ASGI middleware: what a POST to a pooling route was admitted with at
+    """ASGI middleware: what a POST to a pooling or generate route was admitted with at
     the serving seam (its place, cost and engine requests, its listeners'
     `answered`) is held until the app returns here: its answer's last byte
     was handed to the server, or its client went away (vLLM cancels the
     handler on a disconnect), or it failed. Not only until the handler
-    returned: the bounds then count a response being encoded and sent too."""
+    returned: the bounds then count a response being encoded and sent too.
+    A `Refusal` raised on the way is answered here."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if not is_pooling_request(scope):
+        if not is_admitted_request(scope):
             await self.app(scope, receive, send)
             return
         answering = _Answering()
         token = _answering.set(answering)
         try:
             await self.app(scope, receive, send)
+        except Refusal as refusal:
+            await refusal.answer(scope, receive, send)
         finally:
             _answering.reset(token)
             answering.close()
 
 
 class RefuseWhenFull:
-    """ASGI middleware: a POST to a pooling route that finds the executor full
+    """ASGI middleware: a POST to a pooling or generate route that finds the executor full
     is refused by `RequestPolicy._decide` before its body is read, so a
     refusal costs the event loop no JSON parsing and no pydantic validation
     (why: docs/decisions/0011-refuse-before-reading-the-body.md).
@@ -411,7 +427,7 @@ class RefuseWhenFull:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         policy = self._policy
         executor = policy.executor_of()
-        if executor is not None and is_pooling_request(scope):
+        if executor is not None and is_admitted_request(scope):
             body_bytes = content_length(scope)
             decided = policy._decide(None, executor, scope, lambda: body_floor(body_bytes), body_bytes=body_bytes)
             if not isinstance(decided, tuple):
@@ -441,7 +457,9 @@ class RequestsInFlight:
 class CountRequests:
     """ASGI middleware: counts a POST to a pooling route in `RequestsInFlight`
     until its answer is sent (or it fails, or its client leaves). Inside
-    every other middleware, so a request refused before it is never counted."""
+    every other middleware, so a request refused before it is never counted.
+    Not a generate route's: a streaming answer stays in flight long after its
+    one tokenization, and would keep every batch waiting out its window."""
 
     def __init__(self, app: Any, count: RequestsInFlight) -> None:
         self.app = app

@@ -19,7 +19,7 @@ import offload
 import offload.strategy
 
 from ._lanes import LANE_HEADER, LANE_NAME_CHARACTERS, is_lane_name
-from ._routes import POOLING_PATHS
+from ._routes import ADMITTED_PATHS
 
 #: `parse(variable, text)`: the value, or `OffloadVLLMConfigError` naming both.
 Parser = Callable[[str, str], Any]
@@ -191,8 +191,8 @@ def lane_header(name: str, raw: str) -> tuple[str, ...] | None:
 def lane_routes(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     routes = _pairs(name, raw, "ROUTE=LANE")
     for route, _ in routes:
-        if route not in POOLING_PATHS:
+        if route not in ADMITTED_PATHS:
             raise OffloadVLLMConfigError(
-                f"{name}={raw!r}: {route} is not a pooling route; valid: {', '.join(sorted(POOLING_PATHS))}"
+                f"{name}={raw!r}: {route} is not a pooling or generate route; valid: {', '.join(sorted(ADMITTED_PATHS))}"
             )
     return tuple(routes)

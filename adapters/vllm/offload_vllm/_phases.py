@@ -1,4 +1,4 @@
-"""Where each pooling request's time went: `offload_vllm_request_phase_seconds`.
+"""Where each admitted request's time went: `offload_vllm_request_phase_seconds`.
 
 A request's life on the API server, in phases, each observed once per
 answered request into one histogram, labelled by `endpoint` (the route),
@@ -16,6 +16,12 @@ answered request into one histogram, labelled by `endpoint` (the route),
 - `response`: post-processing (building the response) and sending it, until
   its last byte is handed to the server, less the time its calls waited for a
   worker.
+
+On a generate route (chat, completions) `render` is the chat template and
+tokenization (and the images' processing), `engine` lasts until the answer's
+first byte is sent (for a stream, its first chunk: about the time to first
+token), and `response` from there to the last byte: for a stream, the
+generation of every token after the first.
 
 A request refused at the door or at admission is observed in no phase (the
 refusals have their counters). A phase whose ends were not both seen (a
@@ -40,7 +46,7 @@ from . import _tracing
 from ._admission import AdmissionListener, Priced
 from ._lanes import DEFAULT_LANE
 from ._metric_family import once_per_process
-from ._routes import is_pooling_request, route_of
+from ._routes import is_admitted_request, route_of
 
 PHASE_SECONDS: Final = "offload_vllm_request_phase_seconds"
 PHASES: Final = ("door", "worker_wait", "render", "engine", "response")
@@ -171,8 +177,8 @@ def timing_response(
 
 
 class TimePhases:
-    """ASGI middleware: keeps a `RequestPhases` for each POST to a pooling
-    route, and observes its phases once the last byte of its answer is handed
+    """ASGI middleware: keeps a `RequestPhases` for each POST to a pooling or
+    generate route, and observes its phases once the last byte of its answer is handed
     on. Outermost of offload's middleware, so the door phase counts from
     before the early refusal's check."""
 
@@ -182,7 +188,7 @@ class TimePhases:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         family = self._family
-        if family is None or not is_pooling_request(scope):
+        if family is None or not is_admitted_request(scope):
             await self.app(scope, receive, send)
             return
         traced = _tracing.trace_headers(scope)
@@ -191,6 +197,8 @@ class TimePhases:
             token = _current.set(phases)
 
             async def send_observed(message: Any) -> None:
+                if message["type"] == "http.response.start" and not phases.response_began:
+                    phases.response_began = time.perf_counter()  # a generate route's answer: its first byte
                 await send(message)
                 last = message["type"] == "http.response.body" and not message.get("more_body", False)
                 if last and phases.admitted:

@@ -1,4 +1,5 @@
-"""vLLM's pooling routes (`vllm/entrypoints/pooling/*/api_router.py`) and how
+"""vLLM's pooling routes (`vllm/entrypoints/pooling/*/api_router.py`), its
+generate routes (`vllm/entrypoints/openai/{chat_completion,completion}/api_router.py`) and how
 its middleware reads a request's route (`vllm/entrypoints/serve/middleware/authenticate.py`).
 
 Imports no vLLM: the settings name routes (`OFFLOAD_VLLM_LANE_ROUTES`) and are
@@ -28,6 +29,13 @@ POOLING_PATHS = frozenset(
 )
 
 
+#: vLLM's generate routes that offload admits (`_seams/generate.py`): chat and completions.
+GENERATE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+#: The routes whose requests offload admits, prices and times: pooling and generate.
+ADMITTED_PATHS = POOLING_PATHS | GENERATE_PATHS
+
+
 def route_of(scope: Mapping[str, Any]) -> str:
     """The route an ASGI request asks for: its path without the server's root
     path, read as vLLM's own middleware reads it (`AuthenticationMiddleware`):
@@ -40,3 +48,8 @@ def route_of(scope: Mapping[str, Any]) -> str:
 def is_pooling_request(scope: Mapping[str, Any]) -> bool:
     """Whether `scope` is an HTTP POST to one of vLLM's pooling routes."""
     return scope["type"] == "http" and scope.get("method") == "POST" and route_of(scope) in POOLING_PATHS
+
+
+def is_admitted_request(scope: Mapping[str, Any]) -> bool:
+    """Whether `scope` is an HTTP POST to a route offload admits (`ADMITTED_PATHS`)."""
+    return scope["type"] == "http" and scope.get("method") == "POST" and route_of(scope) in ADMITTED_PATHS

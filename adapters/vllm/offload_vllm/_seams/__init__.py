@@ -5,7 +5,8 @@ The modules that patch vLLM, each function patched from exactly one of them:
 validation shortcut, in the order `register` gives), `serving.py` (pooling
 serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `io_processor.py` (`render_async`), `renderer.py` (tokenization),
-`generate.py` (`OnlineRenderer.__init__`: the generate routes' text render),
+`generate.py` (`OnlineRenderer.__init__`: the generate routes' text render;
+the chat and completion handlers: their admission),
 `multimodal.py` (`BaseRenderer.__init__`: its multimodal processing),
 `responses.py` (the JSON encoder of scoring answers),
 `validation.py` (FastAPI's body validation of the pooling routes) and
@@ -209,6 +210,15 @@ REQUIRED: tuple[Seam, ...] = (
     Seam(_RENDERER, "BaseRenderer", "render_chat", params=("prompt_extras", "skip_mm_cache"), used_by=_S_GENERATE),
     Seam(_RENDERER, "BaseRenderer", "render_cmpl", params=("prompt_extras", "skip_mm_cache"), used_by=_S_GENERATE),
     Seam("vllm.renderers.chat_utils", None, "has_non_text_content", used_by=_S_GENERATE),
+    # Admission: each generate route's handler, `(request, raw_request)`, run inside it.
+    Seam(
+        "vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion",
+        params=("request", "raw_request"), used_by=_S_GENERATE,
+    ),
+    Seam(
+        "vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion",
+        params=("request", "raw_request"), used_by=_S_GENERATE,
+    ),
     # Prefix tokenization reads what truncation keeps.
     *_fields("vllm.renderers.params", "TokenizeParams", ("truncate_prompt_tokens", "truncation_side"), _S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "max_truncation_tokens", used_by=_S_RENDERER),

@@ -7,7 +7,17 @@ Responses API, which shares `preprocess_chat`) render through the
 `renderer.render_cmpl_async(...)`. We let vLLM build the `OnlineRenderer`, then
 give it a `StrategyRenderer`: the served renderer, but for those two
 methods, which the strategy runs (`_placements`, `render_generate`). Streaming
-and non-streaming requests share this render. Only text: a prompt or message
+and non-streaming requests share this render.
+
+Admission (`install_admission`): `OpenAIServingChat.create_chat_completion`
+and `OpenAIServingCompletion.create_completion` run inside the request's
+admission, as a pooling `__call__` does (`serving.admitting`): priced by its
+messages or prompts, images by their headers, tools, documents and template
+arguments; its engine requests are its prompts times `n`. A refusal is
+raised (`Refusal`) for the door to send, as vLLM's router would take a
+returned response for a stream. What it was
+admitted with is held until its answer's last byte is sent (a stream's
+last chunk), as the door's `HoldUntilAnswered` holds every admitted route. Only text: a prompt or message
 with other content (images, audio, embeddings) is rendered by vLLM's own
 async methods, as without the adapter (its multimodal processor cache lives
 in the served renderer). Detokenization and output processing stay in vLLM.
@@ -26,8 +36,15 @@ import functools
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+from starlette.responses import Response
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.renderers.chat_utils import has_non_text_content
 from vllm.renderers.online_renderer import OnlineRenderer
+
+from .. import _phases as phases
+from .._admission import Refusal, RequestPolicy
+from . import serving as serving_seam
 
 #: `render(method, args, kwargs)`: the strategy's run of `renderer.<method>(*args, **kwargs)`,
 #: where method is `render_chat` or `render_cmpl` (vLLM's synchronous ones).
@@ -46,12 +63,15 @@ class StrategyRenderer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._served, name)
 
+    # The request's render phase (`_phases.py`): both renders, the strategy's and vLLM's own.
+    @phases.timing_render
     async def render_chat_async(self, conversations: Any, chat_params: Any, tok_params: Any = None, **kwargs: Any) -> Any:
         conversations = listed_contents(conversations)
         if not text_only_chat(conversations):
             return await self._served.render_chat_async(conversations, chat_params, tok_params, **kwargs)
         return await self._render("render_chat", (conversations, chat_params, tok_params), kwargs)
 
+    @phases.timing_render
     async def render_cmpl_async(self, prompts: Any, tok_params: Any = None, **kwargs: Any) -> Any:
         if not text_only_prompts(prompts):
             return await self._served.render_cmpl_async(prompts, tok_params, **kwargs)
@@ -109,3 +129,33 @@ def install(make_render: Callable[[Any], RenderGenerate | None]) -> None:
 
     __init__.__offload_vllm__ = True  # type: ignore[attr-defined]
     OnlineRenderer.__init__ = __init__  # type: ignore[method-assign]
+
+
+#: The generate routes' handlers admission wraps: `(class, method name)`.
+_HANDLERS: tuple[tuple[type, str], ...] = (
+    (OpenAIServingChat, "create_chat_completion"),
+    (OpenAIServingCompletion, "create_completion"),
+)
+
+
+def install_admission(policy: RequestPolicy) -> None:
+    """Admit every chat and completion request by `policy` before it is rendered."""
+    for cls, name in _HANDLERS:
+        own = vars(cls)[name]
+        if not getattr(own, "__offload_vllm__", False):
+            setattr(cls, name, _raising_refusals(serving_seam.admitting(own, policy, takes_images=lambda serving: False)))
+
+
+def _raising_refusals(handler: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """`handler`, admission's refusal raised as a `Refusal`: returned, vLLM's
+    router would take the response for a stream's generator."""
+
+    @functools.wraps(handler)
+    async def refusing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = await handler(self, *args, **kwargs)
+        if isinstance(answer, Response):  # a handler's own answers are vLLM's models or a generator
+            raise Refusal(answer)
+        return answer
+
+    refusing.__offload_vllm__ = True  # type: ignore[attr-defined]
+    return refusing

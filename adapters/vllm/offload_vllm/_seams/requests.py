@@ -43,10 +43,10 @@ from .renderer import pair_prefix_installed, prefix_installed
 
 #: The fields of a pooling request that may hold its inputs: `input` (texts or
 #: token ids: embeddings, pooling, classify), `texts`, `images`, `inputs`
-#: (`/v2/embed`: exactly one is set), `data` (IO processor plugins). A chat form
-#: holds its conversation(s) in `messages`, which wins: vLLM copies a chat
-#: `input` there.
-INPUT_FIELDS = ("input", "texts", "images", "inputs", "data")
+#: (`/v2/embed`: exactly one is set), `data` (IO processor plugins), and a
+#: completion's `prompt` (texts or token ids). A chat form holds its
+#: conversation(s) in `messages`, which wins: vLLM copies a chat `input` there.
+INPUT_FIELDS = ("input", "texts", "images", "inputs", "data", "prompt")
 
 #: The fields of `INPUT_FIELDS` whose strings may be images (`Images`); the
 #: others are text. An IO processor plugin's `data` is text: the plugin reads
@@ -58,10 +58,14 @@ IMAGE_FIELDS: Mapping[str, Images] = {"images": Images.EVERY, "inputs": Images.P
 RENDER_INPUT_KEYS = ("prompts", "conversations", "data_1", "data_2")
 
 
-#: The fields of a pooling request that shape its rendering and count their
+#: The fields of a request that shape its rendering and count their
 #: characters too: a chat template sent with the request, the arguments of
 #: the template and of the multimodal processor.
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
+
+#: A chat's fields that its template renders too: its tools and documents
+#: (counted for a request with `messages` only: a rerank's `documents` are its inputs).
+CHAT_FIELDS = ("tools", "documents")
 
 
 #: The truncated texts and text pairs priced so far in the request being served (`pricing_texts`).
@@ -98,9 +102,8 @@ def request_cost(request: Any, content_length: int = 0, *, multimodal: bool = Fa
     fields alone: cheap, and before anything is rendered; at least `body_floor`
     of `content_length`, its body's bytes. `multimodal`: the model takes
     images (`takes_images`). Raises `TooDeep` for inputs nested past `MAX_DEPTH`."""
-    cost = _inputs_cost(request, multimodal) + sum(
-        characters(getattr(request, name, None)) for name in TEMPLATE_FIELDS
-    )
+    fields = TEMPLATE_FIELDS + CHAT_FIELDS if getattr(request, "messages", None) is not None else TEMPLATE_FIELDS
+    cost = _inputs_cost(request, multimodal) + sum(characters(getattr(request, name, None)) for name in fields)
     return max(cost, body_floor(content_length))
 
 
@@ -117,10 +120,12 @@ def engine_requests(request: Any) -> int:
         if isinstance(request, RerankRequest):
             return 1 + prompts(request.documents)
         return prompts(request.data_1) + prompts(request.data_2)  # type: ignore[attr-defined]
+    # A generate request's `n` choices are each an engine request (vLLM's own count at its check).
+    choices = getattr(request, "n", None) or 1
     messages = getattr(request, "messages", None)
     if messages is not None:
-        return len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1
-    return max(1, sum(prompts(getattr(request, name, None)) for name in INPUT_FIELDS))
+        return choices * (len(messages) if messages and isinstance(messages[0], (list, tuple)) else 1)
+    return choices * max(1, sum(prompts(getattr(request, name, None)) for name in INPUT_FIELDS))
 
 
 def _inputs_cost(request: Any, multimodal: bool) -> float:

@@ -173,22 +173,29 @@ def cover(cls: type) -> None:
     for klass in cls.__mro__:
         own = vars(klass).get("__call__")
         if own is not None and issubclass(klass, PoolingBaseServing) and not getattr(own, "__offload_vllm__", False):
-            setattr(klass, "__call__", _admitting(own, _policy))  # noqa: B010
+            setattr(klass, "__call__", admitting(own, _policy))  # noqa: B010
 
 
-def _admitting(
-    original: Callable[..., Coroutine[Any, Any, Any]], policy: RequestPolicy
+def admitting(
+    original: Callable[..., Coroutine[Any, Any, Any]],
+    policy: RequestPolicy,
+    takes_images: Callable[[Any], bool] = requests_seam.takes_images,
 ) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """`original(self, request, raw_request)` (a pooling `__call__`, a generate
+    route's handler) run inside the request's admission by `policy`, or the
+    answer that refuses it; `takes_images(self)`: whether the served model
+    takes images (how a pooling request's inputs are priced)."""
+
     @functools.wraps(original)
     async def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # vLLM's `__call__(request, raw_request)`.
+        # vLLM's `(request, raw_request)`.
         request = args[0] if args else kwargs["request"]
         raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")
         scope = None if raw_request is None else raw_request.scope
 
         def cost_of() -> float:
             body = 0 if scope is None else content_length(scope)
-            return requests_seam.request_cost(request, body, multimodal=requests_seam.takes_images(self))
+            return requests_seam.request_cost(request, body, multimodal=takes_images(self))
 
         set_priority = (
             None
