@@ -56,7 +56,7 @@ async def echo(request: Request) -> JSONResponse:
 
 
 def app_with(executor: offload.Executor, root_path: str = "", max_request_cost: float | None = None) -> httpx.AsyncClient:
-    app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions")])
+    app = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in ("/v1/embeddings", "/health", "/v1/chat/completions", "/tokenize")])
     policy = RequestPolicy(
         executor_of=lambda: executor, router=LaneRouter.of(executor.lanes, {}), engine_priority=False, retry_after=lambda executor, lane, cost: 1, answers=ANSWERS,
         max_request_cost=max_request_cost,
@@ -79,9 +79,10 @@ async def test_a_full_queue_refuses_before_the_body_is_read(
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == 503
         assert REGISTRY.get_sample_value("offload_rejected_calls_total", labels) == before + 1
-        # Other routes and methods pass through.
+        # A generate route is refused the same way; other routes and methods pass through.
+        assert (await client.post("/v1/chat/completions", content=b"{not json")).status_code == 503
         assert (await client.get("/health")).status_code == 200
-        assert (await client.post("/v1/chat/completions", content=b"x")).json() == {"read": 1}
+        assert (await client.post("/tokenize", content=b"x")).json() == {"read": 1}
         release.set()
         for _ in range(200):  # the held call ends, and its place with it
             if not executor.overloaded:
@@ -103,7 +104,7 @@ async def test_behind_a_root_path_the_route_is_read_without_it(
     async with app_with(executor, root_path="/api") as client:
         refused = await client.post(path, content=b"{not json")
         assert refused.status_code == 503
-        assert (await client.post("/api/v1/chat/completions", content=b"x")).status_code != 503
+        assert (await client.post("/api/tokenize", content=b"x")).status_code != 503
 
 
 async def test_the_cost_is_the_floor_of_the_content_length() -> None:

@@ -16,7 +16,7 @@ The process server admits by a small cost bound (`GENERATE_BOUND`): a flood
 of streamed chats is held to it (`test_a_flood_of_streamed_chats_is_held_to_the_bound`),
 and the answers compared one at a time are each admitted into an idle bound.
 
-A streamed answer is compared folded into one (`_folded`): vLLM alone merges
+A streamed answer is compared folded into one (`_answers.folded`): vLLM alone merges
 the outputs of engine steps its API server has not sent yet into one chunk
 (`RequestOutputCollector`), so where a stream's chunks break depends on the
 machine's load, not on the render.
@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ._answers import events, folded, without_ids
 from ._module_servers import ModuleServers, register
 from ._server import (
     Server,
@@ -116,53 +117,8 @@ BAD = {
 def _answer(server: Server, route: str, body: dict[str, Any]) -> tuple[int, Any]:
     reply = httpx.post(f"{server.url}{route}", json={"model": NAME, **body}, timeout=120)
     if body.get("stream") and reply.status_code == 200:
-        return reply.status_code, _folded(_events(reply.text))
-    return reply.status_code, _without_ids(reply.json())
-
-
-def _without_ids(answer: Any) -> Any:
-    """The answer but what differs between any two servers (its id, its time)."""
-    if isinstance(answer, dict):
-        return {k: _without_ids(v) for k, v in answer.items() if k not in ("id", "created")}
-    if isinstance(answer, list):
-        return [_without_ids(v) for v in answer]
-    return answer
-
-
-def _events(text: str) -> list[dict[str, Any]]:
-    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(event) for event in events[:-1]]
-
-
-#: A streamed choice's fields that a chunk continues: joined across chunks.
-_JOINED = ("content", "text", "token_ids")
-
-
-def _folded(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """A stream as one answer: each choice's text and token ids joined over the
-    chunks, every other field (role, prompt token ids, finish reason, usage) its
-    value where it is set; ids and times left out (`_without_ids`)."""
-    top: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in _without_ids(chunks):
-        for key, value in chunk.items():
-            if key == "choices":
-                for choice in value:
-                    _fold(choices.setdefault(choice["index"], {}), choice)
-            elif value is not None:
-                assert top.setdefault(key, value) == value, (key, top[key], value)
-    return {**top, "choices": [choices[i] for i in sorted(choices)]}
-
-
-def _fold(into: dict[str, Any], part: dict[str, Any]) -> None:
-    for key, value in part.items():
-        if isinstance(value, dict):
-            _fold(into.setdefault(key, {}), value)
-        elif key in _JOINED and value is not None:
-            into[key] = into.get(key, value[:0]) + value
-        elif value is not None:
-            assert into.setdefault(key, value) == value, (key, into[key], value)
+        return reply.status_code, folded(events(reply.text))
+    return reply.status_code, without_ids(reply.json())
 
 
 def test_a_stream_folds_whatever_its_chunks() -> None:
@@ -179,10 +135,10 @@ def test_a_stream_folds_whatever_its_chunks() -> None:
         {"id": "b", "created": 2, "model": NAME, "choices": [{"index": 0, "delta": {"content": "to"}, "token_ids": [5]}]},
         {"id": "b", "created": 2, "model": NAME, "choices": [{"index": 0, "delta": {"content": "kens"}, "token_ids": [6, 7]}]},
     ]
-    assert _folded(one_each) == _folded(merged)
-    assert _folded(one_each)["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "tokens"}, "token_ids": [5, 6, 7]}]
+    assert folded(one_each) == folded(merged)
+    assert folded(one_each)["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "tokens"}, "token_ids": [5, 6, 7]}]
     other = [*merged[:2], {**merged[2], "choices": [{"index": 0, "delta": {"content": "kens"}, "token_ids": [6, 8]}]}]
-    assert _folded(other) != _folded(merged)
+    assert folded(other) != folded(merged)
 
 
 def served() -> list[Any]:
@@ -290,8 +246,8 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
         if status == 503:
             assert good_retry_after(retry_after), retry_after
         else:
-            folded = _folded(_events(text))
-            assert folded["choices"][0]["finish_reason"] == "length", folded
+            answer = folded(events(text))
+            assert answer["choices"][0]["finish_reason"] == "length", answer
     assert 1 <= max(readings) <= 2, readings  # held while they stream, never past the bound
     assert total(scrape(server), "offload_vllm_admitted_requests") == 0
     # Each answered chat's phases observed once: its render, until its first chunk, its stream.

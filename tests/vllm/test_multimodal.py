@@ -8,7 +8,7 @@ Servers (`_module_servers`: started with other modules' own): vLLM alone
 `process` with two workers each and the cache off (`--mm-processor-cache-gb 0`:
 with it on, the adapter refuses to start, tested here too).
 
-A streamed answer is compared folded into one (`_folded`): where a stream's
+A streamed answer is compared folded into one (`_answers.folded`): where a stream's
 chunks break depends on the machine's load, not on the render.
 """
 
@@ -32,6 +32,7 @@ from PIL import Image
 
 from benchmarks.harness.mm_models import TINY_IDEFICS3_NAME, build_tiny_multimodal_model
 
+from ._answers import events, folded, without_ids
 from ._module_servers import ModuleServers, register
 from ._server import Server, renderer_workers, scrape, start_server
 from .conftest import AVAILABLE, WORKERS
@@ -127,50 +128,8 @@ def _answer(server: Server, messages: list[dict[str, Any]], extra: Mapping[str, 
     body = {"model": NAME, "messages": messages, **GREEDY, **extra}
     reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     if body.get("stream") and reply.status_code == 200:
-        return reply.status_code, _folded(_events(reply.text))
-    return reply.status_code, _without_ids(reply.json())
-
-
-def _without_ids(answer: Any) -> Any:
-    """The answer but what differs between any two servers (its id, its time)."""
-    if isinstance(answer, dict):
-        return {k: _without_ids(v) for k, v in answer.items() if k not in ("id", "created")}
-    if isinstance(answer, list):
-        return [_without_ids(v) for v in answer]
-    return answer
-
-
-def _events(text: str) -> list[dict[str, Any]]:
-    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(event) for event in events[:-1]]
-
-
-def _folded(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """A stream as one answer: each choice's content, token ids and logprobs
-    joined over the chunks, every other field its value where it is set."""
-    top: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in _without_ids(chunks):
-        for key, value in chunk.items():
-            if key == "choices":
-                for choice in value:
-                    _fold(choices.setdefault(choice["index"], {}), choice)
-            elif value is not None:
-                assert top.setdefault(key, value) == value, (key, top[key], value)
-    return {**top, "choices": [choices[i] for i in sorted(choices)]}
-
-
-def _fold(into: dict[str, Any], part: dict[str, Any]) -> None:
-    for key, value in part.items():
-        if value is None:
-            continue
-        if isinstance(value, dict):
-            _fold(into.setdefault(key, {}), value)
-        elif key in ("content", "token_ids"):
-            into[key] = into.get(key, type(value)()) + value
-        else:
-            into.setdefault(key, value)
+        return reply.status_code, folded(events(reply.text))
+    return reply.status_code, without_ids(reply.json())
 
 
 @pytest.mark.parametrize("strategy", SERVED)

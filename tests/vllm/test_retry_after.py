@@ -129,6 +129,31 @@ def test_retry_after_is_the_time_to_drain_and_serve_the_clients_due_back_first(
         assert rates.retry_after(executor, "default", 200.0) == RETRY_AFTER_CAP_S
 
 
+def test_before_any_answer_the_wait_told_grows_with_the_time_none_was_answered(
+    held_executor: tuple[offload.Executor, threading.Event],
+) -> None:
+    """A flood's first refusals come before anything was answered: the lane's
+    rate is taken as one typical request over its busy time (the most it can
+    have served), so a request that needs 50 of cost drained, with requests
+    of 100 admitted, is told 1 s at once, 5 s ten seconds on, the cap after a
+    hundred: never 1 s throughout, as when a lane with no answer counted as unmeasured."""
+    executor, _ = held_executor
+    clock = Clock()
+    rates = DrainRates(clock)
+    for _ in range(3):
+        request = Priced(100.0, "default", 1)
+        rates.priced(request)
+        rates.admitted(request)
+    with executor.admission("test", cost=250.0), executor.admission("test", cost=600.0, lane="bulk"):
+        assert executor.cost_to_admit(cost=200.0, lane="default") == pytest.approx(50.0)
+        clock.now += 0.5
+        assert rates.retry_after(executor, "default", 200.0) == 1
+        clock.now += 9.5
+        assert rates.retry_after(executor, "default", 200.0) == 5
+        clock.now += 90.0
+        assert rates.retry_after(executor, "default", 200.0) == RETRY_AFTER_CAP_S
+
+
 def test_a_lane_idle_for_long_then_full_is_told_the_rate_it_was_served_at_while_busy(
     held_executor: tuple[offload.Executor, threading.Event],
 ) -> None:

@@ -6,8 +6,11 @@ the cost that must drain before it is admitted
 (`Executor.cost_to_admit`, by admission's own rule) and the cost of the requests refused before
 it that were told to come back before it and are still due
 (`DrainRates.retry_after`). Under `OFFLOAD_VLLM_MAX_QUEUE` alone (places, not
-cost), the same in requests. Until a lane has served anything, 1 (the
-smallest the header allows).
+cost), the same in requests. Until a lane has served anything, its rate is
+taken as one typical request over the time it has been busy (at least
+`RATE_MIN_SPAN_S`): the most it can have served with none answered, so the
+wait told is the least that is true, and grows while nothing is answered.
+Before any request was priced, 1 (the smallest the header allows).
 
 The rate is the share of it that reaches the clients told to come back:
 of those due back in the seconds past, the share not refused again then
@@ -307,12 +310,16 @@ class DrainRates(AdmissionListener):
         by_cost = bool(excess)
         served = rates.served_cost if by_cost else rates.served_requests
         per_second = served.per_second(rates.busy_clock(now))
+        if per_second <= 0 and rates.priced:
+            # None answered yet: under one typical request served over its busy time.
+            unit = rates.priced_cost if by_cost else 1.0
+            per_second = unit / max(rates.busy_clock(now), RATE_MIN_SPAN_S)
         rates.refused_again.refused(now, rates.due_back)
         # The places that free up go to every request then arriving, not only
         # to those told to come back: they get the share that was let in.
         let_in = per_second * (1.0 - rates.refused_again.share())
         if per_second <= 0:
-            told = 1  # nothing served yet: the least the header allows
+            told = 1  # nothing priced yet: the least the header allows
         elif let_in <= 0:
             told = RETRY_AFTER_CAP_S  # every one told to come back was refused again
         else:
