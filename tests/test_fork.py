@@ -66,7 +66,7 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
     out = check(
         run_python(
             """
-            import os, time
+            import os, tempfile, time
             import offload
             from tests import helpers
 
@@ -74,8 +74,12 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
                 for strategy in ("thread", "process", "async-renderer"):
                     options = {"max_workers": 1} if strategy != "async-renderer" else {"max_batch_size": 1}
                     ex = offload.get_executor(strategy, max_queue=0, **options)
-                    busy = ex.submit(helpers.sleep_and_return, 1.5, "parent")
-                    time.sleep(0.3)
+                    # Held until the child is done, however long it takes.
+                    gate = os.path.join(tempfile.mkdtemp(), "gate")
+                    busy = ex.submit(helpers.wait_for_file, gate)
+                    deadline = time.monotonic() + 30
+                    while not ex.overloaded and time.monotonic() < deadline:
+                        time.sleep(0.01)
                     assert ex.overloaded
                     child = os.fork()
                     if child == 0:
@@ -86,6 +90,7 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
                             code = 2
                         os._exit(code)
                     _, status = os.waitpid(child, 0)
+                    open(gate, "w").close()
                     print(strategy, "child", os.waitstatus_to_exitcode(status), busy.result(timeout=30))
                     ex.shutdown()
             """,
@@ -93,7 +98,7 @@ def test_calls_in_flight_at_fork_do_not_count_against_the_childs_max_queue() -> 
         )
     )
     for strategy in ("thread", "process", "async-renderer"):
-        assert f"{strategy} child 0 parent" in out, out
+        assert f"{strategy} child 0 released" in out, out
 
 
 def test_a_child_forked_while_a_worker_start_was_inside_the_resource_tracker_can_start_workers() -> None:

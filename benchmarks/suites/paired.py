@@ -345,8 +345,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = _common.parser(__doc__ or "", "paired", smoke="2 rows (one worker each), one round of 1 s blocks at 8 clients")
-    p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    p = _common.parser(__doc__ or "", "paired", smoke="vLLM's default and thread (process where the workload checks no answers; --rows names others), one worker each, one round of 1 s blocks at 8 clients")
+    p.add_argument("--rows", nargs="+", choices=ROWS, help="default: every row")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--clients", type=int, default=64)
@@ -355,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workload = WORKLOADS[args.workload]
     if args.smoke:
-        rows, rounds, seconds, clients = [DEFAULT, "thread" if workload.checks_answers else "process"], 1, 1.0, 8
+        smoke_row = "thread" if workload.checks_answers else "process"
+        rows, rounds, seconds, clients = args.rows or [DEFAULT, smoke_row], 1, 1.0, 8
     else:
-        rows, rounds, seconds, clients = args.rows, args.rounds, args.seconds, args.clients
+        rows, rounds, seconds, clients = args.rows or list(ROWS), args.rounds, args.seconds, args.clients
     if DEFAULT not in rows:
         rows = [DEFAULT, *rows]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

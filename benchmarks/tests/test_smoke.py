@@ -26,7 +26,10 @@ from benchmarks.registry import SUITES
 from benchmarks.suites import mixed as bench_mixed
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN_SMOKE_TEST = {"mixed": "test_mixed_traffic_smoke_run_is_sane"}
+OWN_SMOKE_TEST = {
+    "mixed": "test_mixed_traffic_smoke_run_is_sane",
+    "paired": "test_paired_workloads_on_other_models_run_in_smoke_mode",
+}
 #: A suite that starts no server may still start worker processes that import
 #: heavy libraries (as the image suite's imported transformers): beside the vLLM
 #: suite, at a load of about 10 on two cores, that took over the 120 s that
@@ -74,20 +77,24 @@ _PAIRED = _source("benchmarks.suites.paired")
 
 @pytest.mark.e2e
 @pytest.mark.timeout(int(_constant(_PAIRED, "SMOKE_TIMEOUT_S")))
-@pytest.mark.parametrize("workload", ["rerank", "multilingual"])
+@pytest.mark.parametrize(("workload", "row"), [("rerank", "thread"), ("multilingual", "process")])
 def test_paired_workloads_on_other_models_run_in_smoke_mode(
-    workload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workload: str, row: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The paired suite's workloads on their own tiny models (a cross-encoder's
-    `/rerank`, an XLM-R-style tokenizer's embeddings), at smoke size: each runs,
-    and every row answered as vLLM's default did."""
+    """The paired suite's smoke run (its own, as `OWN_SMOKE_TEST` says): the
+    workloads on their own tiny models (a cross-encoder's `/rerank`, an
+    XLM-R-style tokenizer's embeddings), at smoke size, between them on a
+    thread and a process row (the process row's worker CPU included): each
+    runs, and every row answered as vLLM's default did. The default `tiny`
+    workload's bodies are the overload suite's, whose smoke run sends them."""
     pytest.importorskip("sentencepiece")
     from benchmarks.suites import paired
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert paired.main(["--smoke", "--workload", workload, "--out", str(tmp_path)]) == 0
+    argv = ["--smoke", "--workload", workload, "--rows", row, "--out", str(tmp_path)]
+    assert paired.main(argv) == 0
     result = json.loads((tmp_path / f"paired-{workload}.json").read_text())
-    assert result["same_answers"] == {"vLLM default": True, "thread": True}
+    assert result["same_answers"] == {"vLLM default": True, row: True}
     assert all(block["errors"] == 0 for blocks in result["blocks"].values() for block in blocks)
 
 

@@ -248,15 +248,29 @@ async def test_start_reports_a_failing_initializer_and_the_pool_retries() -> Non
             await ex.run(pid)
 
 
-async def test_max_queue_refuses_calls_past_the_bound_at_once() -> None:
+def pid_once_open(gate: str) -> int:
+    """Hold the call until the file `gate` exists (at most 60 s), then the actor's pid."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return os.getpid()
+
+
+async def test_max_queue_refuses_calls_past_the_bound_at_once(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
     async with offload.Executor(RayStrategy(1), max_queue=2) as ex:
         await anyio.to_thread.run_sync(ex.start)
         assert ex.max_queue == 2
-        futures = [ex.submit(slow_pid, 1.0) for _ in range(3)]  # one runs, two wait
-        with pytest.raises(offload.Overloaded):
-            ex.submit(slow_pid, 0)
-        with pytest.raises(offload.Overloaded):
-            await ex.run(pid)
+        # Held until both refusals are seen, however long they take (a fixed
+        # sleep per call cost 3 s a backend).
+        futures = [ex.submit(pid_once_open, str(gate)) for _ in range(3)]  # one runs, two wait
+        try:
+            with pytest.raises(offload.Overloaded):
+                ex.submit(slow_pid, 0)
+            with pytest.raises(offload.Overloaded):
+                await ex.run(pid)
+        finally:
+            gate.touch()
         assert len({f.result(timeout=60) for f in futures}) == 1
 
 

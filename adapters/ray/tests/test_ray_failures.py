@@ -59,24 +59,29 @@ def test_an_executor_that_started_ray_itself_survives_its_own_shutdown() -> None
 
 
 @pytest.mark.timeout(TIMEOUT + 30)
-def test_aclose_timeout_stops_an_actor_still_starting() -> None:
+def test_aclose_timeout_stops_an_actor_still_starting(tmp_path: Path) -> None:
     out = run_python(
-        """
-        import time
+        f"""
+        import os, time
         import anyio
         import ray_settings
         import ray
         import offload
         from offload_ray import RayStrategy
 
+        STARTED = {str(tmp_path / "started")!r}
+
         def slow_init():
+            open(STARTED, "w").close()
             time.sleep(120)
 
         async def main():
             ray.init(**ray_settings.LOCAL_RAY)
             ex = offload.Executor(RayStrategy(1, initializer=slow_init, num_cpus=0.5))
             future = ex.submit(time.time)
-            await anyio.sleep(3)  # the actor is being created, its initializer sleeping
+            with anyio.fail_after(120):  # the actor is created, its initializer sleeping
+                while not os.path.exists(STARTED):
+                    await anyio.sleep(0.02)
             began = time.monotonic()
             await ex.aclose(timeout=0.5)
             print("aclose took", round(time.monotonic() - began, 1), flush=True)
@@ -246,7 +251,8 @@ def test_shutdown_with_wait_returns_when_rays_gcs_stops_answering() -> None:
 
         try:
             ray.init(**ray_settings.LOCAL_RAY)
-            ex = offload.Executor(RayStrategy(2, num_cpus=0.5, actor_stop_timeout=5))
+            # A short bound: the GCS never answers, so shutdown waits all of it.
+            ex = offload.Executor(RayStrategy(2, num_cpus=0.5, actor_stop_timeout=1))
             ex.start()  # every actor placed: none is starting (placing one needs the GCS)
             assert ex.submit(os.getpid).result(timeout=300) > 0
             (gcs,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "gcs_server"]
@@ -267,4 +273,4 @@ def test_shutdown_with_wait_returns_when_rays_gcs_stops_answering() -> None:
     )
     took = float(out.split("shutdown took ")[1].split()[0])
     assert took < 30, out  # without the bound: never (the script's timeout)
-    assert "ray strategy: shutdown waited 5 s" in out, out  # and says it stopped waiting
+    assert "ray strategy: shutdown waited 1 s" in out, out  # and says it stopped waiting
