@@ -53,11 +53,13 @@ class CallsContract(_ContractBase):
 
     async def test_submit_and_map(self, executor: offload.Executor) -> None:
         future = executor.submit(f.add, 1, b=2)
-        assert await anyio.to_thread.run_sync(future.result, 30) == 3
+        # A wide margin: a strategy may start its first worker for this call (a Ray
+        # actor took over 30 s on a 2-core machine under load); a hang still fails.
+        assert await anyio.to_thread.run_sync(future.result, 120) == 3
         assert list(executor.map(f.add, [1, 2, 3], [10, 20, 30])) == [11, 22, 33]
         failing = executor.submit(f.raise_value_error, "nope")
         with pytest.raises(ValueError, match="nope"):
-            await anyio.to_thread.run_sync(failing.result, 30)
+            await anyio.to_thread.run_sync(failing.result, 120)
 
     @pytest.mark.parametrize("anyio_backend", ["asyncio"])
     async def test_drops_into_run_in_executor(self, executor: offload.Executor) -> None:
