@@ -197,7 +197,8 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     they cost until their stream's last chunk is sent. 16 streamed chats sent
     at once to a bound that holds two: each is answered 200 whole or refused
     503 with a computed `Retry-After`, some of each; the admitted-requests
-    gauge, read meanwhile, never passes two and is 0 once they are over; each
+    gauge, read meanwhile (and as each answered chat's first chunk comes), is
+    at least one while they stream, never past two, and 0 once they are over; each
     answered one's phases are observed once."""
     from offload_vllm._seams.requests import request_cost
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -213,8 +214,16 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
         async with load_client(18, timeout=120) as client:
 
             async def one() -> tuple[int, str | None, str]:
-                r = await client.post(f"{server.url}/v1/chat/completions", json=body)
-                return r.status_code, r.headers.get("retry-after"), r.text
+                async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+                    chunks: list[str] = []
+                    async for chunk in r.aiter_text():
+                        if r.status_code == 200 and not chunks:
+                            # Read while this chat streams: its first chunk is sent, its last
+                            # is 95 engine steps away, and /metrics is answered on the same loop.
+                            values = await asyncio.to_thread(scrape, server)
+                            readings.append(total(values, "offload_vllm_admitted_requests"))
+                        chunks.append(chunk)
+                    return r.status_code, r.headers.get("retry-after"), "".join(chunks)
 
             async def watch() -> None:
                 while not done:
