@@ -91,6 +91,23 @@ def _ray(r: Path) -> str:
     )
 
 
+def _generate(r: Path) -> str:
+    data = load("generate/generate.json", r)
+    summary, top = data["summary"], max(data["rates"])
+
+    def at(row: str, metric: str, rate: float = top) -> dict[str, float]:
+        value: dict[str, float] = summary[f"mixed {rate:g}/s {row}"][metric]
+        return value
+
+    ratio = {row: fmt(at(f"offload {row}", "ttft_p99_ratio")) for row in ("process", "thread", "async-renderer")}
+    return (
+        f"nothing: at {top:g} chats/s (60% with an image) TTFT p99 {ratio['process']} (`process`), "
+        f"{ratio['thread']} (`thread`), {ratio['async-renderer']} (`async-renderer`) vLLM's default's, whose own "
+        f"renderer pool answers `/health` at p99 {fmt(at(DEFAULT, 'health_p99_ms'), unit=' ms')} with no timeouts "
+        f"up to {top:g}/s; vLLM's `--api-server-count 2`: TTFT p99 {fmt(at('vLLM api-server-count 2', 'ttft_p99_ratio'))}"
+    )
+
+
 _MIXED_DETAILS = "#mixed-traffic-a-small-request-under-a-flood"
 #: workload, what to use, what it buys against vLLM's default (`_figures`; a function: the ray
 #: plugin's), where the run is described. One recommendation, the same as the README's, the
@@ -139,6 +156,8 @@ DECISIONS: tuple[tuple[str, str, str | Callable[[Path], str], str], ...] = (
      "{mixed multimodal process lanes health_p99_ms} (`process`), {mixed multimodal thread lanes health_p99_ms} "
      "(`thread`)"),
      "decisions/0028-the-concurrency-sweep-answered-once.md"),
+    ("Chat with images (`/v1/chat/completions`, vLLM 0.32)",
+     "vLLM's default, or its `--api-server-count 2`; no strategy", _generate, "generate.md#which-strategy"),
     ("A function with a cheaper batch form", "`async-renderer`, only there",
      ("on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
      "{paired async-renderer cpu:api} (`async-renderer`), {paired thread cpu:api} (`thread`)"),
