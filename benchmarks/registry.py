@@ -62,7 +62,7 @@ SUITES: tuple[Suite, ...] = (
           6, "overload.{json,md}", vllm=True),
     Suite("generate", "benchmarks.suites.generate",
           "Under Poisson chat traffic with images, what happens to TTFT, /health and timeouts, per strategy and vLLM setting?",
-          35, "generate.{json,md}", vllm=True),
+          25, "generate.{json,md}", vllm=True),
     Suite("ray", "benchmarks.suites.ray_cost",
           "What does a call cost under the ray strategy, against process and a bare Ray actor?",
           3, "ray.{json,md}", requires=("ray", "offload_ray")),

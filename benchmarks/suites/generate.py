@@ -22,7 +22,7 @@ vLLM's cache, decision 0030; every image here is new anyway), the model in the
 engine core's process and no torch.compile (the model's time is not what is
 measured), 8 generated tokens a chat.
 
-    python -m benchmarks generate                       # 5 rounds x 8 s levels, about 35 min
+    python -m benchmarks generate                       # 5 rounds x 8 s levels, about 25 min
     python -m benchmarks generate --smoke --out DIR
 
 Writes generate.json and generate.md into --out (default
