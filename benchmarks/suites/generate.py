@@ -48,6 +48,7 @@ from benchmarks.harness import load, mm_models, progress, stats, workloads
 from benchmarks.harness.mixed import poisson_arrivals
 from benchmarks.harness.server import (
     ENGINE_IN_ONE_PROCESS,
+    HOST,
     ServerConfig,
     free_port,
     running_servers,
@@ -68,8 +69,8 @@ SERVER_ARGS = (
 )
 
 
-def configs(smoke: bool) -> dict[str, ServerConfig]:
-    """The rows' servers; each offload row with a health port of its own (`health_port` in its env)."""
+def configs(smoke: bool) -> tuple[dict[str, ServerConfig], dict[str, str]]:
+    """The rows' servers, and the health port's URL of each offload row (one port each)."""
     env = dict(ENGINE_IN_ONE_PROCESS)
     rows = {
         BASELINE: ServerConfig(BASELINE, None, SERVER_ARGS, env),
@@ -78,15 +79,14 @@ def configs(smoke: bool) -> dict[str, ServerConfig]:
         "vLLM api-server-count 2": ServerConfig("vLLM api-server-count 2", None,
                                                 (*SERVER_ARGS, "--api-server-count", "2"), env),
     }
+    health: dict[str, str] = {}
     for strategy in OFFLOAD_ROWS:
-        rows[f"offload {strategy}"] = ServerConfig(
-            f"offload {strategy}", strategy, (*SERVER_ARGS, "--offload-health-port", str(free_port())), env)
-    return {"offload process": rows["offload process"]} if smoke else rows
-
-
-def health_url(config: ServerConfig) -> str | None:
-    args = list(config.extra_args)
-    return f"http://127.0.0.1:{args[args.index('--offload-health-port') + 1]}" if "--offload-health-port" in args else None
+        name, port = f"offload {strategy}", free_port()
+        rows[name] = ServerConfig(name, strategy, (*SERVER_ARGS, "--offload-health-port", str(port)), env)
+        health[name] = f"http://{HOST}:{port}"
+    if smoke:
+        return {"offload process": rows["offload process"]}, {"offload process": health["offload process"]}
+    return rows, health
 
 
 def chat_bodies(model: str, *, count: int, text_only: bool, seed: int = 0) -> list[bytes]:
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds, seconds = (1, 2.0) if args.smoke else (args.rounds, args.seconds)
     if rounds < 1 or seconds <= 0 or not rates or min(rates) <= 0:
         p.error("--rounds, --seconds and every rate must be positive")
-    servers = configs(args.smoke)
+    servers, health_urls = configs(args.smoke)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     loadavg_before = _common.loadavg()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         levels: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
         for number, key, bar in progress.interleaved(list(keys), rounds, seed=0, desc="generate levels"):
             workload, rate, row = keys[key]
-            level = run_level(urls[row][0], health_url(servers[row]), mixed if workload == "mixed" else text,
+            level = run_level(urls[row][0], health_urls.get(row), mixed if workload == "mixed" else text,
                               rate, seconds, seed=number)
             levels[key].append(level)
             bar.note(f"round {number + 1} {key}: {json.dumps(_values(level))}")
