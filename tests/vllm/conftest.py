@@ -131,7 +131,10 @@ def module_servers(
 
 @pytest.fixture(scope="session")
 def servers(
-    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, module_servers: ModuleServers
+    model_dirs: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    module_servers: ModuleServers,
+    ray_env: dict[str, str],
 ) -> Iterator[dict[tuple[str | None, str], Server]]:
     # Whatever modules' own servers are left stop first: the two never share memory.
     module_servers.close()
@@ -141,7 +144,6 @@ def servers(
     wanted: list[tuple[str | None, str]] = [(None, "embed"), (None, "cross-encoder")]
     wanted += [(s, kind) for s in AVAILABLE for kind in ("embed", "cross-encoder")]
     with contextlib.ExitStack() as stack:
-        ray_env = stack.enter_context(ray_cluster()) if "ray" in AVAILABLE else {}
         env: dict[tuple[str | None, str], dict[str, str]] = {
             **{("ray", kind): ray_env for kind in ("embed", "cross-encoder")},
             # The health port, the one setting taken without a strategy: it changes
@@ -160,17 +162,23 @@ def servers(
         yield stack.enter_context(servers_started(starts))
 
 
-@contextlib.contextmanager
-def ray_cluster() -> Iterator[dict[str, str]]:
-    """A one-node Ray cluster on loopback for the `ray` servers to join (as a
-    deployment joins its cluster): yields their environment."""
+@pytest.fixture(scope="session")
+def ray_env() -> Iterator[dict[str, str]]:
+    """The environment of `ray` servers (`{}` when ray is not tested): one
+    one-node Ray cluster on loopback for the whole session, which every
+    module's `ray` servers join, as a deployment's join its cluster."""
+    if "ray" not in AVAILABLE:
+        yield {}
+        return
     from ray.cluster_utils import Cluster
     from ray_settings import NODE  # sets Ray's loopback switch in os.environ, which servers inherit
 
     cluster = Cluster(
         initialize_head=True,
-        # Two servers (embed, cross-encoder) of WORKERS["ray"] one-CPU actors each.
-        head_node_args={**NODE, "num_cpus": 2 * WORKERS["ray"], "node_ip_address": "127.0.0.1"},
+        # The shared servers (embed, cross-encoder) of WORKERS["ray"] one-CPU
+        # actors each, and room for a module's one-worker servers whose actors
+        # are still being released when the shared servers start.
+        head_node_args={**NODE, "num_cpus": 2 * WORKERS["ray"] + 2, "node_ip_address": "127.0.0.1"},
     )
     try:
         yield {"OFFLOAD_VLLM_RAY_ADDRESS": cluster.address}

@@ -33,7 +33,7 @@ from ._server import (
     start_server,
     total,
 )
-from .conftest import AVAILABLE, ray_cluster
+from .conftest import AVAILABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -47,13 +47,14 @@ TWO_API_SERVERS = "two API servers"
 
 
 @pytest.fixture(scope="module")
-def bounded_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+def bounded_servers(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, ray_env: dict[str, str]
+) -> Iterator[dict[str, Server]]:
     """One server per queued strategy with `OFFLOAD_VLLM_MAX_QUEUE`, and the
     two-API-server one, started together (a start is mostly one process
     importing: together they take about half the time)."""
     with contextlib.ExitStack() as stack:
         env = {"OFFLOAD_VLLM_MAX_QUEUE": str(MAX_QUEUE)}
-        ray_env = stack.enter_context(ray_cluster()) if "ray" in QUEUED else {}
         starts: dict[str, Callable[[], Server]] = {
             strategy: functools.partial(
                 start_server, model_dirs["embed"], "minilm", strategy, tmp_path_factory.mktemp(f"overload-{strategy}"),

@@ -22,21 +22,29 @@ from offload.strategy import Call, portable_error
 
 
 class RayWorker:
-    """One actor: runs `initializer(*initargs)` once, then calls, one at a time."""
+    """One actor: `initialize()` runs `initializer(*initargs)` once, then calls
+    run one at a time. The constructor does nothing slow, so that the first
+    method answered (`where`) says the actor was placed and its process is up,
+    apart from how long the initializer takes."""
 
     def __init__(self, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+        self._initializer = initializer
+        self._initargs = initargs
         self._has_state = initializer is not None
         self._state: Any = None
-        self._init_error: BaseException | None = None
-        if initializer is not None:
-            try:
-                self._state = initializer(*initargs)
-            except BaseException as exc:
-                self._init_error = portable_error(exc, dumps=cloudpickle.dumps)
 
-    def ready(self) -> BaseException | None:
-        """`None` once the initializer ran, else its error (made portable: see the module)."""
-        return self._init_error
+    def initialize(self) -> BaseException | None:
+        """Run the initializer: `None` once it ran, else its error (made portable: see the module)."""
+        initializer, self._initializer = self._initializer, None
+        if initializer is None:
+            return None
+        try:
+            self._state = initializer(*self._initargs)
+        except BaseException as exc:
+            return portable_error(exc, dumps=cloudpickle.dumps)
+        finally:
+            self._initargs = ()
+        return None
 
     def where(self) -> tuple[str, int]:
         """(node id, pid) of this actor."""

@@ -85,7 +85,7 @@ class Release:
                 return
             free = None
             if has_actors and gcs_answers():
-                free = _answer_within(ray.available_resources, min(GCS_GRACE, self._timeout))
+                free = answer_within(ray.available_resources, min(GCS_GRACE, self._timeout))
             with self._lock:
                 self._free_before, self._began = free, True
 
@@ -114,7 +114,7 @@ class Release:
             self._wait_for(killed, deadline)
             return True
 
-        if _answer_within(wait, self._timeout + GCS_GRACE) is None:
+        if answer_within(wait, self._timeout + GCS_GRACE) is None:
             logger.warning(
                 "ray strategy: shutdown waited %g s and Ray's GCS did not answer whether its "
                 "%d actors are dead and their resources free; returning",
@@ -167,7 +167,7 @@ class Release:
             time.sleep(0.02)
 
 
-def _answer_within(question: Callable[[], _T], timeout: float) -> _T | None:
+def answer_within(question: Callable[[], _T], timeout: float) -> _T | None:
     """`question()`, or `None` if it raised or had not returned within
     `timeout` seconds. It runs on a daemon thread, which a call stuck in Ray's
     C++ core leaves behind: nothing can interrupt such a call."""
@@ -192,7 +192,7 @@ def _dead_by(actor: Any, deadline: float) -> bool:
     way may let a call through first."""
     while True:
         try:
-            ray.get(actor.ready.remote(), timeout=max(0.0, deadline - time.monotonic()))
+            ray.get(actor.where.remote(), timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.RayActorError:
             return True
         except ray.exceptions.GetTimeoutError:

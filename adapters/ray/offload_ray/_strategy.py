@@ -30,11 +30,12 @@ from offload.strategy import (
 from ._actor import RayWorker
 from ._arguments import DEFAULT_OBJECT_STORE_THRESHOLD, through_object_store
 from ._connection import connect, keep_parents_pool
-from ._release import Release, kill_actor
+from ._release import GCS_GRACE, Release, answer_within, kill_actor
 
-#: How long an actor may take to be placed and run its initializer. Long enough
-#: for a cold worker process that imports a tokenizer on a busy node; an actor
-#: that asks for resources no node has would otherwise wait forever.
+#: How long an actor may take to be placed (its process up), and then again to
+#: run its initializer. Long enough for a cold worker process that imports a
+#: tokenizer on a busy node; an actor that asks for resources no node has would
+#: otherwise wait forever.
 DEFAULT_ACTOR_START_TIMEOUT = 120.0
 
 #: How long `shutdown(wait=True)` waits for the actors it killed to be dead and
@@ -42,6 +43,16 @@ DEFAULT_ACTOR_START_TIMEOUT = 120.0
 #: a fraction of a second; a node that stopped answering takes Ray up to its
 #: health-check period (about 30 s) to declare dead.
 DEFAULT_ACTOR_STOP_TIMEOUT = 60.0
+
+
+def _free_cpus() -> str:
+    """`" (the cluster has 0 of 4 CPUs free)"`, or `""` where Ray cannot say."""
+    # For the message only; Ray's GCS calls have no timeout of their own.
+    view = answer_within(lambda: (ray.available_resources(), ray.cluster_resources()), GCS_GRACE)
+    if view is None:
+        return ""
+    free, total = view[0].get("CPU", 0.0), view[1].get("CPU", 0.0)
+    return f" (the cluster has {free:g} of {total:g} CPUs free)"
 
 
 def _call_name(call: Call[Any]) -> str:
@@ -59,8 +70,8 @@ class _Slot:
         self.actor: Any = None
         #: offload killed (or is killing) its actor on purpose.
         self.killed = False
-        #: `actor` answered (ready, or its initializer failed): its constructor
-        #: ran, so its node had granted its reservation.
+        #: `actor` answered (it was placed): its constructor ran, so its node
+        #: had granted its reservation.
         self.held = False
 
 
@@ -149,9 +160,11 @@ class RayStrategy(PooledStrategy[_Slot]):
             (`NodeAffinitySchedulingStrategy`, `PlacementGroupSchedulingStrategy`).
         object_store_threshold: arguments of at least this many bytes go
             through the object store; `None` leaves it to Ray.
-        actor_start_timeout: seconds an actor may take to be placed and
-            initialized before the call waiting for it fails with `OffloadError`
-            (no node has the resources asked for).
+        actor_start_timeout: seconds an actor may take to be placed (its
+            process up), and then as many again to run its initializer, before
+            the call waiting for it fails with `OffloadError`, which says which
+            of the two it waited for (no node had the resources asked for, or
+            the initializer is slow).
         actor_stop_timeout: seconds `shutdown(wait=True)` waits for the actors
             it killed to be dead and their resources free (see Lifetime).
         ray_init_options: extra keyword arguments for `ray.init` when this
@@ -290,13 +303,14 @@ class RayStrategy(PooledStrategy[_Slot]):
             slot.actor, slot.killed = actor, self._terminating
         if slot.killed:
             kill_actor(actor)
+        timeout = self._actor_start_timeout
         try:
-            init_error = ray.get(actor.ready.remote(), timeout=self._actor_start_timeout)
+            node, pid = ray.get(actor.where.remote(), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             self._retire(slot)
             raise offload.OffloadError(
-                f"ray strategy: no actor started within {self._actor_start_timeout:g} s; does any "
-                f"node have num_cpus={self._num_cpus:g}"
+                f"ray strategy: no actor started within {timeout:g} s: none was placed"
+                f"{_free_cpus()}; does any node have num_cpus={self._num_cpus:g}"
                 + (f" and resources {self._resources}" if self._resources else "")
                 + " free?"
             ) from None
@@ -305,6 +319,18 @@ class RayStrategy(PooledStrategy[_Slot]):
             raise offload.WorkerCrashed(f"ray actor died while starting: {exc}") from exc
         with self.dispatcher.lock:
             slot.held = slot.actor is actor
+        try:
+            init_error = ray.get(actor.initialize.remote(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            self._retire(slot)
+            raise offload.OffloadError(
+                f"ray strategy: an actor was placed (pid {pid} on node {node[:8]}), but its "
+                f"initializer {getattr(self.initializer, '__qualname__', self.initializer)!r} had not "
+                f"returned within {timeout:g} s more; a slow initializer needs a larger actor_start_timeout"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            self._retire(slot)
+            raise offload.WorkerCrashed(f"ray actor died while running its initializer: {exc}") from exc
         if init_error is not None:
             self._retire(slot)
             raise initializer_failed(self.initializer, init_error) from init_error

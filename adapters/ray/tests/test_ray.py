@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -190,8 +191,33 @@ async def test_failing_initializer_fails_the_call_and_is_retried() -> None:
 
 async def test_unplaceable_actor_fails_the_call_instead_of_hanging() -> None:
     async with offload.Executor(RayStrategy(1, resources={"no-such-resource": 1}, actor_start_timeout=2)) as ex:
-        with pytest.raises(offload.OffloadError, match="no actor started"):
+        with pytest.raises(offload.OffloadError, match="no actor started") as info:
             await ex.run(pid)
+    assert "none was placed (the cluster has " in str(info.value), info.value
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)
+
+
+async def test_a_placed_actor_whose_initializer_hangs_fails_the_call_saying_so() -> None:
+    """The time to be placed and the initializer's are told apart: the error
+    names the initializer, and the actor is not left running it."""
+    strategy = RayStrategy(1, initializer=sleep_forever, actor_start_timeout=3)
+    began = time.monotonic()
+    async with offload.Executor(strategy) as ex:
+        with pytest.raises(offload.OffloadError, match="initializer 'sleep_forever' had not returned") as info:
+            await ex.run(pid)
+    assert time.monotonic() - began < 60
+    placed = re.search(r"was placed \(pid (\d+) on node ", str(info.value))
+    assert placed, info.value
+    # Killed by the failed start: gone within Ray's kill (a fraction of a second).
+    try:
+        psutil.Process(int(placed[1])).wait(timeout=30)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        pytest.fail("the actor still runs its initializer")
 
 
 async def test_shutdown_leaves_no_actor_behind() -> None:
