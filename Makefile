@@ -78,21 +78,22 @@ docs: $(STAMP)
 
 # Two jobs at a time, on two cores. The vLLM adapter's suite (mostly vLLM
 # servers starting and answering; its shared servers take up to about 15 GiB)
-# starts first and runs throughout; beside it, one at a time, everything that
-# starts no vLLM server: lint, types, docs, the core suite, the ray plugin's
-# suite, the benchmarks' harness. What starts vLLM servers of its own (the
-# vLLM suite under the ray strategy, the benchmark suites in smoke mode) waits
-# for the vLLM suite to end, as beside its shared servers they ran out of
-# memory once; then it takes whichever slot is free, the longer (benchmark
-# smoke) first. --keep-going: one failing stage does not hide the others'
+# starts first and runs throughout. Beside it, one at a time: first the
+# benchmark suites in smoke mode, whose few servers fit beside the vLLM suite's
+# module servers (at most 8 of about 1.5 GiB) and are gone long before its
+# shared servers start (once they ran beside those and ran out of memory),
+# then everything that starts no vLLM server: lint, types, docs, the core
+# suite, the ray plugin's suite, the benchmarks' harness. The vLLM suite under
+# the ray strategy, which starts shared servers of its own, waits for the vLLM
+# suite to end. --keep-going: one failing stage does not hide the others'
 # results. Each stage's output is printed whole when it ends.
-TEST_GOALS := test-vllm lint typecheck docs test-core test-ray-plugin test-bench test-bench-smoke test-ray-vllm
+TEST_GOALS := test-vllm test-bench-smoke lint typecheck docs test-core test-ray-plugin test-bench test-ray-vllm
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --keep-going --output-sync=target TEST_ORDER=1 $(TEST_GOALS)
 
 # Within `make test` only: run by itself, each of these needs nothing else.
 ifdef TEST_ORDER
-test-ray-vllm test-bench-smoke: test-vllm
+test-ray-vllm: test-vllm
 endif
 
 serve: $(STAMP)

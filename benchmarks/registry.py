@@ -43,8 +43,9 @@ class Suite:
 
 SUITES: tuple[Suite, ...] = (
     Suite("paired", "benchmarks.suites.paired",
-          "How much of the API server's CPU does each strategy take per request, against vLLM's default?",
-          10, "paired.{json,md} (paired-<workload>.* with --workload batch|truncated|rerank|multilingual)", vllm=True),
+          "How much of the API server's CPU does each strategy take per request, against vLLM's default, "
+          "with one API server or two?",
+          15, "paired.{json,md} (paired-<workload>.* with --workload batch|truncated|rerank|multilingual)", vllm=True),
     Suite("mixed", "benchmarks.suites.mixed",
           "How long does a small request wait under a flood of heavy ones, per strategy?",
           10, "mixed-<variant>.{json,md} (--variant preprocess|engine|score|token-ids|multimodal)", vllm=True),
@@ -58,8 +59,9 @@ SUITES: tuple[Suite, ...] = (
           "How long does a new user's server take to answer, and what do its workers hold in memory, per strategy?",
           6, "startup.{json,md}", vllm=True),
     Suite("overload", "benchmarks.suites.overload",
-          "What does a queue bound do to accepted latency and /health under 128 clients?",
-          6, "overload.{json,md}", vllm=True),
+          "What does a queue bound do to accepted latency and /health under 128 clients? "
+          "(--scenario flood: the operations page's flood against each bound)",
+          6, "overload.{json,md} (overload-flood.* with --scenario flood)", vllm=True),
     Suite("generate", "benchmarks.suites.generate",
           "Under Poisson chat traffic with images, what happens to TTFT, /health and timeouts, per strategy and vLLM setting?",
           25, "generate.{json,md}", vllm=True),

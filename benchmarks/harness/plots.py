@@ -111,14 +111,18 @@ def _generate(r: Path) -> str:
 _MIXED_DETAILS = "#mixed-traffic-a-small-request-under-a-flood"
 #: workload, what to use, what it buys against vLLM's default (`_figures`; a function: the ray
 #: plugin's), where the run is described. One recommendation, the same as the README's, the
-#: index's and the vLLM guide's: `thread` for most workloads; `process` when preprocessing holds
+#: index's and the vLLM guide's: `thread` for most workloads (none for one short text a request,
+#: where offload's own work costs more than it moves off); `process` when preprocessing holds
 #: the GIL and `/health` must stay fast; `inline` only as the baseline when measuring;
 #: `async-renderer` only for a function with a cheaper batch form.
 DECISIONS: tuple[tuple[str, str, str | Callable[[Path], str], str], ...] = (
     ("Short texts, one prompt a request",
-     "`thread` (the default); `inline` never in serving, only as the baseline when measuring",
-     ("nothing measurable: API-server CPU per request {paired thread cpu:api} (`thread`), {paired process cpu:api} "
-     "(`process`), both intervals containing 1; `inline` costs the loop thread {paired inline cpu:loop}"),
+     ("vLLM's default, no strategy: offload's own work a request on the loop costs more than it moves off; "
+      "for more requests/s, vLLM's `--api-server-count 2`"),
+     ("a cost: API-server CPU per request {paired thread cpu:api} (`thread`), {paired process cpu:api} "
+     "(`process`), {paired async-renderer cpu:api} (`async-renderer`); requests/s {paired thread requests_per_s} "
+     "(`thread`); with `--api-server-count 2`, `thread`'s requests/s {paired thread api-server-count 2 requests_per_s} "
+     "against vLLM's {paired vLLM api-server-count 2 requests_per_s}"),
      "#paired-cpu-per-request"),
     ("Many prompts a request", "`process` (the adapter renders a request's prompts in one call per worker)",
      ("API-server CPU per request {paired-batch process cpu:api}, projected ceiling of one API server "
@@ -159,8 +163,8 @@ DECISIONS: tuple[tuple[str, str, str | Callable[[Path], str], str], ...] = (
     ("Chat with images (`/v1/chat/completions`, vLLM 0.32)",
      "vLLM's default, or its `--api-server-count 2`; no strategy", _generate, "generate.md#which-strategy"),
     ("A function with a cheaper batch form", "`async-renderer`, only there",
-     ("on vLLM's pooling endpoints nothing measurable over `thread`: API-server CPU per request "
-     "{paired async-renderer cpu:api} (`async-renderer`), {paired thread cpu:api} (`thread`)"),
+     ("on vLLM's pooling endpoints, short texts: less than `thread` costs, no less than vLLM's default: "
+     "API-server CPU per request {paired async-renderer cpu:api} (`async-renderer`), {paired thread cpu:api} (`thread`)"),
      "strategies/async-renderer.md"),
     ("Beyond one machine", "the `ray` plugin (`pip install offload-ray`, `--offload-strategy ray`)", _ray,
      "ray.md#cost"),

@@ -5,8 +5,11 @@ API server's main thread: vLLM runs uvicorn's loop there), the whole
 API-server process (its own threads, children excluded), offload's renderer
 worker processes (their title starts with `offload-vllm::renderer`), and
 everything else below the API server (vLLM's engine core and model worker,
-multiprocessing's helpers). The difference of two snapshots over a block of
-load, divided by the requests it completed, is CPU per request.
+multiprocessing's helpers), of which the engine core (`VLLM::EngineCore`)
+apart. With `--api-server-count N` the process started serves nothing: its
+children titled `VLLM::APIServer_<i>` are the API servers, and the loop and
+API-server figures add up theirs. The difference of two snapshots over a block
+of load, divided by the requests it completed, is CPU per request.
 
 `group_cpu` adds up the CPU of every process in some process groups (a
 server started in its own session: its API server, engine core and workers),
@@ -26,6 +29,9 @@ import psutil
 
 #: How offload's `process` workers show in `ps` (offload_vllm._workers.PROCESS_TITLE).
 WORKER_TITLE = "offload-vllm::renderer"
+#: How vLLM titles its processes (`vllm.utils.system_utils.set_process_title`).
+API_SERVER_TITLE = "VLLM::APIServer"
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -74,11 +80,17 @@ class Snapshot:
     api: float
     workers: dict[int, float]
     engine: dict[int, float]
+    engine_core: dict[int, float]
+    #: API server processes seen (`--api-server-count`).
+    api_servers: int = 1
 
 
 def snapshot(api_pid: int) -> Snapshot:
+    """The server started as `api_pid`: one API server, or the parent of `--api-server-count` ones."""
     workers: dict[int, float] = {}
     engine: dict[int, float] = {}
+    engine_core: dict[int, float] = {}
+    api_pids: list[int] = []
     try:
         children = psutil.Process(api_pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -88,15 +100,27 @@ def snapshot(api_pid: int) -> Snapshot:
             title = " ".join(child.cmdline())
         except psutil.Error:
             continue
+        if title.startswith(API_SERVER_TITLE):
+            api_pids.append(child.pid)
+            continue
         cpu = _stat_cpu(f"/proc/{child.pid}/stat")
         (workers if title.startswith(WORKER_TITLE) else engine)[child.pid] = cpu
-    loop_user, loop_kernel = _stat_times(f"/proc/{api_pid}/task/{api_pid}/stat")
+        if title.startswith(ENGINE_CORE_TITLE):
+            engine_core[child.pid] = cpu
+    if not api_pids:
+        api_pids = [api_pid]
+    else:
+        # The launcher waits on its children: its own CPU is the engine side's.
+        engine[api_pid] = _stat_cpu(f"/proc/{api_pid}/stat")
+    loops = [_stat_times(f"/proc/{pid}/task/{pid}/stat") for pid in api_pids]
     return Snapshot(
-        loop=loop_user + loop_kernel,
-        loop_kernel=loop_kernel,
-        api=_stat_cpu(f"/proc/{api_pid}/stat"),
+        loop=sum(user + kernel for user, kernel in loops),
+        loop_kernel=sum(kernel for _, kernel in loops),
+        api=sum(_stat_cpu(f"/proc/{pid}/stat") for pid in api_pids),
         workers=workers,
         engine=engine,
+        engine_core=engine_core,
+        api_servers=len(api_pids),
     )
 
 
@@ -113,6 +137,7 @@ def cpu_used(before: Snapshot, after: Snapshot) -> dict[str, float]:
         "api": after.api - before.api,
         "workers": _grown(before.workers, after.workers),
         "engine": _grown(before.engine, after.engine),
+        "engine_core": _grown(before.engine_core, after.engine_core),
     }
     used["total"] = used["api"] + used["workers"] + used["engine"]
     used["loop_kernel"] = after.loop_kernel - before.loop_kernel

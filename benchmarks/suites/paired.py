@@ -55,12 +55,24 @@ from benchmarks.harness.server import ServerConfig, running_servers
 SMOKE_TIMEOUT_S = 900
 
 DEFAULT = "vLLM default"
-#: Rows that vary one thing of a strategy's: name -> (strategy, server environment).
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+#: `--api-server-count 2`: two API server processes before one engine (vLLM's
+#: answer for a frontend-bound server), each of offload's with one worker, so
+#: that the two together have as many as this machine has cores.
+TWO_API_SERVERS = ("--api-server-count", "2")
+#: Rows that vary one thing: name -> (strategy or None for vLLM alone, server
+#: environment, server arguments).
+VARIANTS: dict[str, tuple[str | None, dict[str, str], tuple[str, ...]]] = {
     # What prefix tokenization adds (the truncated workload).
-    "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}),
+    "thread no prefix": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_PREFIX_TOKENIZE": "0"}, ()),
+    # Every call on a worker: what running calls priced at most the inline cost on the loop costs it.
+    "thread inline 0": ("thread", {"OFFLOAD_VLLM_WORKERS": "2", "OFFLOAD_VLLM_INLINE_COST": "0"}, ()),
+    # Scale-out: vLLM's and offload's, against one API server each.
+    "vLLM api-server-count 2": (None, {}, TWO_API_SERVERS),
+    "thread api-server-count 2": ("thread", {"OFFLOAD_VLLM_WORKERS": "1"}, TWO_API_SERVERS),
 }
 ROWS = (DEFAULT, "inline", "thread", "process", "async-renderer", *VARIANTS)
+#: Hosts the report projects each row's requests/s to (`projection`).
+PROJECTED_CORES = (8, 32)
 #: Two workers where the strategy has a pool: as many as this machine has cores.
 WORKERS = {"thread": "2", "process": "2"}
 #: Each server reserves this share of RAM for its KV cache (five run at once).
@@ -111,6 +123,7 @@ PART_NAMES = {
     "api": "API-server process",
     "workers": "offload workers",
     "engine": "engine + model worker",
+    "engine_core": "of which engine core",
     "total": "total",
 }
 
@@ -125,8 +138,9 @@ def config(row: str, smoke: bool = False) -> ServerConfig:
         # vLLM's default renderer pool (--renderer-num-workers 1), stated for the record.
         return ServerConfig(row, extra_args=(*args, "--renderer-num-workers", "1"))
     if row in VARIANTS:
-        strategy, env = VARIANTS[row]
-        return ServerConfig(f"offload {row}", strategy=strategy, extra_args=args, env=env)
+        strategy, env, more = VARIANTS[row]
+        return ServerConfig(row if strategy is None else f"offload {row}", strategy=strategy,
+                            extra_args=(*args, *more), env=env)
     env = {"OFFLOAD_VLLM_WORKERS": WORKERS[row]} if row in WORKERS else {}
     return ServerConfig(f"offload {row}", strategy=row, extra_args=args, env=env)
 
@@ -152,6 +166,7 @@ def measure_block(url: str, pid: int, clients: int, bodies: list[bytes], seconds
         "p99_ms": level["p99_ms"],
         "health_p99_ms": prober.summary().get("p99_ms", 0.0),
         "cpu_ms_per_request": {part: 1e3 * seconds_used / done for part, seconds_used in used.items()},
+        "api_servers": after.api_servers,
         "client_cpu_ms_per_request": 1e3 * client / done,
         "new_workers": procstat.new_workers(before, after),
     }
@@ -176,7 +191,10 @@ def summarize(blocks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for row, row_blocks in blocks.items():
         summary[row] = {"values": {}, "ratio": {}}
-        for metric in [*metrics, "client"]:
+        # A part older runs did not split out (the engine core) is left out, not made up.
+        measured = [m for m in [*metrics, "client"]
+                    if not m.startswith("cpu:") or all(m[4:] in b["cpu_ms_per_request"] for b in row_blocks)]
+        for metric in measured:
             values = [_metric(b, metric) for b in row_blocks]
             summary[row]["values"][metric] = stats.median_interval(values).__dict__
             if row != DEFAULT and DEFAULT in blocks:
@@ -243,6 +261,51 @@ def loop_targets(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scale_out_targets(blocks: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """offload's two API servers against vLLM's two, paired per round: requests/s at least theirs."""
+    ours, theirs = blocks.get("thread api-server-count 2"), blocks.get("vLLM api-server-count 2")
+    if not ours or not theirs:
+        return []
+    ratios = stats.paired_ratios([b["requests_per_s"] for b in ours], [b["requests_per_s"] for b in theirs])
+    if not ratios:
+        return []
+    ratio = stats.median_interval(ratios).__dict__
+    return [(f"- `thread api-server-count 2` requests/s vs `vLLM api-server-count 2` (per round): "
+            f"{_fmt(ratio)}x — {_not_lower(ratio, 'lower')}")]
+
+
+def projection(result: dict[str, Any]) -> list[str]:
+    """Each row's requests/s on a host of `PROJECTED_CORES` cores, on paper,
+    from this run's median CPU per request: the least of what its API servers'
+    loops, its engine core and the host's cores can each carry."""
+    summary, blocks = result["summary"], result["blocks"]
+    rows = []
+    for row, entry in summary.items():
+        v = {name: value["median"] for name, value in entry["values"].items()}
+        if not v.get("cpu:engine_core") or not v.get("cpu:loop"):
+            continue  # a run from before the engine core was counted apart
+        servers = max(b.get("api_servers", 1) for b in blocks[row])
+        bounds = {"its loops": servers * 1e3 / v["cpu:loop"], "the engine core": 1e3 / v["cpu:engine_core"]}
+        host_ms = v["cpu:api"] + v["cpu:workers"] + v["cpu:engine_core"]
+        cells = []
+        for cores in PROJECTED_CORES:
+            limits = {**bounds, "the cores": cores * 1e3 / host_ms}
+            least = min(limits, key=limits.__getitem__)
+            cells.append(f"{limits[least]:.0f} ({least})")
+        rows.append([row, str(servers), *cells])
+    if not rows:
+        return []
+    return [
+        ("Projected requests/s of one server on a larger host, on paper from the CPU per request above "
+        "(medians). Assumed: each API server's loop thread carries at most one core, and so does the "
+        "engine core (one process); the model's forward runs on an accelerator and costs the host's "
+        "cores nothing (the model worker's CPU is left out); every other part costs what it cost here "
+        "and spreads over the cores; nothing else runs on the host. A ceiling, not a measurement:"),
+        "",
+        _common.table(["row", "API servers", *(f"{c} cores: requests/s (bound by)" for c in PROJECTED_CORES)], rows),
+    ]
+
+
 def _verdict(interval: dict[str, float], bound: float, *, at_least: bool = False) -> str:
     return stats.target_verdict(interval["low"], interval["median"], interval["high"], bound, at_least=at_least)
 
@@ -279,7 +342,7 @@ def same_answers(servers: dict[str, tuple[str, int]], path: str, bodies: list[by
 def _targets(result: dict[str, Any]) -> list[str]:
     workload = result.get("workload", "tiny")
     if workload == "tiny":
-        return targets(result["summary"])
+        return [*targets(result["summary"]), *scale_out_targets(result["blocks"])]
     if workload == "truncated" or WORKLOADS[workload].checks_answers:
         # `thread` (prefix tokenization on) serves at least 4x the requests/s of vLLM's default.
         lines = _check(result["summary"], "thread", "requests_per_s", 4, "`thread` requests/s", at_least=True)
@@ -319,7 +382,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(table(
         ["row", *PART_NAMES.values(), "projected ceiling of one API server (req/s)",
          "load generator (the clients, not the server)"],
-        [[row, *(_fmt(v[f"cpu:{p}"]) for p in PART_NAMES), _fmt(v["ceiling"], 0),
+        [[row, *(_fmt(v[f"cpu:{p}"]) if f"cpu:{p}" in v else "–" for p in PART_NAMES), _fmt(v["ceiling"], 0),
           _fmt(v["client"]) if "client" in v else "–"]
          for row, v in ((row, summary[row]["values"]) for row in rows)]))
     lines += ["Paired ratios to vLLM default (per round; < 1 is less CPU):", ""]
@@ -330,6 +393,7 @@ def markdown(result: dict[str, Any]) -> str:
     ).rstrip("\n"))
     spawned = {row: sum(b["new_workers"] for b in result["blocks"][row]) for row in rows}
     errors = {row: sum(b["errors"] for b in result["blocks"][row]) for row in rows}
+    lines += ["", *projection(result)]
     lines += [
         "",
         (f"Worker processes spawned during measured blocks: {spawned}. Failed requests: {errors}. "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -72,3 +74,53 @@ def test_procstat_sees_the_loop_thread_enter_the_kernel() -> None:
     after = procstat.snapshot(pid)
     used = procstat.cpu_used(before, after)
     assert 0 < used["loop_kernel"] <= used["loop"]
+
+
+_TITLED_CHILD = """
+import sys, time
+import setproctitle
+setproctitle.setproctitle(sys.argv[1])
+print("titled", flush=True)
+sys.stdin.readline()
+end = time.process_time() + float(sys.argv[2])
+while time.process_time() < end:
+    pass
+time.sleep(60)
+"""
+
+
+def test_procstat_counts_api_server_children_as_the_api_servers() -> None:
+    """With `--api-server-count N` the process started only waits: its children
+    titled as vLLM's API servers are the loops and API-server processes, the
+    engine core is counted apart, and the launcher goes with the engine side."""
+    titles = {"VLLM::APIServer_0": 0.3, "VLLM::APIServer_1": 0.3, "VLLM::EngineCore_DP0": 0.2}
+    children = [
+        subprocess.Popen([sys.executable, "-c", _TITLED_CHILD, title, str(seconds)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for title, seconds in titles.items()
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "titled\n"
+        before = procstat.snapshot(os.getpid())  # as a block's: the server's processes all up
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            after = procstat.snapshot(os.getpid())
+            used = procstat.cpu_used(before, after)
+            if used["api"] >= 0.55 and used["engine_core"] >= 0.18:
+                break
+            time.sleep(0.1)
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()  # and its pipes closed
+    assert before.api_servers == after.api_servers == 2
+    assert used["loop"] >= 0.55  # each child spun on its main thread
+    assert used["api"] >= 0.55
+    assert 0.18 <= used["engine_core"] <= used["engine"]
+    assert used["total"] >= used["api"] + used["engine_core"]
