@@ -21,7 +21,7 @@ def test_the_shared_servers_start_after_every_other_server_and_engine() -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     plan = [line.strip() for line in result.stdout.splitlines()]
-    servers_up = plan.index("SETUP    S servers (fixtures used: model_dirs, module_servers, tmp_path_factory)")
+    (servers_up,) = [i for i, line in enumerate(plan) if line.startswith("SETUP    S servers (fixtures used: ")]
     offline = [i for i, line in enumerate(plan) if line.startswith("SETUP    S offline_results")]
     module_teardowns = [i for i, line in enumerate(plan) if line.startswith("TEARDOWN M")]
     assert offline, "no offline run planned"
