@@ -190,9 +190,11 @@ def _dead_by(actor: Any, deadline: float) -> bool:
     """Whether Ray reports the killed `actor` dead before `deadline`. Ray
     answers a call to a dead actor with `RayActorError`; a kill still on its
     way may let a call through first."""
+    # Looked up outside the `try`: a wrong name is a bug to surface, not Ray going away.
+    where = actor.where
     while True:
         try:
-            ray.get(actor.where.remote(), timeout=max(0.0, deadline - time.monotonic()))
+            ray.get(where.remote(), timeout=max(0.0, deadline - time.monotonic()))
         except ray.exceptions.RayActorError:
             return True
         except ray.exceptions.GetTimeoutError:

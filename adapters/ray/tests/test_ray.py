@@ -196,6 +196,16 @@ async def test_unplaceable_actor_fails_the_call_instead_of_hanging() -> None:
     assert "none was placed (the cluster has " in str(info.value), info.value
 
 
+def exit_at_once() -> None:
+    os._exit(3)
+
+
+async def test_an_actor_that_dies_in_its_initializer_fails_the_call_as_a_crash() -> None:
+    async with offload.Executor(RayStrategy(1, initializer=exit_at_once, actor_start_timeout=60)) as ex:
+        with pytest.raises(offload.WorkerCrashed, match="died while running its initializer"):
+            await ex.run(pid)
+
+
 def sleep_forever() -> None:
     time.sleep(3600)
 
