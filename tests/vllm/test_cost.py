@@ -279,6 +279,28 @@ def test_a_completion_is_priced_by_its_prompts_and_counts_prompts_times_choices(
     assert request_cost(CompletionRequest(model="m", prompt="x"), 100_000) >= body_floor(100_000)
 
 
+def test_a_responses_request_is_priced_as_its_conversation_and_is_one_engine_request() -> None:
+    """`/v1/responses`: its input (a string, or items whose `input_image`
+    parts are priced by their header's pixels, as a chat's images are), the
+    messages it carries on, its instructions and tools; one engine request,
+    however many items."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    plain = ResponsesRequest(model="m", input="hi there")
+    assert request_cost(plain) == 8 + PROMPT_COST
+    assert request_cost(ResponsesRequest(model="m", input="hi there", instructions="be brief")) == 16 + PROMPT_COST
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "one"}]}, {"role": "user", "content": "two"}]
+    assert engine_requests(ResponsesRequest(model="m", input=items)) == 1
+    assert request_cost(ResponsesRequest(model="m", input=items)) >= 6 + PROMPT_COST
+    carried = ResponsesRequest(model="m", input="hi there", previous_input_messages=[{"role": "user", "content": "x" * 900}])
+    assert request_cost(carried) >= 900 + request_cost(plain)
+    tool = {"type": "function", "name": "lookup", "description": "d" * 5_000, "parameters": {}}
+    assert request_cost(ResponsesRequest(model="m", input="hi there", tools=[tool])) > 5_000 + request_cost(plain)
+    big = _png_data_url(4000, 4000)
+    image = [{"role": "user", "content": [{"type": "input_image", "image_url": big}]}]
+    assert request_cost(ResponsesRequest(model="m", input=image)) >= IMAGE_COST + PIXEL_COST * 4000 * 4000
+
+
 def test_engine_priority_is_set_unless_the_client_set_one() -> None:
     request = _embedding(input="x")
     assert not sets_own_priority(request)

@@ -1,4 +1,4 @@
-"""The generate routes (`/v1/chat/completions`, `/v1/completions`) answer under a
+"""The generate routes (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`) answer under a
 strategy as vLLM alone does, their text render run by the strategy
 (`offload_vllm/_seams/generate.py`).
 
@@ -102,6 +102,21 @@ CASES = {
     "completion-two-prompts": ("/v1/completions", {**COMPLETION, "prompt": ["one two", "three four five"]}),
     "completion-stream": ("/v1/completions", {**COMPLETION, **STREAM}),
 }
+#: The Responses API (`/v1/responses`), rendered as a chat is: one conversation of input items.
+RESPONSES = {"input": "Say something about tokenizers.", "instructions": "be brief", "temperature": 0, "seed": 7,
+             "max_output_tokens": 12}
+RESPONSES_CASES = {
+    "responses": ("/v1/responses", RESPONSES),
+    "responses-items": (
+        "/v1/responses",
+        {**RESPONSES, "input": [{"role": "user", "content": [{"type": "input_text", "text": "Say more."}]}]},
+    ),
+    "responses-stream": ("/v1/responses", {**RESPONSES, "stream": True}),
+}
+RESPONSES_BAD = {
+    "responses-over-context": ("/v1/responses", {**RESPONSES, "input": "word " * 300}),
+    "responses-template-kwargs-clash": ("/v1/responses", {**RESPONSES, "chat_template_kwargs": {"messages": 5}}),
+}
 BAD = {
     "chat-over-context": ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "word " * 300}]}),
     # vLLM validates this content when its render reads it (a one-shot iterator):
@@ -116,9 +131,27 @@ BAD = {
 
 def _answer(server: Server, route: str, body: dict[str, Any]) -> tuple[int, Any]:
     reply = httpx.post(f"{server.url}{route}", json={"model": NAME, **body}, timeout=120)
+    if route == "/v1/responses" and reply.status_code == 200:
+        # A stream's events each carry what differs between servers; its last holds the whole response.
+        response = _response_events(reply.text)[-1]["response"] if body.get("stream") else reply.json()
+        return reply.status_code, _without_response_ids(response)
     if body.get("stream") and reply.status_code == 200:
         return reply.status_code, folded(events(reply.text))
     return reply.status_code, without_ids(reply.json())
+
+
+def _response_events(text: str) -> list[dict[str, Any]]:
+    """A streamed Responses answer's events, from its server-sent events (`event:` then `data:`)."""
+    return [json.loads(line.removeprefix("data: ")) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def _without_response_ids(answer: Any) -> Any:
+    """A Responses answer but its ids and times (the response's, each output item's)."""
+    if isinstance(answer, dict):
+        return {k: _without_response_ids(v) for k, v in answer.items() if k not in ("id", "created_at", "request_id")}
+    if isinstance(answer, list):
+        return [_without_response_ids(v) for v in answer]
+    return answer
 
 
 def test_a_stream_folds_whatever_its_chunks() -> None:
@@ -145,31 +178,31 @@ def served() -> list[Any]:
     return [pytest.param(s, id=s) for s in SERVED]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *RESPONSES_CASES])
 @pytest.mark.parametrize("strategy", served())
 def test_greedy_answers_are_vllms(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
-    route, body = CASES[case]
+    route, body = {**CASES, **RESPONSES_CASES}[case]
     expected = _answer(generate_servers[REFERENCE], route, body)
     assert expected[0] == 200, expected
     assert _answer(generate_servers[strategy], route, body) == expected
 
 
-@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("case", [*BAD, *RESPONSES_BAD])
 @pytest.mark.parametrize("strategy", served())
 def test_bad_input_is_answered_as_vllm_does(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
-    route, body = BAD[case]
+    route, body = {**BAD, **RESPONSES_BAD}[case]
     expected = _answer(generate_servers[REFERENCE], route, body)
     assert expected[0] >= 400, expected
     assert _answer(generate_servers[strategy], route, body) == expected
 
 
 @pytest.mark.parametrize("strategy", served())
-@pytest.mark.parametrize("case", ["chat", "completion", "chat-stream"])
+@pytest.mark.parametrize("case", ["chat", "completion", "chat-stream", "responses"])
 def test_the_render_runs_on_the_strategy(generate_servers: dict[str, Server], strategy: str, case: str) -> None:
     """Each text request is one call on the strategy's executor (under `process`, in
     one of the server's worker processes; under async-renderer, its micro-batched tokenization)."""
     server = generate_servers[strategy]
-    route, body = CASES[case]
+    route, body = {**CASES, **RESPONSES_CASES}[case]
     before = total(scrape(server), "offload_run_seconds_count", strategy=strategy)
     assert _answer(server, route, body)[0] == 200
     after = total(scrape(server), "offload_run_seconds_count", strategy=strategy)
@@ -192,7 +225,16 @@ FLOODING_CHAT = {
 }
 
 
-def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[str, Server]) -> None:
+#: The same conversation through the Responses API (whose template adds tokens: 80 fit in the model's 128).
+FLOODING_RESPONSE = {
+    "input": FLOODING_CHAT["messages"][0]["content"], "max_output_tokens": 80, "ignore_eos": True,
+    "temperature": 0, "stream": True,
+}
+FLOODS = {"/v1/chat/completions": FLOODING_CHAT, "/v1/responses": FLOODING_RESPONSE}
+
+
+@pytest.mark.parametrize("route", list(FLOODS))
+def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[str, Server], route: str) -> None:
     """Chats are admitted as pooling requests are: priced, and holding what
     they cost until their stream's last chunk is sent. 16 streamed chats sent
     at once to a bound that holds two: each is answered 200 whole or refused
@@ -202,10 +244,12 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     answered one's phases are observed once."""
     from offload_vllm._seams.requests import request_cost
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
     server = generate_servers["process"] if "process" in SERVED else pytest.skip("process is not available")
-    body = {"model": server.model, **FLOODING_CHAT}
-    cost = request_cost(ChatCompletionRequest(**body), len(json.dumps(body)))
+    body = {"model": server.model, **FLOODS[route]}
+    request_type = ResponsesRequest if route == "/v1/responses" else ChatCompletionRequest
+    cost = request_cost(request_type(**body), len(json.dumps(body)))
     assert 2 * cost <= GENERATE_BOUND < 3 * cost, cost
     readings: list[float] = []
 
@@ -214,7 +258,7 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
         async with load_client(18, timeout=120) as client:
 
             async def one() -> tuple[int, str | None, str]:
-                async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+                async with client.stream("POST", f"{server.url}{route}", json=body) as r:
                     chunks: list[str] = []
                     async for chunk in r.aiter_text():
                         if r.status_code == 200 and not chunks:
@@ -241,7 +285,7 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     def phase_counts() -> dict[str, float]:
         values = scrape(server)
         return {
-            phase: total(values, "offload_vllm_request_phase_seconds_count", endpoint="/v1/chat/completions", phase=phase)
+            phase: total(values, "offload_vllm_request_phase_seconds_count", endpoint=route, phase=phase)
             for phase in ("door", "render", "engine", "response")
         }
 
@@ -249,11 +293,13 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     answers = asyncio.run(flood())
     after = phase_counts()
     statuses = sorted(status for status, _, _ in answers)
-    print(f"\n[chats, bound {GENERATE_BOUND}, cost {cost:g}] {statuses}, admitted gauge max {max(readings)}")  # noqa: T201
+    print(f"\n[{route}, bound {GENERATE_BOUND}, cost {cost:g}] {statuses}, admitted gauge max {max(readings)}")  # noqa: T201
     assert set(statuses) == {200, 503}, statuses
     for status, retry_after, text in answers:
         if status == 503:
             assert good_retry_after(retry_after), retry_after
+        elif route == "/v1/responses":
+            assert _response_events(text)[-1]["response"]["usage"]["output_tokens"] == 80, text[-500:]
         else:
             answer = folded(events(text))
             assert answer["choices"][0]["finish_reason"] == "length", answer

@@ -5,6 +5,7 @@ by the real answering process. End to end, on a real server: `test_operations.py
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ import httpx
 import psutil
 import pytest
 from offload_vllm import _health_answer as health_answer
-from offload_vllm._admission import Priced, Readiness, RefuseWhenFull, RequestPolicy
+from offload_vllm._admission import EngineRequests, Priced, Readiness, RefuseWhenFull, RequestPolicy
 from offload_vllm._health import (
     ENGINE_CHECK_INTERVAL_S,
     PUBLISH_INTERVAL_S,
@@ -493,6 +494,33 @@ def test_readiness_asks_for_room_for_a_typical_request_and_does_not_flap() -> No
                 second.release()
                 assert ready() == 503  # room 400 again, but not 2 x 300
         assert ready() == 200  # room 1000
+    finally:
+        executor.shutdown()
+
+
+def test_under_max_num_queued_reqs_readiness_is_200_as_soon_as_a_typical_request_would_be_admitted() -> None:
+    """Under vLLM's `--max-num-queued-reqs` (here 48; typical requests of 16
+    engine requests), readiness says 503 while a typical request would be
+    refused, and 200 again as soon as one would be admitted: a request
+    answered gives back room for one, which the next admission takes, so a
+    rule that waited for room for two said 503 while requests were admitted."""
+    engine = EngineRequests(limit=48)
+    readiness = Readiness(engine=engine, typical_engine_requests=lambda: 16.0)
+    executor = offload.get_executor("thread", max_workers=1)
+    try:
+        with contextlib.ExitStack() as first, contextlib.ExitStack() as others:
+            first.enter_context(engine.hold(16))
+            for _ in range(2):
+                assert (engine.refuses(16), readiness.refuses(executor)) == (False, False)
+                others.enter_context(engine.hold(16))
+            assert (engine.refuses(16), readiness.refuses(executor)) == (True, True)  # full
+            assert readiness.refuses(executor)  # and stays so while nothing is answered
+            first.close()  # one answered: room for one typical request
+            assert (engine.refuses(16), readiness.refuses(executor)) == (False, False)
+            first.enter_context(engine.hold(16))  # which the next one takes
+            assert (engine.refuses(16), readiness.refuses(executor)) == (True, True)
+        assert engine.held == 0
+        assert not readiness.refuses(executor)
     finally:
         executor.shutdown()
 

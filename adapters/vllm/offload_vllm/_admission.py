@@ -523,10 +523,15 @@ class Readiness:
         `OFFLOAD_VLLM_MAX_QUEUED_COST` below that cost), until one of
         `READY_AGAIN_FACTOR` times that cost would be admitted. A unit of cost
         1, the rule before, fits in a bound that refuses every real request
-        (thousands of characters each). The same, in engine requests, under
-        vLLM's `--max-num-queued-reqs` (`EngineRequests`)."""
+        (thousands of characters each). Under vLLM's `--max-num-queued-reqs`
+        (`EngineRequests`), 503 while a typical request's engine requests
+        would not fit, both ways, as for the places of
+        `OFFLOAD_VLLM_MAX_QUEUE`: engine requests come back a request's
+        worth at a time, and each is taken by the next request admitted, so
+        waiting for room for two kept readiness at 503 through admissions
+        (the overload suite's flood: 13 to 15 a level)."""
         factor = READY_AGAIN_FACTOR if self.refusing else 1.0
-        engine_requests = math.ceil(factor * self._typical_engine_requests())
+        engine_requests = math.ceil(self._typical_engine_requests())
         self.refusing = self._engine.refuses(engine_requests) or executor.would_refuse(
             cost=factor * self._typical_cost()
         )

@@ -1,5 +1,5 @@
 """vLLM's pooling routes (`vllm/entrypoints/pooling/*/api_router.py`), its
-generate routes (`vllm/entrypoints/openai/{chat_completion,completion}/api_router.py`) and how
+generate routes (`vllm/entrypoints/openai/{chat_completion,completion,responses}/api_router.py`) and how
 its middleware reads a request's route (`vllm/entrypoints/serve/middleware/authenticate.py`).
 
 Imports no vLLM: the settings name routes (`OFFLOAD_VLLM_LANE_ROUTES`) and are
@@ -29,8 +29,9 @@ POOLING_PATHS = frozenset(
 )
 
 
-#: vLLM's generate routes that offload admits (`_seams/generate.py`): chat and completions.
-GENERATE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: vLLM's generate routes that offload admits (`_seams/generate.py`): chat,
+#: completions and the Responses API's create (not its retrieve or cancel).
+GENERATE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 #: The routes whose requests offload admits, prices and times: pooling and generate.
 ADMITTED_PATHS = POOLING_PATHS | GENERATE_PATHS

@@ -219,6 +219,15 @@ REQUIRED: tuple[Seam, ...] = (
         "vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion",
         params=("request", "raw_request"), used_by=_S_GENERATE,
     ),
+    Seam(
+        "vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses", "create_responses",
+        params=("request", "raw_request"), used_by=_S_GENERATE,
+    ),
+    # A Responses request's fields, priced as its conversation.
+    *_fields(
+        "vllm.entrypoints.openai.responses.protocol", "ResponsesRequest",
+        ("input", "previous_input_messages", "instructions", "tools"), _S_GENERATE,
+    ),
     # Prefix tokenization reads what truncation keeps.
     *_fields("vllm.renderers.params", "TokenizeParams", ("truncate_prompt_tokens", "truncation_side"), _S_RENDERER),
     Seam("vllm.renderers.params", "TokenizeParams", "max_truncation_tokens", used_by=_S_RENDERER),

@@ -9,11 +9,16 @@ give it a `StrategyRenderer`: the served renderer, but for those two
 methods, which the strategy runs (`_placements`, `render_generate`). Streaming
 and non-streaming requests share this render.
 
-Admission (`install_admission`): `OpenAIServingChat.create_chat_completion`
-and `OpenAIServingCompletion.create_completion` run inside the request's
+Admission (`install_admission`): `OpenAIServingChat.create_chat_completion`,
+`OpenAIServingCompletion.create_completion` and
+`OpenAIServingResponses.create_responses` run inside the request's
 admission, as a pooling `__call__` does (`serving.admitting`): priced by its
-messages or prompts, images by their headers, tools, documents and template
-arguments; its engine requests are its prompts times `n`. A refusal is
+messages, prompts or input items, images by their headers, tools, documents,
+instructions and template arguments; its engine requests are its prompts
+times `n` (a Responses request: one). A Responses request with
+`previous_response_id` is priced without the stored conversation it
+continues (not in its body), and one with `background` holds what it was
+admitted with only until it is queued (its answer). A refusal is
 raised (`Refusal`) for the door to send, as vLLM's router would take a
 returned response for a stream. What it was
 admitted with is held until its answer's last byte is sent (a stream's
@@ -39,6 +44,7 @@ from typing import Any
 from starlette.responses import Response
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.renderers.chat_utils import has_non_text_content
 from vllm.renderers.online_renderer import OnlineRenderer
 
@@ -135,11 +141,12 @@ def install(make_render: Callable[[Any], RenderGenerate | None]) -> None:
 _HANDLERS: tuple[tuple[type, str], ...] = (
     (OpenAIServingChat, "create_chat_completion"),
     (OpenAIServingCompletion, "create_completion"),
+    (OpenAIServingResponses, "create_responses"),
 )
 
 
 def install_admission(policy: RequestPolicy) -> None:
-    """Admit every chat and completion request by `policy` before it is rendered."""
+    """Admit every chat, completion and Responses request by `policy` before it is rendered."""
     for cls, name in _HANDLERS:
         own = vars(cls)[name]
         if not getattr(own, "__offload_vllm__", False):

@@ -24,6 +24,7 @@ import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
 from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoringRequestMixin
 
@@ -67,6 +68,10 @@ TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs
 #: (counted for a request with `messages` only: a rerank's `documents` are its inputs).
 CHAT_FIELDS = ("tools", "documents")
 
+#: A Responses API request's fields that its chat template renders beside its
+#: input: its instructions (the system message) and tools.
+RESPONSES_FIELDS = ("instructions", "tools")
+
 
 #: The truncated texts and text pairs priced so far in the request being served (`pricing_texts`).
 _priced_texts: contextvars.ContextVar[PricedTexts | None] = contextvars.ContextVar(
@@ -102,7 +107,13 @@ def request_cost(request: Any, content_length: int = 0, *, multimodal: bool = Fa
     fields alone: cheap, and before anything is rendered; at least `body_floor`
     of `content_length`, its body's bytes. `multimodal`: the model takes
     images (`takes_images`). Raises `TooDeep` for inputs nested past `MAX_DEPTH`."""
-    fields = TEMPLATE_FIELDS + CHAT_FIELDS if getattr(request, "messages", None) is not None else TEMPLATE_FIELDS
+    fields: tuple[str, ...]
+    if isinstance(request, ResponsesRequest):
+        fields = TEMPLATE_FIELDS + RESPONSES_FIELDS
+    elif getattr(request, "messages", None) is not None:
+        fields = TEMPLATE_FIELDS + CHAT_FIELDS
+    else:
+        fields = TEMPLATE_FIELDS
     cost = _inputs_cost(request, multimodal) + sum(characters(getattr(request, name, None)) for name in fields)
     return max(cost, body_floor(content_length))
 
@@ -116,6 +127,8 @@ def engine_requests(request: Any) -> int:
     than the texts). A long input that vLLM's chunked processing
     (`--pooler-config '{"enable_chunked_processing": true}'`) cuts into
     several engine requests is counted once."""
+    if isinstance(request, ResponsesRequest):
+        return 1  # one conversation, whatever its items
     if isinstance(request, ScoringRequestMixin):
         if isinstance(request, RerankRequest):
             return 1 + prompts(request.documents)
@@ -129,6 +142,11 @@ def engine_requests(request: Any) -> int:
 
 
 def _inputs_cost(request: Any, multimodal: bool) -> float:
+    if isinstance(request, ResponsesRequest):
+        # One conversation: its input items (a string, or messages whose
+        # `input_image` parts carry an `image_url`) after the messages it carries on.
+        conversation = (request.previous_input_messages, request.input)
+        return float(characters(conversation, images=Images.PARTS) + PROMPT_COST)
     scoring_images = Images.PARTS if multimodal else Images.NONE
     if isinstance(request, ScoringRequestMixin):
         cap = _pair_cap(request.truncate_prompt_tokens, request.max_tokens_per_query, request.max_tokens_per_doc)
