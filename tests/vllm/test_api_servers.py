@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import offload
+
 from ._server import (
     COMMON_ENV,
     Server,
@@ -46,11 +48,12 @@ STARTUP_COMPLETE = "Application startup complete"
 
 @pytest.fixture(scope="module")
 def api_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    """The default (one API server, the model positional), and two API servers
-    (the model given as `--model`), started together."""
-    start = functools.partial(start_server, model_dirs["embed"], "minilm", "thread", workers=WORKERS)
+    """The default (one API server, the model positional, `WORKERS` workers),
+    and two API servers (the model given as `--model`, the workers' default),
+    started together."""
+    start = functools.partial(start_server, model_dirs["embed"], "minilm", "thread")
     starts = {
-        ONE: functools.partial(start, tmp_path_factory.mktemp("one-api-server")),
+        ONE: functools.partial(start, tmp_path_factory.mktemp("one-api-server"), workers=WORKERS),
         TWO: functools.partial(
             start, tmp_path_factory.mktemp("two-api-servers"), model_flag=True, extra_args=("--api-server-count", "2")
         ),
@@ -118,7 +121,12 @@ def test_one_summary_per_api_server_saying_which(api_servers: dict[str, Server])
     assert sorted(name for name, _, _ in lines) == ["ApiServer_0", "ApiServer_1"], server.log_tail()
     assert {pid for _, pid, _ in lines} == {p.pid for p in api_server_processes(server)}
     assert sorted(rest.rpartition("; ")[2] for _, _, rest in lines) == ["API server 1 of 2", "API server 2 of 2"]
-    assert all(rest.startswith(f"{WORKERS} workers in ") for _, _, rest in lines)
+    # Each process's pool defaults to its share of the host's cores, and says so.
+    cores = offload.strategy.usable_cpu_count()
+    share = max(1, cores // 2)
+    for _, _, rest in lines:
+        assert rest.startswith(f"{share} worker{'' if share == 1 else 's'} in "), rest
+        assert f" workers={share}(default: {cores} cores / 2 API servers) " in rest, rest
 
 
 def launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -68,6 +68,10 @@ class StrategyRow:
     titles_workers: bool = False
     #: What must be installed for it, as the settings table says (`""`: nothing).
     needs: str = ""
+    #: Its pool's workers run on the API server's host (threads, child
+    #: processes), so with several API server processes each defaults to its
+    #: share of the host's cores; a cluster's (Ray's actors) are placed elsewhere.
+    workers_on_host: bool = True
 
 
 def _kind_of(builtin: BuiltinStrategy) -> PlacementKind:
@@ -87,7 +91,9 @@ def _builtin_row(builtin: BuiltinStrategy) -> StrategyRow:
 #: Strategies the adapter supports beyond the core's built-ins: plugins, keyed
 #: by their entry-point name.
 PLUGIN_ROWS: Mapping[str, StrategyRow] = {
-    "ray": StrategyRow(REMOTE, own_options={"ray_address": "address"}, needs="[offload-ray](ray.md)"),
+    "ray": StrategyRow(
+        REMOTE, own_options={"ray_address": "address"}, needs="[offload-ray](ray.md)", workers_on_host=False
+    ),
 }
 
 #: Every strategy the adapter supports, in the order messages list them: the

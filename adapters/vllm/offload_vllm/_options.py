@@ -166,7 +166,8 @@ OPTIONS = (
         metavar="S", always_shown=True, unset="(vLLM default)",
     ),
     Option(
-        "workers", parse.workers, "Worker threads, processes or Ray actors.", "integer ≥ 1", "offload's default",
+        "workers", parse.workers, "Worker threads, processes or Ray actors.", "integer ≥ 1",
+        "offload's default; with `--api-server-count N`, the host's cores / N (`thread`, `process`)",
         metavar="N", applies=_has_pool, lacking=_NO_POOL, always_shown=True, unset="default",
     ),
     Option(

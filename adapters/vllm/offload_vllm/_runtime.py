@@ -15,6 +15,7 @@ from typing import Any
 import offload
 
 from ._config import ENGINE_PRIORITY_ENV, OffloadVLLMConfigError, Settings
+from ._kinds import StrategyRow
 from ._offline import OfflineRenderExecutor
 from ._phases import timing_response
 from ._placements import Placement, placement_class
@@ -73,7 +74,9 @@ class Runtime:
     def _build(self, vllm_config: Any) -> offload.Executor:
         settings = self.settings
         row = settings.row
-        if not row.kind.shares_one_renderer(settings.workers) and config_seam.shared_multimodal_cache(vllm_config):
+        shared = host_share(row, vllm_config)
+        workers = settings.workers if settings.workers is not None else shared
+        if not row.kind.shares_one_renderer(workers) and config_seam.shared_multimodal_cache(vllm_config):
             raise OffloadVLLMConfigError(
                 f"strategy {self.strategy!r} renders in several workers, but this multimodal "
                 "model keeps vLLM's multimodal processor cache, which workers cannot share; "
@@ -89,8 +92,8 @@ class Runtime:
                 f"--scheduling-policy {config_seam.PRIORITY_POLICY}, or unset it"
             )
         options: dict[str, Any] = {}
-        if settings.workers is not None:
-            options["max_workers"] = settings.workers
+        if workers is not None:
+            options["max_workers"] = workers
         if row.kind.queue:
             options.update(
                 max_queue=settings.max_queue,
@@ -139,9 +142,9 @@ class Runtime:
             started = "no workers"
         else:
             workers = getattr(executor.strategy, "max_workers", None)
-            started = "its worker" if workers is None else f"{workers} workers"
+            started = "its worker" if workers is None else f"{workers} worker{'' if workers == 1 else 's'}"
             if workers is not None and settings.row.kind.pool:
-                shown["workers"] = f"{workers}{'' if settings.workers is not None else '(default)'}"
+                shown["workers"] = f"{workers}{'' if settings.workers is not None else _default_workers(vllm_config)}"
         express = ", and the express worker" if float(getattr(executor.strategy, "express_cost", 0.0)) > 0 else ""
         if "express_cost" in settings.row.own_options:
             shown["express_cost"] = f"{settings.express_cost:g}"
@@ -204,3 +207,25 @@ class Runtime:
         placement = self.placement(vllm_config)
         self._announce("LLM offline render map")
         return OfflineRenderExecutor(placement)
+
+
+def host_share(row: StrategyRow, vllm_config: Any) -> int | None:
+    """The default size of this API server process's pool when the server
+    runs N > 1 of them (`--api-server-count`): the host's usable cores over
+    N, at least 1, so that the N pools together fit the machine (each
+    process would otherwise size its own for the whole host). `None` with one
+    API server, for a strategy without a pool, or one whose workers are not
+    on this host (Ray's)."""
+    _, count = config_seam.api_server_of(vllm_config)
+    if count <= 1 or not row.kind.pool or not row.workers_on_host:
+        return None
+    return max(1, offload.strategy.usable_cpu_count() // count)
+
+
+def _default_workers(vllm_config: Any) -> str:
+    """How a default worker count is shown: `(default)`, or with several API
+    servers `(default: 8 cores / 2 API servers)`."""
+    _, count = config_seam.api_server_of(vllm_config)
+    if count <= 1:
+        return "(default)"
+    return f"(default: {offload.strategy.usable_cpu_count()} cores / {count} API servers)"
