@@ -23,6 +23,7 @@ engine core's process and no torch.compile (the model's time is not what is
 measured), 8 generated tokens a chat.
 
     python -m benchmarks generate                       # 5 rounds x 8 s levels, about 25 min
+    python -m benchmarks generate --rows "offload process" "offload process nice 0" --rates 20
     python -m benchmarks generate --smoke --out DIR
 
 Writes generate.json and generate.md into --out (default
@@ -63,14 +64,21 @@ IMAGE_SIZES = (256, 512, 1024)
 TEXT_SHARE = 0.4
 BASELINE = "vLLM default"
 OFFLOAD_ROWS = ("thread", "process", "async-renderer")
+#: Rows run only when `--rows` names them: an offload row with one setting
+#: changed, `name -> (strategy, environment)`. `process` workers run at nice 10
+#: by default (`OFFLOAD_VLLM_WORKER_NICE`), below the API server and the engine:
+#: this row asks what that costs a chat's time to first token on a busy host.
+VARIANT_ROWS = {"offload process nice 0": ("process", {"OFFLOAD_VLLM_WORKER_NICE": "0"})}
 SERVER_ARGS = (
     "--runner", "generate", "--max-model-len", "512", "--max-num-seqs", "64",
     "--kv-cache-memory-bytes", "64M", "--enforce-eager", "--mm-processor-cache-gb", "0",
 )
 
 
-def configs(smoke: bool) -> tuple[dict[str, ServerConfig], dict[str, str]]:
-    """The rows' servers, and the health port's URL of each offload row (one port each)."""
+def configs(smoke: bool, only: list[str] | None = None) -> tuple[dict[str, ServerConfig], dict[str, str]]:
+    """The rows' servers, and the health port's URL of each offload row (one
+    port each): every row but `VARIANT_ROWS`, or those in `only` (vLLM's
+    default always among them: every ratio is to it)."""
     env = dict(ENGINE_IN_ONE_PROCESS)
     rows = {
         BASELINE: ServerConfig(BASELINE, None, SERVER_ARGS, env),
@@ -80,13 +88,24 @@ def configs(smoke: bool) -> tuple[dict[str, ServerConfig], dict[str, str]]:
                                                 (*SERVER_ARGS, "--api-server-count", "2"), env),
     }
     health: dict[str, str] = {}
-    for strategy in OFFLOAD_ROWS:
-        name, port = f"offload {strategy}", free_port()
-        rows[name] = ServerConfig(name, strategy, (*SERVER_ARGS, "--offload-health-port", str(port)), env)
+    offload = {f"offload {strategy}": (strategy, {}) for strategy in OFFLOAD_ROWS}
+    for name, (strategy, own_env) in {**offload, **VARIANT_ROWS}.items():
+        if name in VARIANT_ROWS and name not in (only or ()):
+            continue
+        port = free_port()
+        rows[name] = ServerConfig(name, strategy, (*SERVER_ARGS, "--offload-health-port", str(port)), {**env, **own_env})
         health[name] = f"http://{HOST}:{port}"
     if smoke:
         return {"offload process": rows["offload process"]}, {"offload process": health["offload process"]}
+    if only:
+        rows = {name: config for name, config in rows.items() if name == BASELINE or name in only}
+        health = {name: url for name, url in health.items() if name in rows}
     return rows, health
+
+
+#: Every row `--rows` may name.
+ROW_NAMES = (BASELINE, "vLLM renderer-num-workers 4", "vLLM api-server-count 2",
+             *(f"offload {s}" for s in OFFLOAD_ROWS), *VARIANT_ROWS)
 
 
 def chat_bodies(model: str, *, count: int, text_only: bool, seed: int = 0) -> list[bytes]:
@@ -263,13 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="arrivals per level (s)")
     p.add_argument("--rates", default="5,10,20,40", help="the mixed workload's rates (requests/s), comma-separated")
     p.add_argument("--text-rate", type=float, default=10.0, help="the text-only workload's rate (requests/s)")
+    p.add_argument("--rows", nargs="+", choices=ROW_NAMES,
+                   help=f"default: every row but {', '.join(VARIANT_ROWS)}; vLLM's default is always run")
     args = p.parse_args(argv)
     rates = [2.0] if args.smoke else [float(r) for r in args.rates.split(",")]
     text_rate = 2.0 if args.smoke else args.text_rate
     rounds, seconds = (1, 2.0) if args.smoke else (args.rounds, args.seconds)
     if rounds < 1 or seconds <= 0 or not rates or min(rates) <= 0:
         p.error("--rounds, --seconds and every rate must be positive")
-    servers, health_urls = configs(args.smoke)
+    servers, health_urls = configs(args.smoke, args.rows)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     loadavg_before = _common.loadavg()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:

@@ -62,3 +62,17 @@ def test_the_verdicts_follow_the_intervals() -> None:
     assert "`process` at 20/s: 4.0 [3.0, 12.0] ms, **not met by the interval**" in said
     assert "0.5x vLLM default's at 20/s, where the default first times out: 0.30 [0.20, 0.40], **met**" in said
     assert "`thread` TTFT p99 / default's: 1.10 [1.05, 1.20] (outside the interval" in said
+
+
+def test_rows_default_to_all_but_the_variants_and_rows_pick_them_with_vllms_default() -> None:
+    every, health = generate.configs(False)
+    assert generate.BASELINE in every
+    assert not set(generate.VARIANT_ROWS) & set(every)
+    assert set(health) == {f"offload {s}" for s in generate.OFFLOAD_ROWS}
+    picked, health = generate.configs(False, ["offload process", "offload process nice 0"])
+    assert list(picked) == [generate.BASELINE, "offload process", "offload process nice 0"]
+    assert set(health) == {"offload process", "offload process nice 0"}
+    assert picked["offload process nice 0"].strategy == "process"
+    assert picked["offload process nice 0"].env["OFFLOAD_VLLM_WORKER_NICE"] == "0"
+    assert "OFFLOAD_VLLM_WORKER_NICE" not in picked["offload process"].env
+    assert set(generate.ROW_NAMES) == set(every) | set(generate.VARIANT_ROWS)
