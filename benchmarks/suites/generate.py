@@ -24,6 +24,7 @@ measured), 8 generated tokens a chat.
 
     python -m benchmarks generate                       # 5 rounds x 8 s levels, about 25 min
     python -m benchmarks generate --rows "offload process" "offload process nice 0" --rates 20
+    python -m benchmarks generate --rows "offload thread" "offload thread nice 0" --rates 20
     python -m benchmarks generate --smoke --out DIR
 
 Writes generate.json and generate.md into --out (default
@@ -65,10 +66,13 @@ TEXT_SHARE = 0.4
 BASELINE = "vLLM default"
 OFFLOAD_ROWS = ("thread", "process", "async-renderer")
 #: Rows run only when `--rows` names them: an offload row with one setting
-#: changed, `name -> (strategy, environment)`. `process` workers run at nice 10
-#: by default (`OFFLOAD_VLLM_WORKER_NICE`), below the API server and the engine:
-#: this row asks what that costs a chat's time to first token on a busy host.
-VARIANT_ROWS = {"offload process nice 0": ("process", {"OFFLOAD_VLLM_WORKER_NICE": "0"})}
+#: changed, `name -> (strategy, environment)`. `thread` and `process` workers
+#: run at nice 10 by default (`OFFLOAD_VLLM_WORKER_NICE`), below the API server
+#: and the engine: these rows ask what that costs a chat's time to first token
+#: on a busy host.
+VARIANT_ROWS = {
+    f"offload {strategy} nice 0": (strategy, {"OFFLOAD_VLLM_WORKER_NICE": "0"}) for strategy in ("thread", "process")
+}
 SERVER_ARGS = (
     "--runner", "generate", "--max-model-len", "512", "--max-num-seqs", "64",
     "--kv-cache-memory-bytes", "64M", "--enforce-eager", "--mm-processor-cache-gb", "0",
