@@ -216,16 +216,18 @@ def host_share(row: StrategyRow, vllm_config: Any) -> int | None:
     process would otherwise size its own for the whole host). `None` with one
     API server, for a strategy without a pool, or one whose workers are not
     on this host (Ray's)."""
-    _, count = config_seam.api_server_of(vllm_config)
+    cores, count = _cores_and_api_servers(vllm_config)
     if count <= 1 or not row.kind.pool or not row.workers_on_host:
         return None
-    return max(1, offload.strategy.usable_cpu_count() // count)
+    return max(1, cores // count)
 
 
 def _default_workers(vllm_config: Any) -> str:
     """How a default worker count is shown: `(default)`, or with several API
-    servers `(default: 8 cores / 2 API servers)`."""
-    _, count = config_seam.api_server_of(vllm_config)
-    if count <= 1:
-        return "(default)"
-    return f"(default: {offload.strategy.usable_cpu_count()} cores / {count} API servers)"
+    servers `(default: 8 cores / 2 API servers)`, the split `host_share` made."""
+    cores, count = _cores_and_api_servers(vllm_config)
+    return "(default)" if count <= 1 else f"(default: {cores} cores / {count} API servers)"
+
+
+def _cores_and_api_servers(vllm_config: Any) -> tuple[int, int]:
+    return offload.strategy.usable_cpu_count(), config_seam.api_server_of(vllm_config)[1]
