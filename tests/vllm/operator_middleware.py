@@ -6,6 +6,7 @@ may not set), before anything behind it reads the header."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -22,9 +23,11 @@ class StripLaneHeader:
 
 
 class BlockLoop:
-    """For `test_health.py`'s server: a POST to `/offload-test/block-loop?seconds=N`
-    blocks the event loop for N seconds (`time.sleep` on the loop's thread, as a
-    stuck call would) and then answers 200; every other request passes on."""
+    """For the health port's servers (`test_operations.py`, `test_api_servers.py`):
+    a POST to `/offload-test/block-loop?seconds=N` blocks the event loop for N
+    seconds (`time.sleep` on the loop's thread, as a stuck call would) and then
+    answers 200, with the answering process's id in `X-Pid`; every other
+    request passes on."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -33,7 +36,8 @@ class BlockLoop:
         if scope["type"] == "http" and scope["path"] == "/offload-test/block-loop":
             seconds = float(parse_qs(scope["query_string"].decode()).get("seconds", ["1"])[0])
             time.sleep(seconds)  # noqa: ASYNC251 (blocking the loop is the point)
-            await send({"type": "http.response.start", "status": 200, "headers": []})
+            headers = [(b"x-pid", str(os.getpid()).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
         await self.app(scope, receive, send)

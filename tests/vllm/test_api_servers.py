@@ -1,29 +1,29 @@
 """The launcher runs vLLM's `vllm serve` path: `--api-server-count 2` starts two
 API server processes, the model is positional or `--model`, the start-up
-summary is logged once per API server process, and what cannot work with
-several (the health port) is refused at start, by the launcher and, on vLLM's
-own serve path, by the API server processes. Real servers on 127.0.0.1."""
+summary is logged once per API server process, and the health port is the
+whole server's: one answering process, a loop blocked in either API server
+reported, SIGTERM making both say they shut down. Real servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 import offload
 
 from ._server import (
-    COMMON_ENV,
     Server,
     api_server_processes,
     free_port,
@@ -40,6 +40,7 @@ pytestmark = [
 
 ONE, TWO = "one API server", "two API servers"
 WORKERS = 2
+MAX_STALL_S = 2.0
 
 #: The start-up summary: `(APIServer pid=7) INFO ... offload-vllm: thread started 2 workers in 0.01s, ...`.
 SUMMARY = re.compile(r"\((\w+) pid=(\d+)\).*offload-vllm: thread started (.*)$", re.MULTILINE)
@@ -55,7 +56,13 @@ def api_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     starts = {
         ONE: functools.partial(start, tmp_path_factory.mktemp("one-api-server"), workers=WORKERS),
         TWO: functools.partial(
-            start, tmp_path_factory.mktemp("two-api-servers"), model_flag=True, extra_args=("--api-server-count", "2")
+            start, tmp_path_factory.mktemp("two-api-servers"), model_flag=True,
+            extra_env={"OFFLOAD_VLLM_HEALTH_PORT": str(free_port()), "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S)},
+            extra_args=(
+                "--api-server-count", "2", "--middleware", "tests.vllm.operator_middleware.BlockLoop",
+                # In-flight engine requests drain on SIGTERM (vLLM's default aborts them at once).
+                "--shutdown-timeout", "60",
+            ),
         ),
     }
     with servers_started(starts) as servers:
@@ -129,63 +136,112 @@ def test_one_summary_per_api_server_saying_which(api_servers: dict[str, Server])
         assert f" workers={share}(default: {cores} cores / 2 API servers) " in rest, rest
 
 
-def launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`python -m offload_vllm serve ARGS...` in a fresh interpreter, as a user runs it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "VLLM_OFFLOAD_"))} | COMMON_ENV
-    return subprocess.run(
-        [sys.executable, "-m", "offload_vllm", "serve", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, check=False,
-    )
+def health(server: Server, path: str) -> tuple[int, dict[str, Any]]:
+    response = httpx.get(f"http://127.0.0.1:{server.env['OFFLOAD_VLLM_HEALTH_PORT']}{path}", timeout=10)
+    return response.status_code, response.json()
 
 
-@pytest.mark.parametrize("model_flag", [False, True], ids=["positional", "--model"])
-def test_the_health_port_with_two_api_servers_is_refused_at_start(model_dirs: dict[str, Path], model_flag: bool) -> None:
-    port = free_port()
-    model = ["--model", str(model_dirs["embed"])] if model_flag else [str(model_dirs["embed"])]
-    done = launch(
-        *model, "--offload-strategy", "thread", "--offload-health-port", str(port),
-        "--runner", "pooling", "--api-server-count", "2", "--port", str(free_port()),
-    )
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert (
-        f"offload-vllm: --offload-health-port (OFFLOAD_VLLM_HEALTH_PORT={port}) cannot be used with "
-        "--api-server-count 2: each API server process would bind the same port" in done.stderr
-    ), done.stderr[-3000:]
-    # Refused before vLLM started anything: no engine, no API server.
-    assert "EngineCore" not in done.stderr
-    assert STARTUP_COMPLETE not in done.stderr
+def index_of(server: Server) -> dict[int, int]:
+    """API server process id -> its index (vLLM's `ApiServer_<index>`), from the summaries."""
+    return {pid: int(name.rpartition("_")[2]) for name, pid, _ in summaries(server)}
 
 
-#: vLLM's own `vllm serve` path, as a GPU build's `vllm serve ARGS...` runs it,
-#: without the launcher (and its early refusal) in front.
-VLLM_SERVE = "import sys; from offload_vllm._seams.serve_command import run_serve; run_serve(sys.argv[1:])"
-
-
-def test_on_vllms_own_serve_path_each_api_server_refuses_the_health_port(model_dirs: dict[str, Path]) -> None:
-    """A server started without the launcher (`vllm serve --api-server-count 2`
-    with `OFFLOAD_VLLM_HEALTH_PORT` set) is refused too, by the API server
-    processes as they bind the port: the server exits, naming both flags,
-    rather than one process failing with EADDRINUSE while the other serves."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "VLLM_OFFLOAD_"))} | COMMON_ENV
-    env |= {"OFFLOAD_VLLM_STRATEGY": "thread", "OFFLOAD_VLLM_WORKERS": "1", "OFFLOAD_VLLM_HEALTH_PORT": str(port)}
-    args = [
-        sys.executable, "-c", VLLM_SERVE, str(model_dirs["embed"]), "--runner", "pooling", "--dtype", "float32",
-        "--host", "127.0.0.1", "--port", str(free_port()), "--max-model-len", "256",
-        "--kv-cache-memory-bytes", "64M", "--enforce-eager", "--api-server-count", "2",
+def answering_processes(server: Server) -> list[psutil.Process]:
+    return [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if any(part.endswith("_health_answer.py") for part in p.cmdline())
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = output.decode(errors="replace")
-    assert proc.returncode != 0, text[-3000:]
-    refusal = (
-        f"--offload-health-port (OFFLOAD_VLLM_HEALTH_PORT={port}) cannot be used with --api-server-count 2: "
-        "each API server process would bind the same port"
-    )
-    assert refusal in text, text[-3000:]
-    assert "Address already in use" not in text, text[-3000:]
-    assert STARTUP_COMPLETE not in text, text[-3000:]
+
+
+def test_one_health_port_answers_for_both_api_servers(api_servers: dict[str, Server]) -> None:
+    server = api_servers[TWO]
+    deadline = time.monotonic() + 60
+    while (answer := health(server, "/ready"))[0] != 200:  # the second may join a moment after the first
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+    code, body = health(server, "/health")
+    assert (code, body["api_servers"]) == (200, [{"status": "ok"}, {"status": "ok"}]), body
+    assert answer[1]["api_servers"] == [{"status": "ready"}, {"status": "ready"}]
+    # One answering process, the first API server's child.
+    [answering] = answering_processes(server)
+    first = next(pid for pid, index in index_of(server).items() if index == 0)
+    assert answering.ppid() == first
+    log = server.log.read_text(errors="replace")
+    assert "health endpoints /health and /ready on 127.0.0.1:" in log
+    assert "for the 2 API server processes" in log
+    assert "API server 2 of 2 publishes to the health port" in log
+    assert "Address already in use" not in log
+
+
+def test_a_loop_blocked_in_either_api_server_is_reported_naming_it(api_servers: dict[str, Server]) -> None:
+    """Block each API server's loop in turn for 3x the bound: liveness turns
+    503 naming that process (a second client's new connection goes to the
+    other process while the first one's stays open: vLLM accepts on the
+    least loaded); 200 again after."""
+    server = api_servers[TWO]
+    indices = index_of(server)
+    blocked: list[int] = []
+    with httpx.Client(timeout=60) as first, httpx.Client(timeout=60) as second:
+        for client in (first, second):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                sent = time.monotonic()
+                blocking = pool.submit(client.post, f"{server.url}/offload-test/block-loop?seconds={3 * MAX_STALL_S}")
+                reasons: list[str] = []
+                while not blocking.done():
+                    code, body = health(server, "/health")
+                    if code == 503:
+                        reasons.append(body["reason"])
+                    time.sleep(0.1)
+                response = blocking.result()
+            assert response.status_code == 200
+            index = indices[int(response.headers["x-pid"])]
+            blocked.append(index)
+            named = [r for r in reasons if r.startswith(f"API server {index + 1} of 2: the event loop has not turned")]
+            assert named, (index, reasons)
+            assert all(r.startswith(f"API server {index + 1} of 2: ") for r in reasons), reasons
+            assert time.monotonic() - sent >= 3 * MAX_STALL_S
+            deadline = time.monotonic() + 10
+            while health(server, "/health")[0] != 200:
+                assert time.monotonic() < deadline, "liveness did not come back"
+                time.sleep(0.05)
+    assert sorted(blocked) == [0, 1]
+
+
+#: Texts that keep the engine busy for a while: vLLM drains them on SIGTERM.
+LONG = ["offload keeps the event loop alive " * 40] * 64
+
+
+def test_sigterm_makes_readiness_503_for_both_api_servers_while_they_drain(api_servers: dict[str, Server]) -> None:
+    """The last of the module: SIGTERM to the server (what Kubernetes sends
+    its first process) while requests are in the engine of both API servers:
+    `/ready` answers 503, both processes shutting down, until the port goes;
+    never 200 again after."""
+    server = api_servers[TWO]
+    assert health(server, "/ready")[0] == 200
+    body = {"model": server.model, "input": LONG, "truncate_prompt_tokens": 200}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        # A client each: new connections, spread over both processes.
+        sent = [pool.submit(httpx.post, f"{server.url}/v1/embeddings", json=body, timeout=120) for _ in range(8)]
+        time.sleep(1.0)
+        os.kill(server.proc.pid, signal.SIGTERM)
+        seen: list[tuple[int, dict[str, Any]]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the port goes, or 5 s of 503s
+            try:
+                seen.append(health(server, "/ready"))
+            except httpx.TransportError:
+                break
+            if seen[-1][0] == 503 and deadline - time.monotonic() > 5:
+                deadline = time.monotonic() + 5
+            time.sleep(0.02)
+        for future in sent:
+            with contextlib.suppress(httpx.HTTPError):
+                future.result()
+    codes = [code for code, _ in seen]
+    assert 503 in codes, seen
+    assert 200 not in codes[codes.index(503):], seen
+    both = [
+        body for code, body in seen
+        if [entry.get("reason") for entry in body.get("api_servers", [])] == ["shutting down"] * 2
+    ]
+    assert both, seen

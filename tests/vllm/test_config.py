@@ -431,15 +431,17 @@ PLUGIN_LOADS: dict[str, tuple[str, dict[str, str]]] = {
         )
         for env, hooks in APP_HOOKS
     },
-    # No strategy: the health port alone is wired (its binding, and the serving
-    # objects seen as they are built); nothing that changes a request is.
+    # No strategy: the health port alone is wired (its binding, and the engine
+    # client seen as the app state is built); nothing that changes a request is.
     "health port alone": (
         _LOAD
         + "from vllm.entrypoints.launchers import app\n"
+        "from vllm.entrypoints.openai.models.serving import OpenAIServingModels\n"
         "from vllm.entrypoints.pooling.base.io_processor import PoolingIOProcessor\n"
         "from vllm.entrypoints.pooling.base.serving import PoolingBaseServing\n"
         "import offload_vllm\n"
         "print(offload_vllm.active_strategy(), ','.join(app.init_entrypoints_middleware.__offload_vllm_app__),\n"
+        "      getattr(OpenAIServingModels.__init__, '__offload_vllm__', False),\n"
         "      getattr(PoolingBaseServing.__init__, '__offload_vllm__', False),\n"
         "      getattr(PoolingIOProcessor.__init__, '__offload_vllm__', False))",
         {"OFFLOAD_VLLM_HEALTH_PORT": "8081"},
@@ -505,11 +507,12 @@ def test_vllm_plugin_load_with_the_health_port_alone_patches_only_its_seams(
     plugin_loads: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
     """No strategy, the health port set: the port's binding where vLLM builds
-    its app, and the serving objects' construction (to start the loop's task),
-    and nothing else; with neither set, nothing at all."""
+    its app, and the engine client's first holder (to start the loop's task),
+    and nothing else (no pooling serving object or IO processor changed);
+    with neither set, nothing at all."""
     proc = plugin_loads["health port alone"]
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-4:] == ["None", "bind_health", "True", "False"]
+    assert proc.stdout.split()[-5:] == ["None", "bind_health", "True", "False", "False"]
     proc = plugin_loads["nothing set"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-3:] == ["None", "False", "False"]

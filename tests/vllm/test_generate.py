@@ -39,6 +39,7 @@ from ._answers import events, folded, without_ids
 from ._module_servers import ModuleServers, register
 from ._server import (
     Server,
+    free_port,
     good_retry_after,
     load_client,
     renderer_workers,
@@ -62,6 +63,9 @@ OWN_ENV = {s: {"OFFLOAD_VLLM_INLINE_COST": "0"} for s in ("thread", "process")}
 #: The process server's cost bound, in characters: two of the flood's chats at once, not three.
 GENERATE_BOUND = 600
 OWN_ENV["process"]["OFFLOAD_VLLM_MAX_QUEUED_COST"] = str(GENERATE_BOUND)
+#: async-renderer's server has the health port and vLLM's own queue bound (engine requests).
+ENGINE_BOUND = 2
+OWN_ARGS = {"async-renderer": ("--max-num-queued-reqs", str(ENGINE_BOUND))}
 
 
 @register(__name__, needs=(), servers=1 + len(SERVED))
@@ -73,7 +77,8 @@ def starts(model_dirs: Mapping[str, Path], logs: Path) -> dict[str, Callable[[],
         ),
         **{
             s: functools.partial(
-                start_server, model, NAME, s, logs, workers=WORKERS.get(s), extra_args=ARGS, extra_env=OWN_ENV.get(s)
+                start_server, model, NAME, s, logs, workers=WORKERS.get(s), extra_args=(*ARGS, *OWN_ARGS.get(s, ())),
+                extra_env=OWN_ENV.get(s, {}) | ({"OFFLOAD_VLLM_HEALTH_PORT": str(free_port())} if s in OWN_ARGS else {}),
             )
             for s in SERVED
         },
@@ -308,6 +313,52 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     # Each answered chat's phases observed once: its render, until its first chunk, its stream.
     assert {phase: after[phase] - before[phase] for phase in after} == dict.fromkeys(after, statuses.count(200))
     assert total(scrape(server), "offload_lane_queued_cost") == 0
+
+
+def _health(server: Server, path: str) -> int:
+    return httpx.get(f"http://127.0.0.1:{server.env['OFFLOAD_VLLM_HEALTH_PORT']}{path}", timeout=10).status_code
+
+
+def test_a_generate_servers_health_port_and_engine_bound_are_offloads(generate_servers: dict[str, Server]) -> None:
+    """On a generate model the loop publishes to the health port (no pooling
+    entrypoint is built: the port's task starts with vLLM's app state), and
+    vLLM's `--max-num-queued-reqs` is read: 8 streamed chats at once into a
+    bound of two engine requests are refused by admission (counted in
+    readiness-at-admission's refusals, before any render), the held engine
+    requests never past two; readiness 503 while it is full, 200 after."""
+    if "async-renderer" not in SERVED:
+        pytest.skip("async-renderer is not available")
+    server = generate_servers["async-renderer"]
+    assert (_health(server, "/health"), _health(server, "/ready")) == (200, 200)
+    body = {"model": server.model, **FLOODING_CHAT}
+    refusals = "offload_vllm_readiness_at_admission_total"
+    refused_before = total(scrape(server), refusals, decision="refused")
+    ready_seen: list[int] = []
+    held: list[float] = []
+
+    async def flood() -> list[int]:
+        async with load_client(10, timeout=120) as client:
+
+            async def one() -> int:
+                async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+                    async for _ in r.aiter_text():
+                        if r.status_code == 200 and len(ready_seen) < 8:
+                            ready_seen.append(await asyncio.to_thread(_health, server, "/ready"))
+                            values = await asyncio.to_thread(scrape, server)
+                            held.append(total(values, "offload_vllm_admitted_engine_requests"))
+                    return r.status_code
+
+            return await asyncio.gather(*(one() for _ in range(8)))
+
+    statuses = sorted(asyncio.run(flood()))
+    values = scrape(server)
+    print(f"\n[engine bound {ENGINE_BOUND}] {statuses}; /ready {ready_seen}, held {held} while streaming")  # noqa: T201
+    assert set(statuses) == {200, 503}, statuses
+    assert total(values, refusals, decision="refused") - refused_before == statuses.count(503)
+    assert 1 <= max(held) <= ENGINE_BOUND, held
+    assert 503 in ready_seen, ready_seen
+    assert total(values, "offload_vllm_admitted_engine_requests") == 0
+    assert (_health(server, "/health"), _health(server, "/ready")) == (200, 200)
 
 
 # ---- inline and thread: the render in this process ---------------------------

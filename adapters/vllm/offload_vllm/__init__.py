@@ -145,8 +145,8 @@ def register() -> None:
     from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
     from ._runtime import Runtime
+    from ._seams import app_state, generate, io_processor, multimodal, offline, responses, serving
     from ._seams import engine as engine_seam
-    from ._seams import generate, io_processor, multimodal, offline, responses, serving
     from ._seams.errors import ANSWERS
 
     # async-renderer's window is spent only while other requests are in flight.
@@ -172,11 +172,13 @@ def register() -> None:
     generate.install_admission(policy)
     _install_app_hooks(settings, policy, in_flight, health)
 
+    def engine_client_built(engine_client: Any) -> None:
+        engine.limit = engine_seam.max_num_queued_reqs(engine_client)
+        if health is not None:
+            health.watch(runtime.current_executor, engine_client)
+
     def serving_built(serving_object: Any) -> Any:
         serving.cover(type(serving_object))
-        engine.limit = engine_seam.max_num_queued_reqs(serving_object.engine_client)
-        if health is not None:
-            health.watch(runtime.current_executor, serving_object.engine_client)
         return runtime.postprocess(serving_object)
 
     from ._seams import renderer as renderer_seam
@@ -194,6 +196,7 @@ def register() -> None:
     generate.install(runtime.render_generate)
     multimodal.install(runtime.process_multimodal)
     responses.install_response_encoder()
+    app_state.install(engine_client_built)
     serving.install(serving_built)
     serving.install_preprocessing()
     offline.install(runtime.offline_executor)
@@ -284,12 +287,8 @@ def _serve_health_alone(port: int, max_stall: float) -> None:
     liveness and shutdown alone: there is no admission to refuse."""
     from ._health import Health
     from ._seams import app as app_seam
-    from ._seams import serving
+    from ._seams import app_state
 
     health = Health(port, max_stall, HEALTH_PORT_ENV)
     app_seam.install(_binds(health))
-
-    def serving_built(serving_object: Any) -> None:
-        health.watch(lambda: None, serving_object.engine_client)
-
-    serving.install(serving_built)
+    app_state.install(lambda engine_client: health.watch(lambda: None, engine_client))

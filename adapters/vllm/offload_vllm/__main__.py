@@ -107,8 +107,9 @@ def serve(args: list[str]) -> int:
     from ._seams import serve_command
 
     def refuse_what_cannot_work(args: argparse.Namespace) -> None:
-        # The API server processes refuse it too, as they bind the port; here
-        # it is refused before the engine starts, in seconds, not minutes.
+        # Several API server processes share the port on Linux alone; the API
+        # servers refuse it elsewhere too, as they bind it: here it is refused
+        # before the engine starts, in seconds, not minutes.
         if settings.health_port is not None:
             try:
                 refuse_beside_api_servers(settings.health_port, serve_command.api_server_count(args))

@@ -24,7 +24,9 @@ and, every `ENGINE_CHECK_INTERVAL_S`, the result of vLLM's own engine check
 answering process reads only those bytes: it never touches the loop's
 objects, and needs nothing of the API server's interpreter, so no thread
 holding its GIL delays an answer (why a process and not a thread:
-`_health_answer.py`).
+`_health_answer.py`). With `--api-server-count N` the port is the whole
+server's: one answering process reads every API server process's board
+(`_shared_board`), and answers 503 while any of them would.
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ import anyio
 
 import offload
 
-from . import _health_answer
+from . import _health_answer, _shared_board
 from ._admission import AdmissionListener, Priced, Readiness
 from ._health_answer import Board, Snapshot
 from ._lanes import DEFAULT_LANE
 from ._metric_family import once_per_process
 from ._options import BY_NAME
 from ._parsers import OffloadVLLMConfigError
+from ._seams import config as config_seam
 from ._seams import engine as engine_seam
 
 logger = logging.getLogger("vllm.offload_vllm")
@@ -100,16 +103,21 @@ def decision_counters() -> dict[tuple[bool, int], Any] | None:
 @final
 class HealthState:
     """What the loop publishes and the answering process reads: each value set
-    here is written to the shared board at once, by the loop's thread alone
-    (`keep_current`; `draining` also by a signal handler)."""
+    here is written to this process's board at once, by the loop's thread
+    alone (`keep_current`; `draining` also by a signal handler). With several
+    API server processes the boards of all of them lie side by side in one
+    memory (`share`, `adopt`), and the answers read every board."""
 
-    __slots__ = ("_board", "_values", "fd")
+    __slots__ = ("_board", "_boards", "_memory", "_values", "count", "fd", "index")
 
     def __init__(self, max_stall: float) -> None:
-        #: The board's file descriptor, which the answering process inherits.
-        self.fd = _shared_memory()
-        os.ftruncate(self.fd, _health_answer.BOARD_SIZE)
-        self._board = Board(mmap.mmap(self.fd, _health_answer.BOARD_SIZE))
+        #: The boards' file descriptor, which the answering process inherits.
+        self.fd = _shared_memory(_health_answer.BOARD_SIZE)
+        self._memory = mmap.mmap(self.fd, _health_answer.BOARD_SIZE)
+        #: The API server processes whose boards the memory holds, and this one's index.
+        self.count, self.index = 1, 0
+        self._boards = _health_answer.boards(self._memory, 1)
+        self._board = self._boards[0]
         # Until the loop first publishes, count from now: a loop that never
         # starts the task is reported once the bound has passed.
         self._values = Snapshot(time.monotonic(), 0.0, max_stall, False, None, False)
@@ -117,7 +125,37 @@ class HealthState:
 
     @property
     def board(self) -> Board:
+        """This process's board."""
         return self._board
+
+    def share(self, count: int) -> None:
+        """Move to a new memory of `count` boards, as the first (index 0) of
+        `count` API server processes: the others' boards count from now, so
+        one that never joins (`adopt`) is reported once the bound has passed.
+        On the loop's thread."""
+        fd = _shared_memory(count * _health_answer.BOARD_SIZE)
+        memory = mmap.mmap(fd, count * _health_answer.BOARD_SIZE)
+        boards = _health_answer.boards(memory, count)
+        for board in boards[1:]:
+            board.write(Snapshot(time.monotonic(), 0.0, self._values.max_stall, False, None, False))
+        self._move(fd, memory, boards, 0)
+
+    def adopt(self, fd: int, count: int, index: int) -> None:
+        """Publish from now on into board `index` of the memory `fd` of
+        `count` boards (handed over by the first API server process). On the
+        loop's thread."""
+        memory = mmap.mmap(fd, count * _health_answer.BOARD_SIZE)
+        self._move(fd, memory, _health_answer.boards(memory, count), index)
+
+    def _move(self, fd: int, memory: mmap.mmap, boards: list[Board], index: int) -> None:
+        board = boards[index]
+        board.write(self._values)
+        board.set_draining(self._board.read().draining)
+        old_fd, old_memory = self.fd, self._memory
+        self.fd, self._memory, self._boards, self._board = fd, memory, boards, board
+        self.count, self.index = len(boards), index
+        old_memory.close()
+        os.close(old_fd)
 
     def publish(self, **values: Any) -> None:
         """Set several values at once (names as the properties below), in one write."""
@@ -143,36 +181,40 @@ class HealthState:
 
     def liveness(self, now: float) -> tuple[int, dict[str, Any]]:
         """`(status code, body)` of `GET /health` at `time.monotonic()` `now`
-        (`_health_answer.liveness`, over what was published)."""
-        return _health_answer.liveness(self._board.read(), now)
+        (`_health_answer.server_liveness`, over what every API server process published)."""
+        return _health_answer.server_liveness(self._boards, now)
 
     def readiness(self, now: float) -> tuple[int, dict[str, Any]]:
-        """`(status code, body)` of `GET /ready` at `now` (`_health_answer.readiness`)."""
-        return _health_answer.readiness(self._board.read(), now)
+        """`(status code, body)` of `GET /ready` at `now` (`_health_answer.server_readiness`)."""
+        return _health_answer.server_readiness(self._boards, now)
 
 
-def _shared_memory() -> int:
-    """A file descriptor of a file in memory, for the board (inheritable only where passed)."""
+def _shared_memory(size: int) -> int:
+    """A file descriptor of a file in memory of `size` bytes, for the boards
+    (inheritable only where passed)."""
     if hasattr(os, "memfd_create"):
-        return os.memfd_create("offload-vllm-health", os.MFD_CLOEXEC)
-    import tempfile
+        fd = os.memfd_create("offload-vllm-health", os.MFD_CLOEXEC)
+    else:
+        import tempfile
 
-    with tempfile.TemporaryFile() as file:
-        return os.dup(file.fileno())
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, size)
+    return fd
 
 
 def refuse_beside_api_servers(port: int, api_servers: int) -> None:
     """Raise `OffloadVLLMConfigError`, naming both flags, when `api_servers`
-    API server processes (more than one) would each bind the health port:
-    the second one's bind fails, and the server half-starts. Checked where
-    the port is bound (`Health.bind`, in every API server process, however
-    vLLM was started) and by the launcher before anything starts."""
-    if api_servers > 1:
+    API server processes (more than one) cannot share the health port: off
+    Linux, where they cannot meet (`_shared_board`). Checked where the port
+    is bound (`Health.bind`, in every API server process, however vLLM was
+    started) and by the launcher before anything starts."""
+    if api_servers > 1 and not _shared_board.SUPPORTED:
         option = BY_NAME["health_port"]
         raise OffloadVLLMConfigError(
-            f"{option.flag} ({option.env}={port}) cannot be used with --api-server-count {api_servers}: "
-            "each API server process would bind the same port; serve with one API server process, "
-            "or without the health port"
+            f"{option.flag} ({option.env}={port}) cannot be used with --api-server-count {api_servers} on "
+            f"{sys.platform}: the API server processes share the port through Linux's abstract Unix sockets; "
+            "serve with one API server process, or without the health port"
         )
 
 
@@ -224,6 +266,7 @@ class HealthServer:
             [
                 sys.executable, "-I", "-S", _health_answer.__file__,
                 str(self._listener.fileno()), str(self.state.fd), str(self._pipe_end), str(os.getpid()),
+                str(self.state.count),
             ],
             pass_fds=(self._listener.fileno(), self.state.fd, self._pipe_end),
             stdin=subprocess.DEVNULL,
@@ -338,10 +381,15 @@ async def keep_current(
 
 @final
 class Health(AdmissionListener):
-    """The health endpoints of one API server: the answering process, started when
-    vLLM builds its app, and the loop's task, started when the first pooling
-    entrypoint is built (with the engine client, inside the loop); a listener
-    on admission (`changed`, `decided`)."""
+    """The health endpoints of one API server process: the answering process,
+    started when vLLM builds its app, and the loop's task, started when vLLM
+    builds its app state with the engine client (inside the loop); a
+    listener on admission (`changed`, `decided`).
+
+    With several API server processes (`--api-server-count N`) the port is
+    the server's: bound when the engine client says which process this is
+    (`watch`), by the first, which reads every process's board; the others
+    join it (`_shared_board`)."""
 
     def __init__(self, port: int, max_stall: float, setting: str, readiness: Readiness | None = None) -> None:
         """`readiness`: readiness's rule over admission (default: `Readiness()`'s)."""
@@ -355,19 +403,61 @@ class Health(AdmissionListener):
         #: then, and after it with metrics off).
         self._decisions: dict[tuple[bool, int], Any] | None = None
         self._decisions_looked_up = False
+        #: vLLM's `--host`, while the port waits for `watch` to say which of
+        #: several API server processes this is (`bind`).
+        self._host_pending: str | None = None
+        self.boards_host: _shared_board.BoardHost | None = None
+        self._joining: threading.Thread | None = None
+        self._stop_joining = threading.Event()
 
     def bind(self, host: str | None, api_servers: int = 1) -> None:
         """Listen on `host` (`None` or empty: every interface), once, in a
-        server of `api_servers` API server processes (more than one is
-        refused: `refuse_beside_api_servers`)."""
+        server of `api_servers` API server processes; with more than one,
+        only once `watch` knows this process's index (refused where they
+        cannot share the port: `refuse_beside_api_servers`)."""
         refuse_beside_api_servers(self._port, api_servers)
+        if api_servers > 1:
+            self._host_pending = host or "0.0.0.0"
+        else:
+            self._listen(host or "0.0.0.0")
+
+    def _listen(self, host: str) -> None:
         if self.server is None:
-            self.server = HealthServer(host or "0.0.0.0", self._port, self.state, self._setting)
-            logger.info(
-                "offload-vllm: health endpoints /health and /ready on %s:%d",
-                host or "0.0.0.0",
-                self.server.port,
-            )
+            self.server = HealthServer(host, self._port, self.state, self._setting)
+            servers = f", for the {self.state.count} API server processes" if self.state.count > 1 else ""
+            logger.info("offload-vllm: health endpoints /health and /ready on %s:%d%s", host, self.server.port, servers)
+
+    def _meet(self, index: int, count: int) -> None:
+        """This is API server `index` of `count`: the first shares the boards,
+        listens, and hands the boards to the others; the others join it (in a
+        thread: the first may not listen yet), publishing into their own
+        board meanwhile, which nothing reads."""
+        host, self._host_pending = self._host_pending, None
+        assert host is not None
+        if count <= 1:  # an entry point that runs one API server whatever the flag says
+            self._listen(host)
+            return
+        if index == 0:
+            self.state.share(count)
+            self._listen(host)
+            self.boards_host = _shared_board.BoardHost(self.state.fd, count, self._port)
+            return
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+
+        def join() -> None:
+            try:
+                fd = _shared_board.join(self._port, index, stop=self._stop_joining)
+            except RuntimeError as exc:
+                logger.error("offload-vllm: API server %d of %d cannot join the health port: %s", index + 1, count, exc)
+                return
+            if fd is not None:
+                loop.call_soon_threadsafe(self.state.adopt, fd, count, index)
+                logger.info("offload-vllm: API server %d of %d publishes to the health port", index + 1, count)
+
+        self._joining = threading.Thread(target=join, name="offload-vllm-health-join", daemon=True)
+        self._joining.start()
 
     def changed(self, executor: offload.Executor) -> None:
         """Publish whether admission refuses now (on the loop's thread, when its
@@ -401,11 +491,15 @@ class Health(AdmissionListener):
         self._decisions[admitted, code].inc()
 
     def watch(self, executor_of: Callable[[], offload.Executor | None], engine_client: Any) -> None:
-        """Start the loop's task (once; on the running loop)."""
+        """Start the loop's task (once; on the running loop); with several API
+        server processes, bind the port or join the process that does
+        (`_meet`), as vLLM's config in `engine_client` says which this is."""
         import asyncio
 
         with contextlib.suppress(RuntimeError):  # no running loop: offline use
             loop = asyncio.get_running_loop()
+            if self._host_pending is not None:
+                self._meet(*config_seam.api_server_of(engine_client.vllm_config))
             if self._task is None or self._task.done():
                 self._task = loop.create_task(
                     keep_current(self.state, executor_of, engine_client, self.readiness), name="offload-vllm-health"

@@ -23,7 +23,9 @@ it holds closes; its parent changes) and ignores SIGINT and SIGTERM, which a
 terminal or a process-group kill also sends it: readiness keeps answering
 "shutting down" while the server drains.
 
-The board: a header byte saying which of two records is current, a
+A server of several API server processes has a board each, side by side in
+one memory (`boards`); the answers are the whole server's (`server_liveness`,
+`server_readiness`). A board: a header byte saying which of two records is current, a
 `draining` byte (set alone, by a signal handler), and two records, each
 `seq, loop_turned_at, engine_checked_at, max_stall, refusing, error_len,
 error`. The writer (the API server's loop thread) fills the record not
@@ -43,6 +45,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 #: One record: seq, loop_turned_at, engine_checked_at, max_stall, refusing, error length, error (UTF-8).
@@ -95,45 +98,55 @@ class Snapshot:
 
 
 class Board:
-    """The shared memory the loop writes and the answering process reads."""
+    """The shared memory the loop writes and the answering process reads: the
+    `BOARD_SIZE` bytes of `memory` from `offset` (a server of several API
+    server processes has one board each, side by side: `boards`)."""
 
-    def __init__(self, memory: mmap.mmap) -> None:
+    def __init__(self, memory: mmap.mmap, offset: int = 0) -> None:
         self.memory = memory
+        self.offset = offset
 
     def write(self, snapshot: Snapshot) -> None:
         """Publish `snapshot` (but its `draining`: `set_draining`). One writer at a time."""
-        current = self.memory[_CURRENT_AT]
-        at = _RECORDS_AT + (1 - current) * _RECORD.size
-        (seq,) = struct.unpack_from("<Q", self.memory, at)
+        memory, base = self.memory, self.offset
+        current = memory[base + _CURRENT_AT]
+        at = base + _RECORDS_AT + (1 - current) * _RECORD.size
+        (seq,) = struct.unpack_from("<Q", memory, at)
         error = (snapshot.engine_error or "").encode("utf-8", "replace")[:ERROR_MAX]
-        struct.pack_into("<Q", self.memory, at, seq + 1)
+        struct.pack_into("<Q", memory, at, seq + 1)
         _RECORD.pack_into(
-            self.memory, at, seq + 1, snapshot.loop_turned_at, snapshot.engine_checked_at, snapshot.max_stall,
+            memory, at, seq + 1, snapshot.loop_turned_at, snapshot.engine_checked_at, snapshot.max_stall,
             snapshot.refusing, len(error) if snapshot.engine_error is not None else 0xFFFF, error,
         )
-        struct.pack_into("<Q", self.memory, at, seq + 2)
-        self.memory[_CURRENT_AT] = 1 - current
+        struct.pack_into("<Q", memory, at, seq + 2)
+        memory[base + _CURRENT_AT] = 1 - current
 
     def set_draining(self, draining: bool) -> None:
         """Mark the server draining (or not): one byte, safe from a signal
         handler that interrupts `write`."""
-        self.memory[_DRAINING_AT] = int(draining)
+        self.memory[self.offset + _DRAINING_AT] = int(draining)
 
     def read(self) -> Snapshot:
         """The last record published (a writer is never stopped in the middle of
         both records, so one of them reads whole)."""
+        memory, base = self.memory, self.offset
         for attempt in range(64):
-            index = self.memory[_CURRENT_AT] ^ (attempt & 1)
-            at = _RECORDS_AT + index * _RECORD.size
-            seq, turned, checked, max_stall, refusing, error_len, error = _RECORD.unpack_from(self.memory, at)
-            if seq & 1 or struct.unpack_from("<Q", self.memory, at)[0] != seq:
+            index = memory[base + _CURRENT_AT] ^ (attempt & 1)
+            at = base + _RECORDS_AT + index * _RECORD.size
+            seq, turned, checked, max_stall, refusing, error_len, error = _RECORD.unpack_from(memory, at)
+            if seq & 1 or struct.unpack_from("<Q", memory, at)[0] != seq:
                 continue
             return Snapshot(
                 turned, checked, max_stall, bool(refusing),
                 None if error_len == 0xFFFF else error[:error_len].decode("utf-8", "replace"),
-                bool(self.memory[_DRAINING_AT]),
+                bool(memory[base + _DRAINING_AT]),
             )
         raise RuntimeError("the health board did not read whole in 64 tries")
+
+
+def boards(memory: mmap.mmap, count: int) -> list[Board]:
+    """The `count` boards of `memory` (`count * BOARD_SIZE` bytes), one per API server process."""
+    return [Board(memory, index * BOARD_SIZE) for index in range(count)]
 
 
 def liveness(state: Snapshot, now: float) -> tuple[int, dict[str, Any]]:
@@ -171,11 +184,47 @@ def readiness(state: Snapshot, now: float) -> tuple[int, dict[str, Any]]:
     return 200, {**body, "status": "ready"}
 
 
+def _whole(
+    states: list[Snapshot], now: float, rule: Callable[[Snapshot, float], tuple[int, dict[str, Any]]]
+) -> tuple[int, dict[str, Any]]:
+    """`rule` (`liveness` or `readiness`) over the boards of every API server
+    process: the first that fails decides (its reason names it where there
+    are several), the ages are the oldest, and `api_servers` lists each
+    process's status (and reason, where it fails)."""
+    answers = [rule(state, now) for state in states]
+    if len(answers) == 1:
+        return answers[0]
+    failing = next(((index, answer) for index, answer in enumerate(answers) if answer[0] != 200), None)
+    code, body = answers[0] if failing is None else failing[1]
+    body = dict(body)
+    for age in ("loop_turned_seconds_ago", "engine_checked_seconds_ago"):
+        ages = [answer[1][age] for answer in answers]
+        body[age] = None if None in ages else max(ages)
+    if failing is not None:
+        body["reason"] = f"API server {failing[0] + 1} of {len(answers)}: {body['reason']}"
+    body["api_servers"] = [
+        {key: value for key, value in answer[1].items() if key in ("status", "reason")} for answer in answers
+    ]
+    return code, body
+
+
+def server_liveness(read: list[Board], now: float) -> tuple[int, dict[str, Any]]:
+    """`GET /health` of the whole server: `liveness` of every API server process's board."""
+    return _whole([board.read() for board in read], now, liveness)
+
+
+def server_readiness(read: list[Board], now: float) -> tuple[int, dict[str, Any]]:
+    """`GET /ready` of the whole server: 503 while any API server process's
+    `readiness` is (its loop, the engine, its shutdown, its admission)."""
+    return _whole([board.read() for board in read], now, readiness)
+
+
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
-def answer(head: bytes, board: Board) -> bytes:
-    """The whole HTTP/1.1 response (then the connection closes) to a request's `head`."""
+def answer(head: bytes, read: list[Board]) -> bytes:
+    """The whole HTTP/1.1 response (then the connection closes) to a request's
+    `head`, from the boards `read` (one per API server process)."""
     line = head.split(b"\r\n", 1)[0].split(b" ")
     extra = b""
     body: dict[str, Any]
@@ -186,9 +235,9 @@ def answer(head: bytes, board: Board) -> bytes:
     else:
         path = line[1].split(b"?", 1)[0].decode("latin-1")
         if path == "/health":
-            code, body = liveness(board.read(), time.monotonic())
+            code, body = server_liveness(read, time.monotonic())
         elif path == "/ready":
-            code, body = readiness(board.read(), time.monotonic())
+            code, body = server_readiness(read, time.monotonic())
         else:
             code, body = 404, {"status": "not found", "paths": list(PATHS)}
     payload = json.dumps(body).encode()
@@ -199,7 +248,7 @@ def answer(head: bytes, board: Board) -> bytes:
     return header + extra + b"\r\n" + (b"" if line[0] == b"HEAD" else payload)
 
 
-def serve(listener: socket.socket, board: Board, parent_pipe: int, parent: int) -> None:
+def serve(listener: socket.socket, read: list[Board], parent_pipe: int, parent: int) -> None:
     """Answer on `listener` until `parent_pipe` closes or the parent changes.
 
     One thread, every connection non-blocking in one `select`: a client that
@@ -237,7 +286,7 @@ def serve(listener: socket.socket, board: Board, parent_pipe: int, parent: int) 
                     pending[ready] = (received, deadline)
                     continue
                 if chunk:
-                    _send(ready, answer(received, board))
+                    _send(ready, answer(received, read))
                 ready.close()
         for connection, (_, deadline) in list(pending.items()):
             if deadline <= now:
@@ -267,14 +316,16 @@ def rise_above_the_server() -> int:
 
 
 def main(argv: list[str]) -> None:
-    """`listener_fd board_fd parent_pipe_fd parent_pid`, all inherited."""
-    listener_fd, board_fd, parent_pipe, parent = (int(arg) for arg in argv)
+    """`listener_fd board_fd parent_pipe_fd parent_pid [api_servers]`, the
+    descriptors inherited; the board holds `api_servers` boards (default 1)."""
+    listener_fd, board_fd, parent_pipe, parent, *rest = (int(arg) for arg in argv)
+    count = rest[0] if rest else 1
     rise_above_the_server()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     listener = socket.socket(fileno=listener_fd)
-    board = Board(mmap.mmap(board_fd, BOARD_SIZE, access=mmap.ACCESS_READ))
-    serve(listener, board, parent_pipe, parent)
+    memory = mmap.mmap(board_fd, count * BOARD_SIZE, access=mmap.ACCESS_READ)
+    serve(listener, boards(memory, count), parent_pipe, parent)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ The modules that patch vLLM, each function patched from exactly one of them:
 validation shortcut, in the order `register` gives), `serving.py` (pooling
 serving objects: `__init__`, `_preprocessing`, every `__call__`),
 `io_processor.py` (`render_async`), `renderer.py` (tokenization),
-`generate.py` (`OnlineRenderer.__init__`: the generate routes' text render;
+`app_state.py` (`OpenAIServingModels.__init__`: the engine client, for
+the health port and vLLM's queue bound), `generate.py` (`OnlineRenderer.__init__`: the generate routes' text render;
 the chat and completion handlers: their admission),
 `multimodal.py` (`BaseRenderer.__init__`: its multimodal processing),
 `responses.py` (the JSON encoder of scoring answers),
@@ -90,6 +91,7 @@ _S_SERVE = "_seams/serve_command.py"
 _S_REQUESTS = "_seams/requests.py"
 _S_VALIDATION = "_seams/validation.py"
 _S_GENERATE = "_seams/generate.py"
+_S_APP_STATE = "_seams/app_state.py"
 _WORKERS = "_workers.py"
 _PROTOCOL = "vllm.entrypoints.pooling.base.protocol"
 _EMBED_PROTOCOL = "vllm.entrypoints.pooling.embed.protocol"
@@ -261,6 +263,9 @@ REQUIRED: tuple[Seam, ...] = (
     *_fields("vllm.config.model", "ModelConfig", ("multimodal_config", "served_model_name"), _S_CONFIG),
     *_fields("vllm.config.vllm", "VllmConfig", ("parallel_config",), _S_CONFIG),
     *_fields("vllm.config.parallel", "ParallelConfig", ("_api_process_rank", "_api_process_count"), _S_CONFIG),
+    # The engine client, as vLLM builds its app state (the health port, the engine's bound).
+    Seam("vllm.entrypoints.openai.models.serving", "OpenAIServingModels", "__init__", params=("engine_client",), used_by=_S_APP_STATE),
+    Seam("vllm.entrypoints.openai.models.serving", "OpenAIServingModels", "engine_client", "instance", used_by=_S_APP_STATE),
     # The `vllm serve` command, run by the launcher (`_seams/serve_command.py`).
     *(Seam("vllm.entrypoints.cli.serve", "ServeSubcommand", name, used_by=_S_SERVE) for name in ("cmd", "validate", "subparser_init")),
     Seam("vllm.entrypoints.serve.utils.api_utils", None, "cli_env_setup", used_by=_S_SERVE),
