@@ -9,9 +9,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import json
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +29,11 @@ from ._server import (
     Server,
     api_server_processes,
     free_port,
+    good_retry_after,
+    scrape,
     servers_started,
     start_server,
+    total,
 )
 from .conftest import AVAILABLE
 
@@ -41,6 +46,22 @@ pytestmark = [
 ONE, TWO = "one API server", "two API servers"
 WORKERS = 2
 MAX_STALL_S = 2.0
+#: A request of the flood: 64 texts of about 180 tokens each (the test model keeps 256).
+FLOODING = ["offload keeps the event loop alive " * 25] * 64
+
+
+def _flooding_cost() -> float:
+    """What admission charges one flooding request (`_seams/requests.request_cost`)."""
+    from offload_vllm._seams.requests import request_cost
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+
+    body = {"model": "m", "input": FLOODING}
+    return request_cost(EmbeddingCompletionRequest(**body), len(json.dumps(body)))
+
+
+#: The two API servers' cost bound, set once for the server: 4.5 flooding requests
+#: (each process admits two of them, within its half; without the split, four).
+SERVER_BOUND = 4.5 * _flooding_cost()
 
 #: The start-up summary: `(APIServer pid=7) INFO ... offload-vllm: thread started 2 workers in 0.01s, ...`.
 SUMMARY = re.compile(r"\((\w+) pid=(\d+)\).*offload-vllm: thread started (.*)$", re.MULTILINE)
@@ -57,7 +78,10 @@ def api_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFa
         ONE: functools.partial(start, tmp_path_factory.mktemp("one-api-server"), workers=WORKERS),
         TWO: functools.partial(
             start, tmp_path_factory.mktemp("two-api-servers"), model_flag=True,
-            extra_env={"OFFLOAD_VLLM_HEALTH_PORT": str(free_port()), "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S)},
+            extra_env={
+                "OFFLOAD_VLLM_HEALTH_PORT": str(free_port()), "OFFLOAD_VLLM_HEALTH_MAX_STALL": str(MAX_STALL_S),
+                "OFFLOAD_VLLM_MAX_QUEUED_COST": str(SERVER_BOUND),
+            },
             extra_args=(
                 "--api-server-count", "2", "--middleware", "tests.vllm.operator_middleware.BlockLoop",
                 # In-flight engine requests drain on SIGTERM (vLLM's default aborts them at once).
@@ -174,48 +198,88 @@ def test_one_health_port_answers_for_both_api_servers(api_servers: dict[str, Ser
 
 
 def test_a_loop_blocked_in_either_api_server_is_reported_naming_it(api_servers: dict[str, Server]) -> None:
-    """Block each API server's loop in turn for 3x the bound: liveness turns
-    503 naming that process (a second client's new connection goes to the
-    other process while the first one's stays open: vLLM accepts on the
-    least loaded); 200 again after."""
+    """Block one API server's loop for 6 s and, 3 s in, the other's for 8 s
+    (a new connection then goes to the other: the blocked one cannot accept
+    it): liveness is 503 naming the first alone, then both, then the second
+    alone, each process's own status in `api_servers`; 200 again after."""
     server = api_servers[TWO]
     indices = index_of(server)
-    blocked: list[int] = []
-    with httpx.Client(timeout=60) as first, httpx.Client(timeout=60) as second:
-        for client in (first, second):
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                sent = time.monotonic()
-                blocking = pool.submit(client.post, f"{server.url}/offload-test/block-loop?seconds={3 * MAX_STALL_S}")
-                reasons: list[str] = []
-                while not blocking.done():
-                    code, body = health(server, "/health")
-                    if code == 503:
-                        reasons.append(body["reason"])
-                    time.sleep(0.1)
-                response = blocking.result()
-            assert response.status_code == 200
-            index = indices[int(response.headers["x-pid"])]
-            blocked.append(index)
-            named = [r for r in reasons if r.startswith(f"API server {index + 1} of 2: the event loop has not turned")]
-            assert named, (index, reasons)
-            assert all(r.startswith(f"API server {index + 1} of 2: ") for r in reasons), reasons
-            assert time.monotonic() - sent >= 3 * MAX_STALL_S
-            deadline = time.monotonic() + 10
-            while health(server, "/health")[0] != 200:
-                assert time.monotonic() < deadline, "liveness did not come back"
-                time.sleep(0.05)
-    assert sorted(blocked) == [0, 1]
+    seen: list[tuple[int, list[str], str]] = []
+
+    def block(seconds: float) -> httpx.Response:
+        return httpx.post(f"{server.url}/offload-test/block-loop?seconds={seconds}", timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        began = time.monotonic()
+        first = pool.submit(block, 6.0)
+        second = None
+        while not (first.done() and second is not None and second.done()):
+            if second is None and time.monotonic() - began >= 3.0:
+                second = pool.submit(block, 8.0)
+            code, body = health(server, "/health")
+            seen.append((code, [entry["status"] for entry in body["api_servers"]], body.get("reason", "")))
+            time.sleep(0.1)
+        x, y = (indices[int(f.result().headers["x-pid"])] for f in (first, second))
+    assert {x, y} == {0, 1}, (x, y)
+
+    def alone(index: int) -> list[str]:
+        statuses = ["ok", "ok"]
+        statuses[index] = "unhealthy"
+        return [r for code, s, r in seen if code == 503 and s == statuses]
+
+    for index in (x, y):
+        assert alone(index), (index, seen)
+        assert all(r.startswith(f"API server {index + 1} of 2: the event loop has not turned") for r in alone(index))
+    assert any(s == ["unhealthy", "unhealthy"] for _, s, _ in seen), seen
+    deadline = time.monotonic() + 10
+    while health(server, "/health")[0] != 200:
+        assert time.monotonic() < deadline, "liveness did not come back"
+        time.sleep(0.05)
+
+
+def test_the_servers_cost_bound_holds_over_both_api_servers(api_servers: dict[str, Server]) -> None:
+    """`OFFLOAD_VLLM_MAX_QUEUED_COST` is the server's: each API server admits
+    within its half (the summaries say so), so under a flood of 24 requests at
+    once the cost held, summed over both processes (`offload_lane_queued_cost`,
+    live-summed across them), never passes the bound, while both hold some;
+    the rest are refused with 503 and a computed `Retry-After`, and all is
+    given back after."""
+    server = api_servers[TWO]
+    for name, _, rest in summaries(server):
+        assert f" max_queued_cost={SERVER_BOUND / 2:g}(server: {SERVER_BOUND:g} / 2 API servers) " in rest, (name, rest)
+    body = {"model": server.model, "input": FLOODING}
+    held: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            held.append(total(scrape(server), "offload_lane_queued_cost"))
+
+    with concurrent.futures.ThreadPoolExecutor(25) as pool:
+        watcher = pool.submit(watch)
+        # A client each: new connections, spread over both processes.
+        sent = [pool.submit(httpx.post, f"{server.url}/v1/embeddings", json=body, timeout=120) for _ in range(24)]
+        answers = [future.result() for future in sent]
+        done.set()
+        watcher.result()
+    statuses = sorted(r.status_code for r in answers)
+    print(f"\n[server bound {SERVER_BOUND:g}] {statuses}; held max {max(held):g} of {len(held)} readings")  # noqa: T201
+    assert set(statuses) == {200, 503}, statuses
+    assert all(good_retry_after(r.headers.get("retry-after")) for r in answers if r.status_code == 503)
+    assert max(held) <= SERVER_BOUND, held
+    assert max(held) > SERVER_BOUND / 2, held  # both processes held requests at once
+    assert total(scrape(server), "offload_lane_queued_cost") == 0
 
 
 #: Texts that keep the engine busy for a while: vLLM drains them on SIGTERM.
-LONG = ["offload keeps the event loop alive " * 40] * 64
+LONG = FLOODING
 
 
 def test_sigterm_makes_readiness_503_for_both_api_servers_while_they_drain(api_servers: dict[str, Server]) -> None:
     """The last of the module: SIGTERM to the server (what Kubernetes sends
     its first process) while requests are in the engine of both API servers:
-    `/ready` answers 503, both processes shutting down, until the port goes;
-    never 200 again after."""
+    `/ready` answers 503 until the port goes, never 200 again, and each
+    process's entry says it is shutting down."""
     server = api_servers[TWO]
     assert health(server, "/ready")[0] == 200
     body = {"model": server.model, "input": LONG, "truncate_prompt_tokens": 200}
@@ -240,8 +304,6 @@ def test_sigterm_makes_readiness_503_for_both_api_servers_while_they_drain(api_s
     codes = [code for code, _ in seen]
     assert 503 in codes, seen
     assert 200 not in codes[codes.index(503):], seen
-    both = [
-        body for code, body in seen
-        if [entry.get("reason") for entry in body.get("api_servers", [])] == ["shutting down"] * 2
-    ]
-    assert both, seen
+    reasons = [[entry.get("reason") for entry in body["api_servers"]] for _, body in seen if "api_servers" in body]
+    for index in (0, 1):
+        assert any(r[index] == "shutting down" for r in reasons), (index, reasons)

@@ -35,3 +35,18 @@ def test_launcher_flag_is_checked(monkeypatch: pytest.MonkeyPatch, capsys: pytes
         monkeypatch.delenv(name)
     assert main(["serve", "model", "--offload-strategy", "thread", "--offload-max-queue", "nope"]) == 2
     assert "OFFLOAD_VLLM_MAX_QUEUE='nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+@pytest.mark.parametrize("bound", [0, 1, 2, 5, 64, 2_000_000.0, 0.5])
+def test_a_servers_bound_is_split_between_its_api_servers_adding_up_to_it(bound: float, count: int) -> None:
+    """Each of `--api-server-count N` processes admits within its share
+    (`server_share`): places and requests as whole numbers as even as they
+    go, a cost in N equal parts; the shares add up to the bound."""
+    from offload_vllm._runtime import server_share
+
+    shares = [server_share(bound, index, count) for index in range(count)]
+    assert sum(shares) == pytest.approx(bound)
+    assert max(shares) - min(shares) <= (1 if isinstance(bound, int) else 0)
+    assert all(type(share) is type(bound) for share in shares)
+    assert server_share(None, 0, count) is None

@@ -144,8 +144,9 @@ def register() -> None:
     from ._admission import EngineRequests, RequestPolicy, RequestsInFlight, report
     from ._phases import LISTENER as PHASES_LISTENER
     from ._retry_after import DrainRates
-    from ._runtime import Runtime
+    from ._runtime import Runtime, server_share
     from ._seams import app_state, generate, io_processor, multimodal, offline, responses, serving
+    from ._seams import config as config_seam
     from ._seams import engine as engine_seam
     from ._seams.errors import ANSWERS
 
@@ -173,7 +174,9 @@ def register() -> None:
     _install_app_hooks(settings, policy, in_flight, health)
 
     def engine_client_built(engine_client: Any) -> None:
-        engine.limit = engine_seam.max_num_queued_reqs(engine_client)
+        # vLLM's bound is the server's: this API server process admits within its share.
+        index, count = config_seam.api_server_of(engine_client.vllm_config)
+        engine.limit = server_share(engine_seam.max_num_queued_reqs(engine_client), index, count)
         if health is not None:
             health.watch(runtime.current_executor, engine_client)
 

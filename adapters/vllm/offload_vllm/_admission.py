@@ -107,9 +107,10 @@ class EngineRequests:
     than the engine requests a request makes (`_seams/requests.engine_requests`),
     the request that would pass it is refused before it is rendered, and
     vLLM's check never refuses an admitted one. Counted per API server
-    process: with `--api-server-count` > 1 vLLM counts every process's
-    requests together (`SharedAdmissionStats`), and its check may still
-    refuse after rendering. Changed on the loop's thread."""
+    process: with `--api-server-count N` vLLM counts every process's
+    requests together (`SharedAdmissionStats`), so each process's `limit` is
+    its share of vLLM's (`_runtime.server_share`), and the shares add up to
+    it. Changed on the loop's thread."""
 
     __slots__ = ("held", "limit", "requests")
 

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import offload
 
@@ -95,9 +95,10 @@ class Runtime:
         if workers is not None:
             options["max_workers"] = workers
         if row.kind.queue:
+            index, count = config_seam.api_server_of(vllm_config)
             options.update(
-                max_queue=settings.max_queue,
-                max_queued_cost=settings.max_queued_cost,
+                max_queue=server_share(settings.max_queue, index, count),
+                max_queued_cost=server_share(settings.max_queued_cost, index, count),
                 lanes=settings.lane_weights(),
                 scheduling=settings.scheduling,
             )
@@ -151,6 +152,9 @@ class Runtime:
         if settings.row.kind.pool:
             shown["inline_cost"] = f"{settings.inline_cost:g}"
         index, count = config_seam.api_server_of(vllm_config)
+        for name, value in (("max_queue", settings.max_queue), ("max_queued_cost", settings.max_queued_cost)):
+            if count > 1 and value is not None and settings.row.kind.queue:
+                shown[name] = f"{server_share(value, index, count):g}(server: {value:g} / {count} API servers)"
         which = f"; API server {index + 1} of {count}" if count > 1 else ""
         return (
             f"{self.strategy} started {started} in {seconds:.2f}s{express}; "
@@ -207,6 +211,25 @@ class Runtime:
         placement = self.placement(vllm_config)
         self._announce("LLM offline render map")
         return OfflineRenderExecutor(placement)
+
+
+_Bound = TypeVar("_Bound", int, float)
+
+
+def server_share(bound: _Bound | None, index: int, count: int) -> _Bound | None:
+    """API server `index`'s share of a bound set for the whole server of
+    `count` API server processes (`None`: unbounded): a cost, 1/count of it;
+    a number of places or requests, split as evenly as whole numbers go (the
+    first `bound % count` processes one more), so that the shares add up to
+    the bound exactly. Each process admits within its share alone (no
+    counts cross processes); vLLM hands each new connection to the API
+    server with the fewest open ones, which keeps the shares evenly used
+    (docs/decisions/0032-server-bounds-split-between-api-servers.md)."""
+    if bound is None or count <= 1:
+        return bound
+    if isinstance(bound, int):
+        return bound // count + (1 if index < bound % count else 0)
+    return bound / count
 
 
 def host_share(row: StrategyRow, vllm_config: Any) -> int | None:
