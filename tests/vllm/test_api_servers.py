@@ -22,14 +22,18 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from offload_vllm import _shared_board
 
 import offload
+from offload.testing import shm_files
 
 from ._server import (
     Server,
     api_server_processes,
     free_port,
     good_retry_after,
+    group_pids,
+    renderer_workers,
     scrape,
     servers_started,
     start_server,
@@ -43,7 +47,7 @@ pytestmark = [
     pytest.mark.skipif("thread" not in AVAILABLE, reason="needs the thread strategy"),
 ]
 
-ONE, TWO = "one API server", "two API servers"
+ONE, TWO, KILLED = "one API server", "two API servers", "two API servers, one to be killed"
 WORKERS = 2
 MAX_STALL_S = 2.0
 #: A request of the flood: 64 texts of about 180 tokens each (the test model keeps 256).
@@ -89,13 +93,20 @@ def api_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFa
             ),
         ),
     }
+    if "process" in AVAILABLE:
+        # Worker processes and the health port's: all that a killed API server could leave.
+        starts[KILLED] = functools.partial(
+            start_server, model_dirs["embed"], "minilm", "process", tmp_path_factory.mktemp("killed-api-server"),
+            extra_env={"OFFLOAD_VLLM_HEALTH_PORT": str(free_port())}, extra_args=("--api-server-count", "2"),
+        )
     with servers_started(starts) as servers:
         # vLLM's /health answers as soon as one API server accepts: wait for both.
         deadline = time.monotonic() + 120
-        while servers[TWO].log.read_text(errors="replace").count(STARTUP_COMPLETE) < 2:
-            assert servers[TWO].alive(), servers[TWO].log_tail()
-            assert time.monotonic() < deadline, servers[TWO].log_tail()
-            time.sleep(0.5)
+        for name in {TWO, KILLED} & servers.keys():
+            while servers[name].log.read_text(errors="replace").count(STARTUP_COMPLETE) < 2:
+                assert servers[name].alive(), servers[name].log_tail()
+                assert time.monotonic() < deadline, servers[name].log_tail()
+                time.sleep(0.5)
         yield servers
 
 
@@ -166,8 +177,9 @@ def health(server: Server, path: str) -> tuple[int, dict[str, Any]]:
 
 
 def index_of(server: Server) -> dict[int, int]:
-    """API server process id -> its index (vLLM's `ApiServer_<index>`), from the summaries."""
-    return {pid: int(name.rpartition("_")[2]) for name, pid, _ in summaries(server)}
+    """API server process id -> its index (vLLM's `ApiServer_<index>`), from the log's line prefixes."""
+    found = re.findall(r"\(ApiServer_(\d+) pid=(\d+)\)", server.log.read_text(errors="replace"))
+    return {int(pid): int(index) for index, pid in found}
 
 
 def answering_processes(server: Server) -> list[psutil.Process]:
@@ -269,6 +281,45 @@ def test_the_servers_cost_bound_holds_over_both_api_servers(api_servers: dict[st
     assert max(held) <= SERVER_BOUND, held
     assert max(held) > SERVER_BOUND / 2, held  # both processes held requests at once
     assert total(scrape(server), "offload_lane_queued_cost") == 0
+
+
+def test_a_killed_api_server_process_leaves_nothing_behind(api_servers: dict[str, Server]) -> None:
+    """SIGKILL one of two API server processes (`process`, the health port)
+    while requests are in flight: vLLM stops the whole server, and nothing of
+    it is left: no process of its group (engine, the other API server,
+    renderer workers, the health port's answering process), no shared-memory
+    file of offload's, no abstract socket of the health port's."""
+    if KILLED not in api_servers:
+        pytest.skip("process is not available")
+    server = api_servers[KILLED]
+    port = int(server.env["OFFLOAD_VLLM_HEALTH_PORT"])
+    deadline = time.monotonic() + 60
+    while health(server, "/ready")[0] != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    name = f"@{_shared_board.rendezvous_name(port, parent=server.proc.pid)[1:]}"
+    assert name in Path("/proc/net/unix").read_text()
+    pids = group_pids(server.proc.pid) | {server.proc.pid}
+    assert len(answering_processes(server)) == 1
+    workers = renderer_workers(server)
+    assert len(workers) >= 2, workers  # at least one per API server process (2 cores / 2)
+    assert {worker.pid for worker in workers} <= pids
+    victim = next(pid for pid, index in index_of(server).items() if index == 1)
+    body = {"model": server.model, "input": FLOODING}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        sent = [pool.submit(httpx.post, f"{server.url}/v1/embeddings", json=body, timeout=60) for _ in range(4)]
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        for future in sent:
+            with contextlib.suppress(httpx.HTTPError):
+                future.result()
+    server.proc.wait(timeout=120)
+    deadline = time.monotonic() + 20
+    while left := {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}:
+        assert time.monotonic() < deadline, [psutil.Process(pid).cmdline() for pid in left if psutil.pid_exists(pid)]
+        time.sleep(0.2)
+    assert shm_files(pids) == []
+    assert name not in Path("/proc/net/unix").read_text()
 
 
 #: Texts that keep the engine busy for a while: vLLM drains them on SIGTERM.
