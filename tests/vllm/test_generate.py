@@ -245,8 +245,8 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
     at once to a bound that holds two: each is answered 200 whole or refused
     503 with a computed `Retry-After`, some of each; the admitted-requests
     gauge, read meanwhile (and as each answered chat's first chunk comes), is
-    at least one while they stream, never past two, and 0 once they are over; each
-    answered one's phases are observed once."""
+    never past two, and 0 once they are over; each answered one's phases are
+    observed once."""
     from offload_vllm._seams.requests import request_cost
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -308,7 +308,11 @@ def test_a_flood_of_streamed_chats_is_held_to_the_bound(generate_servers: dict[s
         else:
             answer = folded(events(text))
             assert answer["choices"][0]["finish_reason"] == "length", answer
-    assert 1 <= max(readings) <= 2, readings  # held while they stream, never past the bound
+    # Never past the bound. Not asserted: at least one while they stream. One
+    # stream of the tiny model lasts 0.4-0.7 s here (held the while: 1 at its
+    # 1st, 2nd and 5th chunk when sent alone), and on a loaded machine a
+    # scrape was answered only after the streams had ended (all readings 0).
+    assert max(readings) <= 2, readings
     assert total(scrape(server), "offload_vllm_admitted_requests") == 0
     # Each answered chat's phases observed once: its render, until its first chunk, its stream.
     assert {phase: after[phase] - before[phase] for phase in after} == dict.fromkeys(after, statuses.count(200))
@@ -324,39 +328,51 @@ def test_a_generate_servers_health_port_and_engine_bound_are_offloads(generate_s
     entrypoint is built: the port's task starts with vLLM's app state), and
     vLLM's `--max-num-queued-reqs` is read: 8 streamed chats at once into a
     bound of two engine requests are refused by admission (counted in
-    readiness-at-admission's refusals, before any render), the held engine
-    requests never past two; readiness 503 while it is full, 200 after."""
+    readiness-at-admission's refusals, before any render, each while `/ready`
+    said 503), the held engine requests never past two, each answered chat
+    streamed whole; 200 again after."""
     if "async-renderer" not in SERVED:
         pytest.skip("async-renderer is not available")
     server = generate_servers["async-renderer"]
     assert (_health(server, "/health"), _health(server, "/ready")) == (200, 200)
     body = {"model": server.model, **FLOODING_CHAT}
     refusals = "offload_vllm_readiness_at_admission_total"
-    refused_before = total(scrape(server), refusals, decision="refused")
+    before = scrape(server)
+    refused_before = total(before, refusals, decision="refused")
+    refused_ready_before = total(before, refusals, decision="refused", ready="503")
     ready_seen: list[int] = []
     held: list[float] = []
+
+    texts: list[str] = []
 
     async def flood() -> list[int]:
         async with load_client(10, timeout=120) as client:
 
             async def one() -> int:
                 async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
-                    async for _ in r.aiter_text():
+                    chunks: list[str] = []
+                    async for chunk in r.aiter_text():
                         if r.status_code == 200 and len(ready_seen) < 8:
                             ready_seen.append(await asyncio.to_thread(_health, server, "/ready"))
                             values = await asyncio.to_thread(scrape, server)
                             held.append(total(values, "offload_vllm_admitted_engine_requests"))
+                        chunks.append(chunk)
+                    if r.status_code == 200:
+                        texts.append("".join(chunks))
                     return r.status_code
 
             return await asyncio.gather(*(one() for _ in range(8)))
 
     statuses = sorted(asyncio.run(flood()))
+    for text in texts:  # each answered chat streamed whole
+        assert folded(events(text))["choices"][0]["finish_reason"] == "length", text[:1000]
     values = scrape(server)
     print(f"\n[engine bound {ENGINE_BOUND}] {statuses}; /ready {ready_seen}, held {held} while streaming")  # noqa: T201
     assert set(statuses) == {200, 503}, statuses
     assert total(values, refusals, decision="refused") - refused_before == statuses.count(503)
-    assert 1 <= max(held) <= ENGINE_BOUND, held
-    assert 503 in ready_seen, ready_seen
+    # Readiness said 503 at every refusal (published before each decision).
+    assert total(values, refusals, decision="refused", ready="503") - refused_ready_before == statuses.count(503)
+    assert max(held) <= ENGINE_BOUND, held
     assert total(values, "offload_vllm_admitted_engine_requests") == 0
     assert (_health(server, "/health"), _health(server, "/ready")) == (200, 200)
 

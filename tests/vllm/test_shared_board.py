@@ -43,7 +43,8 @@ def three() -> Iterator[tuple[list[HealthState], str]]:
         assert httpx.get(f"{url}/health", timeout=60).status_code == 200
         now = time.monotonic()
         for state in (first, *others):
-            state.publish(max_stall=1.0, loop_turned_at=now, engine_checked_at=now)
+            # A bound a loaded machine cannot pass by accident between two steps.
+            state.publish(max_stall=30.0, loop_turned_at=now, engine_checked_at=now)
         yield [first, *others], url
     finally:
         server.close()
@@ -70,13 +71,18 @@ def test_the_answers_are_the_whole_servers_and_name_the_process_that_fails(
     assert ready["reason"] == "API server 3 of 3: shutting down"
     assert ready["api_servers"][1:] == [{"status": "ready"}, {"status": "not ready", "reason": "shutting down"}]
     assert states[0].readiness(time.monotonic())[0] == 503  # what the first's admission counts reads too
+    # Shutting down is said first: the engine stops on the way, and that is no fault.
+    states[2].publish(engine_error="EngineDeadError")
+    assert httpx.get(f"{url}/ready").json()["reason"] == "API server 3 of 3: shutting down"
+    assert httpx.get(f"{url}/health").json()["reason"] == "API server 3 of 3: the engine is not alive: EngineDeadError"
+    states[2].publish(engine_error=None)
     states[2].draining = False
 
-    states[2].publish(loop_turned_at=time.monotonic() - 3)
+    states[2].publish(loop_turned_at=time.monotonic() - 60)
     live = httpx.get(f"{url}/health")
     assert live.status_code == 503
-    assert live.json()["reason"].startswith("API server 3 of 3: the event loop has not turned for 3.")
-    assert live.json()["loop_turned_seconds_ago"] >= 3  # the oldest of the three
+    assert live.json()["reason"].startswith("API server 3 of 3: the event loop has not turned for 60.")
+    assert live.json()["loop_turned_seconds_ago"] >= 60  # the oldest of the three
     assert httpx.get(f"{url}/ready").status_code == 503
     states[2].publish(loop_turned_at=time.monotonic())
 
@@ -190,10 +196,11 @@ def test_what_is_not_a_sibling_or_names_no_other_index_is_refused() -> None:
             assert outside.stdout is not None
             assert "refused: index 2 is not 1..1" in outside.stdout.readline()
             assert outside.wait(timeout=30) == 3
-        # This process is the first's parent, not its sibling: it gets no descriptor.
+        # This process is the first's parent, not its sibling: it gets no
+        # descriptor, and is told so before it says anything.
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(_shared_board.rendezvous_name(port, parent=os.getpid()))
-            connection.sendall(b"1\n")
+            connection.settimeout(30)
             message, fds, _, _ = socket.recv_fds(connection, 256, 1)
         assert fds == []
         assert message.startswith(b"refused: not an API server process of this server")
@@ -223,3 +230,60 @@ def test_off_linux_the_health_port_with_several_api_servers_is_refused_naming_bo
     with pytest.raises(OffloadVLLMConfigError, match=r"--offload-health-port \(OFFLOAD_VLLM_HEALTH_PORT=8001\) cannot be used "
                        r"with --api-server-count 2 on .*abstract Unix sockets"):
         refuse_beside_api_servers(8001, 2)
+
+
+#: Two processes as two API servers in Prometheus's multiprocess mode (vLLM's
+#: with `--api-server-count` > 1): each holds `argv[2]` requests of 3 engine
+#: requests in its own `EngineRequests`, reported, then says so and waits.
+HOLDER = textwrap.dedent(
+    """
+    import contextlib, sys, time
+    from offload_vllm._admission import EngineRequests, report
+    engine = EngineRequests()
+    report(engine)
+    with contextlib.ExitStack() as held:
+        for _ in range(int(sys.argv[2])):
+            held.enter_context(engine.hold(3))
+        print("held", flush=True)
+        sys.stdin.readline()
+    print("released", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_what_admitted_requests_hold_is_summed_over_api_servers_in_multiprocess_mode(tmp_path: Path) -> None:
+    """The admitted-requests gauges are set at each change, so Prometheus's
+    multiprocess collector (which never reads a gauge's function) sums them
+    over the processes, as they change."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+
+    def collected() -> dict[str, float]:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(tmp_path))
+        return {
+            sample.name: sample.value
+            for family in registry.collect() for sample in family.samples
+            if sample.name.startswith("offload_vllm_admitted")
+        }
+
+    holders = [
+        subprocess.Popen([sys.executable, "-c", HOLDER, "x", str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env)
+        for n in (2, 5)
+    ]
+    with killed_at_end(*holders):
+        for holder in holders:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "held"
+        assert collected() == {"offload_vllm_admitted_requests": 7, "offload_vllm_admitted_engine_requests": 21}
+        holder = holders[1]
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        assert collected() == {"offload_vllm_admitted_requests": 2, "offload_vllm_admitted_engine_requests": 6}

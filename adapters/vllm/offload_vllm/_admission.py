@@ -72,28 +72,38 @@ class Priced:
     engine_requests: int = 1
 
 
-#: The gauges of what admitted requests hold until they are answered (`report`).
+#: The gauges of what admitted requests hold until they are answered (`report`):
+#: set at each change, not read at each scrape (`set_function`), which
+#: Prometheus's multiprocess mode (vLLM's with `--api-server-count` > 1) never
+#: collects; summed over the live API server processes.
 _held_families = once_per_process(
     lambda prometheus_client: (
         prometheus_client.Gauge(
             "offload_vllm_admitted_requests",
             "Requests admitted and not yet answered (held until the answer's last byte is sent).",
+            multiprocess_mode="livesum",
         ),
         prometheus_client.Gauge(
             "offload_vllm_admitted_engine_requests",
             "Engine requests of the requests admitted and not yet answered (what "
             "vLLM's --max-num-queued-reqs bounds, counted from admission on).",
+            multiprocess_mode="livesum",
         ),
     )
 )
 
 
 def report(engine: EngineRequests) -> None:
-    """Export `engine`'s counts as gauges (read at each scrape), where metrics are on."""
+    """Export `engine`'s counts as gauges, set at each change, where metrics are on."""
     if offload.metrics_enabled():
         requests, engine_requests = _held_families()
-        requests.set_function(lambda: engine.requests)
-        engine_requests.set_function(lambda: engine.held)
+
+        def changed(counts: EngineRequests) -> None:
+            requests.set(counts.requests)
+            engine_requests.set(counts.held)
+
+        engine.changed = changed
+        changed(engine)
 
 
 @final
@@ -112,7 +122,7 @@ class EngineRequests:
     its share of vLLM's (`_runtime.server_share`), and the shares add up to
     it. Changed on the loop's thread."""
 
-    __slots__ = ("held", "limit", "requests")
+    __slots__ = ("changed", "held", "limit", "requests")
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
@@ -120,6 +130,8 @@ class EngineRequests:
         self.held = 0
         #: Pooling requests admitted and not answered.
         self.requests = 0
+        #: Told after each change (`report`'s gauges).
+        self.changed: Callable[[EngineRequests], None] | None = None
 
     def refuses(self, engine_requests: int) -> bool:
         """Whether a request of `engine_requests` would pass the limit now
@@ -130,11 +142,15 @@ class EngineRequests:
     def hold(self, engine_requests: int) -> Iterator[None]:
         self.held += engine_requests
         self.requests += 1
+        if self.changed is not None:
+            self.changed(self)
         try:
             yield
         finally:
             self.held -= engine_requests
             self.requests -= 1
+            if self.changed is not None:
+                self.changed(self)
 
 
 class AdmissionListener:

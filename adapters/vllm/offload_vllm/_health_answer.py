@@ -168,13 +168,15 @@ def liveness(state: Snapshot, now: float) -> tuple[int, dict[str, Any]]:
 
 
 def readiness(state: Snapshot, now: float) -> tuple[int, dict[str, Any]]:
-    """`(status code, body)` of `GET /ready` at `now`: 503 while liveness fails,
-    during shutdown, and while admission refuses the default lane; else 200."""
+    """`(status code, body)` of `GET /ready` at `now`: 503 during shutdown
+    (said first: the engine and the loop stop on the way, and that is no
+    fault), while liveness fails, and while admission refuses the default
+    lane; else 200."""
     code, body = liveness(state, now)
-    if code != 200:
-        return code, {**body, "status": "not ready"}
     if state.draining:
         return 503, {**body, "status": "not ready", "reason": "shutting down"}
+    if code != 200:
+        return code, {**body, "status": "not ready"}
     if state.refusing:
         return 503, {
             **body,

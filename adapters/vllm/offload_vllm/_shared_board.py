@@ -108,8 +108,12 @@ class BoardHost:
         if not 0 < index < self._count:
             connection.sendall(f"refused: index {said.decode(errors='replace')} is not 1..{self._count - 1}\n".encode())
             return
-        socket.send_fds(connection, [b"ok\n"], [self._memory_fd])
-        self.joined.add(index)
+        self.joined.add(index)  # before: the process may publish as soon as it has the memory
+        try:
+            socket.send_fds(connection, [b"ok\n"], [self._memory_fd])
+        except OSError:
+            self.joined.discard(index)
+            raise
 
     def close(self) -> None:
         self._closing = True
