@@ -408,7 +408,6 @@ class Health(AdmissionListener):
         self._host_pending: str | None = None
         self.boards_host: _shared_board.BoardHost | None = None
         self._joining: threading.Thread | None = None
-        self._stop_joining = threading.Event()
 
     def bind(self, host: str | None, api_servers: int = 1) -> None:
         """Listen on `host` (`None` or empty: every interface), once, in a
@@ -448,13 +447,12 @@ class Health(AdmissionListener):
 
         def join() -> None:
             try:
-                fd = _shared_board.join(self._port, index, stop=self._stop_joining)
+                fd = _shared_board.join(self._port, index)
             except RuntimeError as exc:
                 logger.error("offload-vllm: API server %d of %d cannot join the health port: %s", index + 1, count, exc)
                 return
-            if fd is not None:
-                loop.call_soon_threadsafe(self.state.adopt, fd, count, index)
-                logger.info("offload-vllm: API server %d of %d publishes to the health port", index + 1, count)
+            loop.call_soon_threadsafe(self.state.adopt, fd, count, index)
+            logger.info("offload-vllm: API server %d of %d publishes to the health port", index + 1, count)
 
         self._joining = threading.Thread(target=join, name="offload-vllm-health-join", daemon=True)
         self._joining.start()

@@ -123,15 +123,16 @@ class BoardHost:
         self._thread.join(timeout=5)
 
 
-def join(port: int, index: int, *, stop: threading.Event | None = None) -> int | None:
+def join(port: int, index: int) -> int:
     """Another API server process's side: the boards' memory's file
     descriptor, from the first process, asked for as API server `index`;
     tried again every `JOIN_RETRY_S` until that process listens (warned
-    about once after `JOIN_WARN_S`), until `stop` is set (then `None`).
-    Raises `RuntimeError` when the first process refuses."""
+    about once after `JOIN_WARN_S`; a daemon thread of the caller's waits
+    here, for as long as the process lives). Raises `RuntimeError` when the
+    first process refuses."""
     began = time.monotonic()
     warned = False
-    while stop is None or not stop.is_set():
+    while True:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             try:
                 connection.connect(rendezvous_name(port))
@@ -152,4 +153,3 @@ def join(port: int, index: int, *, stop: threading.Event | None = None) -> int |
                 index + 1, JOIN_WARN_S,
             )
         time.sleep(JOIN_RETRY_S)
-    return None
